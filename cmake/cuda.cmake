@@ -1,0 +1,44 @@
+# The CUDA backend: kernels, cuBLASLt GEMMs, cuDNN attention through cudnn-frontend, NCCL.
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+if(NOT DEFINED MXTRAIN_CUDA_ARCHITECTURES)
+  # sm_90 always; sm_100 when this nvcc knows it (CUDA >= 12.8).
+  set(MXTRAIN_CUDA_ARCHITECTURES 90)
+  if(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.8)
+    list(APPEND MXTRAIN_CUDA_ARCHITECTURES 100)
+  endif()
+endif()
+set(CMAKE_CUDA_ARCHITECTURES ${MXTRAIN_CUDA_ARCHITECTURES})
+
+find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES x86_64-linux-gnu)
+find_library(CUDNN_LIBRARY NAMES cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib PATH_SUFFIXES x86_64-linux-gnu)
+find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h)
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_HOME}/include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib $ENV{NCCL_HOME}/lib)
+foreach(required CUDNN_INCLUDE_DIR CUDNN_LIBRARY CUDNN_FRONTEND_INCLUDE_DIR NCCL_INCLUDE_DIR NCCL_LIBRARY)
+  if(NOT ${required})
+    message(FATAL_ERROR "${required} not found. cuDNN, cudnn-frontend (pip nvidia-cudnn-frontend headers) and NCCL "
+                        "are needed for the cuda preset; see docs/ARCHITECTURE.md#building-for-cuda")
+  endif()
+endforeach()
+
+file(GLOB_RECURSE MXTRAIN_CUDA_SOURCES CONFIGURE_DEPENDS
+     ${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/*.cu
+     ${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/*.cpp
+     ${PROJECT_SOURCE_DIR}/src/mxtrain/dist/nccl/*.cpp
+     ${PROJECT_SOURCE_DIR}/src/mxtrain/dist/nccl/*.cu)
+add_library(mxtrain_cuda STATIC ${MXTRAIN_CUDA_SOURCES})
+target_include_directories(mxtrain_cuda SYSTEM PRIVATE ${CUDNN_INCLUDE_DIR} ${CUDNN_FRONTEND_INCLUDE_DIR}
+                                                       ${NCCL_INCLUDE_DIR})
+target_compile_options(mxtrain_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo
+                                            -Xcompiler=-Wall>)
+# No --use_fast_math: it flushes FP32 subnormals, and the quantizers must match the CPU reference bit for bit.
+# cudnn-frontend >= 1.21 compiles kernels at run time through NVRTC.
+target_link_libraries(mxtrain_cuda PUBLIC mxtrain_lib CUDA::cudart CUDA::cublasLt CUDA::cublas ${CUDNN_LIBRARY}
+                                          ${NCCL_LIBRARY} CUDA::nvrtc)
+# The registry in mxtrain_lib creates the cuda backend, which lives here: a cycle CMake links
+# by repeating both archives.
+target_link_libraries(mxtrain_lib PUBLIC mxtrain_cuda)
+set_target_properties(mxtrain_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)

@@ -1,0 +1,255 @@
+// The op interface every executor implements: cpu (FP32 oracle), cuda (fast kernels) and
+// dryrun (shapes only). Model code calls these ops and nothing else, one op per line.
+//
+// Non-virtual interface: each public op validates its arguments, records its FLOPs and bytes
+// (one formula for every backend, in backend.cpp) for an attached TraceObserver, then calls the
+// backend's impl_ method. So the planner prices exactly the ops the real step runs.
+//
+// Conventions: activations are row-major [rows, cols] with rows = batch * seq (token-major).
+// "accumulate" outputs are added to (+=); other outputs are overwritten. Ops run in order on the
+// backend's stream; host-visible results need synchronize() or read_scalar().
+// Interface version 1.
+#pragma once
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mxtrain/backend/allocator.hpp"
+#include "mxtrain/backend/buffer.hpp"
+#include "mxtrain/core/tensor.hpp"
+
+namespace mxtrain {
+
+#define MXTRAIN_OP_KINDS(X)                                                                              \
+  X(fill) X(copy) X(copy_from_host) X(copy_to_host) X(embedding_forward) X(embedding_backward)            \
+  X(norm_forward) X(add_norm_forward) X(norm_backward) X(linear_forward) X(linear_backward_input)        \
+  X(linear_backward_weight) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward)  \
+  X(swiglu_forward) X(swiglu_backward) X(gelu_forward) X(gelu_backward) X(add) X(cross_entropy)          \
+  X(sum) X(sum_of_squares) X(scale) X(adamw)
+
+enum class OpKind : uint8_t {
+#define MXTRAIN_ENUM_ENTRY(name) name,
+  MXTRAIN_OP_KINDS(MXTRAIN_ENUM_ENTRY)
+#undef MXTRAIN_ENUM_ENTRY
+};
+const char* op_kind_name(OpKind kind);
+constexpr int kOpKindCount = static_cast<int>(OpKind::adamw) + 1;
+
+// What part of the step an op belongs to; model code sets it through PhaseScope.
+enum class Phase : uint8_t { forward, backward, recompute, optimizer, other };
+const char* phase_name(Phase phase);
+
+enum class NormKind : uint8_t { rms, layer };
+
+struct OpRecord {
+  OpKind kind;
+  Phase phase;
+  DType dtype;          // dtype of the main operand
+  double flops = 0;     // floating-point operations (multiply-add = 2)
+  double bytes = 0;     // minimal bytes read + written through device memory
+  int64_t m = 0, n = 0, k = 0;  // GEMM shape (linear ops) or attention (batch*heads, seq, head_dim)
+};
+
+struct AllocationEvent {
+  std::string name;
+  Lifetime lifetime;
+  size_t bytes_requested;
+  size_t bytes_rounded;
+  bool is_free;
+  size_t live_bytes_after;
+};
+
+// Receives every op and allocation a backend performs (the dryrun planner, tests, profiling).
+class TraceObserver {
+ public:
+  virtual ~TraceObserver() = default;
+  virtual void on_op(const OpRecord& record) = 0;
+  virtual void on_allocation(const AllocationEvent& event) { (void)event; }
+};
+
+struct DeviceProperties {
+  std::string name;               // "NVIDIA H200", "cpu (2 threads)", "dryrun h200"
+  size_t memory_bytes = 0;        // capacity
+  int compute_capability = 0;     // 90 for sm_90; 0 for cpu
+  int multiprocessors = 0;        // or CPU threads
+};
+
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float softmax_scale = 0;  // 1/sqrt(head_dim) when 0
+  int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+
+struct AdamWArgs {
+  float learning_rate = 0;
+  float beta1 = 0.9f, beta2 = 0.95f, epsilon = 1e-8f;
+  float weight_decay = 0;
+  int64_t step = 1;            // 1-based, for bias correction
+  int64_t decay_count = 0;     // elements [0, decay_count) get weight decay, the rest not
+  float grad_multiplier = 1;   // e.g. 1/loss_scale; applied before clipping
+  float max_grad_norm = 0;     // 0 = no clipping
+};
+
+class Backend {
+ public:
+  static constexpr int kInterfaceVersion = 1;
+  virtual ~Backend();
+
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+  virtual DeviceProperties properties() const = 0;
+  // Whether this backend runs `kind` with activations of `dtype`. Asked before step 1; a
+  // missing op is an error naming the op and dtype, never a silent fallback.
+  virtual bool supports(OpKind kind, DType dtype) const = 0;
+  virtual void synchronize() = 0;
+
+  // ---- memory -----------------------------------------------------------------------------
+  Buffer allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime);
+  MemoryStats memory_stats() const { return allocator_->stats(); }
+  void reset_peak_memory() { allocator_->reset_peak(); }
+  CachingAllocator& allocator() { return *allocator_; }
+
+  void set_observer(TraceObserver* observer) { observer_ = observer; }
+  TraceObserver* observer() const { return observer_; }
+  void set_phase(Phase phase) { phase_ = phase; }
+  Phase phase() const { return phase_; }
+
+  // ---- data movement ----------------------------------------------------------------------
+  void fill(const Tensor& out, float value);
+  void copy(const Tensor& source, const Tensor& out);  // same shape; converts between f32/bf16/f16
+  void copy_from_host(const void* host, const Tensor& out);  // host bytes in out's dtype
+  void copy_to_host(const Tensor& source, void* host);        // synchronous
+  float read_scalar(const Tensor& source);                    // element 0 of an f32 tensor; synchronous
+
+  // ---- model ops --------------------------------------------------------------------------
+  // out[i] = token_table[tokens[i]] (+ position_table[i % seq_len] when defined).
+  void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                         const Tensor& out, int64_t seq_len);
+  // dtoken_table[tokens[i]] += dout[i]; dposition_table[i % seq_len] += dout[i] (when defined).
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
+                          const Tensor& dposition_table, int64_t seq_len);
+  // out = norm(x) * weight (+ bias). RMS: rstd = 1/sqrt(mean(x^2) + eps), mean undefined.
+  // Layer: mean, rstd of x. mean and rstd are f32 [rows].
+  void norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                    const Tensor& mean, const Tensor& rstd, float eps);
+  // sum = a + b, then out = norm(sum): the residual add fused with the next norm.
+  void add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& weight,
+                        const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps);
+  // dx (+)= d norm; dweight += ; dbias += (layer). mean/rstd as saved by the forward.
+  void norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                     const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                     bool accumulate_dx);
+  // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]).
+  void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+  // dx[N,K] (+)= dout[N,M] · weight[M,K].
+  void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
+  // dweight[M,K] += dout[N,M]ᵀ · x[N,K]; dbias[M] += column sums of dout (when defined).
+  void linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias);
+  // Rotary embedding in place on the q and k parts of qkv [batch*seq, (heads+2*kv_heads)*head_dim],
+  // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
+  void rope_forward(const Tensor& qkv, const AttentionShape& shape, float theta);
+  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta);  // inverse rotation
+  // Causal grouped-query attention. qkv packed as above; out [batch*seq, heads*head_dim];
+  // lse f32 [batch, heads, seq] = log-sum-exp of each softmax row (kept for backward).
+  void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape);
+  // dqkv (overwritten) from dout, the forward's qkv, out and lse.
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                          const Tensor& dqkv, const AttentionShape& shape);
+  // out[N,F] = silu(gate) * up with gate_up [N, 2F] = [gate | up].
+  void swiglu_forward(const Tensor& gate_up, const Tensor& out);
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up);
+  // GELU, tanh approximation.
+  void gelu_forward(const Tensor& x, const Tensor& out);
+  void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx);
+  void add(const Tensor& a, const Tensor& b, const Tensor& out);
+  // Softmax cross-entropy of logits [n, V] against targets i32 [n]; columns >= valid_vocab are
+  // padding and ignored. losses f32 [n] get -log p(target). When grad_scale != 0 the logits are
+  // overwritten in place by grad_scale * (softmax - onehot) (zero in padding columns).
+  void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
+                     float grad_scale);
+  // out f32[1] (+)= sum(x) or sum(x^2) for x of any float dtype.
+  void sum(const Tensor& x, const Tensor& out, bool accumulate);
+  void sum_of_squares(const Tensor& x, const Tensor& out, bool accumulate);
+  void scale(const Tensor& x, float factor);  // in place
+  // Decoupled-weight-decay Adam on a flat f32 master tensor. grad (any float dtype) is
+  // multiplied by args.grad_multiplier and, when args.max_grad_norm > 0, by
+  // min(1, max_grad_norm / (sqrt(grad_norm_sq[0]) + 1e-6)). compute_copy (optional, bf16/f16)
+  // receives the rounded new weights.
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
+             const Tensor& grad_norm_sq, const AdamWArgs& args);
+
+ protected:
+  explicit Backend(std::unique_ptr<MemorySource> source);
+  void record(const OpRecord& record);
+
+  virtual void impl_fill(const Tensor& out, float value) = 0;
+  virtual void impl_copy(const Tensor& source, const Tensor& out) = 0;
+  virtual void impl_copy_from_host(const void* host, const Tensor& out) = 0;
+  virtual void impl_copy_to_host(const Tensor& source, void* host) = 0;
+  virtual void impl_embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                                      const Tensor& out, int64_t seq_len) = 0;
+  virtual void impl_embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
+                                       const Tensor& dposition_table, int64_t seq_len) = 0;
+  virtual void impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps) = 0;
+  // Default: add, then norm_forward. Backends with a fused kernel override it.
+  virtual void impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum,
+                                     const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
+                                     const Tensor& rstd, float eps);
+  virtual void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                                  const Tensor& dbias, bool accumulate_dx) = 0;
+  virtual void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) = 0;
+  virtual void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
+                                          bool accumulate) = 0;
+  virtual void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                                           const Tensor& dbias) = 0;
+  virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) = 0;
+  virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                      const AttentionShape& shape) = 0;
+  virtual void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                       const Tensor& dqkv, const AttentionShape& shape) = 0;
+  virtual void impl_swiglu_forward(const Tensor& gate_up, const Tensor& out) = 0;
+  virtual void impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up) = 0;
+  virtual void impl_gelu_forward(const Tensor& x, const Tensor& out) = 0;
+  virtual void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) = 0;
+  virtual void impl_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void impl_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses,
+                                  int64_t valid_vocab, float grad_scale) = 0;
+  virtual void impl_sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares) = 0;
+  virtual void impl_scale(const Tensor& x, float factor) = 0;
+  virtual void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                          const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) = 0;
+
+ private:
+  std::unique_ptr<CachingAllocator> allocator_;
+  TraceObserver* observer_ = nullptr;
+  Phase phase_ = Phase::other;
+};
+
+// Sets the backend's phase for a scope and restores the previous one.
+class PhaseScope {
+ public:
+  PhaseScope(Backend& backend, Phase phase) : backend_(backend), previous_(backend.phase()) {
+    backend.set_phase(phase);
+  }
+  ~PhaseScope() { backend_.set_phase(previous_); }
+
+ private:
+  Backend& backend_;
+  Phase previous_;
+};
+
+// ---- registry (registry.cpp): one explicit list; cuda only when built with CUDA -------------
+struct BackendOptions {
+  int threads = 0;             // cpu: 0 = all cores
+  int device_index = 0;        // cuda
+  size_t memory_bytes = 0;     // dryrun: simulated capacity
+  std::string device_label;    // dryrun: e.g. "h200"
+};
+std::vector<std::string> backend_names();  // in registration order
+bool backend_available(std::string_view name);
+std::unique_ptr<Backend> create_backend(std::string_view name, const BackendOptions& options = {});
+
+}  // namespace mxtrain

@@ -1,0 +1,20 @@
+// The subcommands. Each lives in its own file (cli/<name>_command.cpp) and registers its
+// options on a CLI11 subcommand; run() parses argv and dispatches.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace mxtrain::cli {
+
+int run(int argc, char** argv);
+
+// Each adds its subcommand to `app` and returns a callable flag: the subcommand sets its
+// own callback. Definitions in the command files.
+void add_version_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_prepare_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace mxtrain::cli

@@ -1,0 +1,47 @@
+#include "mxtrain/core/log.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+namespace mxtrain::log {
+namespace {
+std::atomic<int> g_rank{0};
+std::atomic<bool> g_all_ranks{false};
+std::atomic<int> g_level{static_cast<int>(Level::info)};
+std::mutex g_mutex;
+}  // namespace
+
+void set_rank(int rank) { g_rank = rank; }
+int rank() { return g_rank; }
+void set_all_ranks(bool all_ranks) { g_all_ranks = all_ranks; }
+void set_level(Level level) { g_level = static_cast<int>(level); }
+
+void write(Level level, const std::string& text) {
+  if (static_cast<int>(level) < g_level) return;
+  // Warnings and errors come from every rank: a failure on rank 3 must not be swallowed.
+  if (level < Level::warn && g_rank != 0 && !g_all_ranks) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  FILE* stream = level >= Level::warn ? stderr : stdout;
+  const char* tag = level == Level::warn ? "warning: " : (level == Level::error ? "error: " : "");
+  std::fprintf(stream, "[rank %d] %s%s\n", g_rank.load(), tag, text.c_str());
+  std::fflush(stream);
+}
+
+std::string with_commas(double value, int decimals) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, std::fabs(value));
+  std::string digits(buffer);
+  size_t dot = digits.find('.');
+  std::string integer = digits.substr(0, dot);
+  std::string fraction = dot == std::string::npos ? "" : digits.substr(dot);
+  std::string grouped;
+  for (size_t i = 0; i < integer.size(); ++i) {
+    if (i > 0 && (integer.size() - i) % 3 == 0) grouped += ',';
+    grouped += integer[i];
+  }
+  return (value < 0 ? "-" : "") + grouped + fraction;
+}
+
+}  // namespace mxtrain::log

@@ -1,0 +1,50 @@
+// Model shapes as data: one struct, presets derived from it by name, every field overridable
+// from the run config (config/run_config.cpp visits the same fields).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mxtrain {
+
+enum class ModelFamily : uint8_t {
+  llama,  // RMSNorm, RoPE, SwiGLU, grouped-query attention, no bias, untied head
+  gpt2,   // LayerNorm, learned positions, GELU (tanh), bias, tied head
+};
+const char* family_name(ModelFamily family);
+
+struct ModelConfig {
+  std::string preset = "tiny";
+  ModelFamily family = ModelFamily::llama;
+  int64_t vocab_size = 256;     // tokens the tokenizer produces
+  int64_t padded_vocab = 256;   // rows of the embedding and head; multiple of 64 for fast GEMMs
+  int64_t hidden = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t kv_heads = 4;
+  int64_t ffn_hidden = 704;     // SwiGLU inner size (gate and up each); GELU MLP inner size
+  int64_t max_seq_len = 1024;   // size of the learned position table (gpt2)
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  float init_std = 0.02f;
+  bool tied_embeddings = false;
+  bool bias = false;
+
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim(); }
+  int64_t up_cols() const { return family == ModelFamily::llama ? 2 * ffn_hidden : ffn_hidden; }
+  // Every parameter, counted once (a tied head is not counted twice).
+  int64_t parameter_count() const;
+  // Parameters without the input embedding tables (PaLM's N for 6N + 12·L·d·T).
+  int64_t non_embedding_parameter_count() const;
+  // Model FLOPs per token of one training step, PaLM's convention (no recompute counted).
+  double training_flops_per_token(int64_t seq_len) const;
+  // Throws Error(config) naming the field and the rule when a shape is inconsistent.
+  void validate() const;
+};
+
+std::vector<std::string> model_preset_names();
+// Throws Error(config) listing the presets when the name is unknown.
+ModelConfig model_preset(const std::string& name);
+
+}  // namespace mxtrain

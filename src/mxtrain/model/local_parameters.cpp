@@ -1,0 +1,85 @@
+#include "mxtrain/model/local_parameters.hpp"
+
+#include <algorithm>
+
+namespace mxtrain {
+
+void initial_group_values(const ModelConfig& config, const ParamGroup& group, uint64_t seed, int64_t begin,
+                          int64_t count, float* out) {
+  for (const ParamSpec& spec : group.params) {
+    int64_t lo = std::max(begin, spec.offset);
+    int64_t hi = std::min(begin + count, spec.offset + spec.numel());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = lo; i < hi; ++i) out[i - begin] = initial_value(config, spec, seed, i - spec.offset);
+  }
+}
+
+LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype,
+                                         DType grad_dtype)
+    : backend_(backend), config_(config), layout_(build_layout(config)), compute_dtype_(compute_dtype),
+      grad_dtype_(grad_dtype) {
+  groups_.resize(layout_.groups.size());
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    const ParamGroup& group = layout_.groups[g];
+    GroupStorage& storage = groups_[g];
+    Shape flat{group.numel};
+    storage.master = backend_.allocate(group.name + ".master", flat, DType::f32, Lifetime::master_parameter);
+    if (compute_dtype_ != DType::f32)
+      storage.compute = backend_.allocate(group.name + ".weight", flat, compute_dtype_, Lifetime::parameter);
+    storage.grad = backend_.allocate(group.name + ".grad", flat, grad_dtype_, Lifetime::gradient);
+    storage.m = backend_.allocate(group.name + ".adam_m", flat, DType::f32, Lifetime::optimizer_state);
+    storage.v = backend_.allocate(group.name + ".adam_v", flat, DType::f32, Lifetime::optimizer_state);
+  }
+}
+
+void LocalParameterStore::initialize(uint64_t seed) {
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    GroupStorage& storage = groups_[g];
+    if (backend_.device() != Device::none) {
+      std::vector<float> host(static_cast<size_t>(layout_.groups[g].numel));
+      initial_group_values(config_, layout_.groups[g], seed, 0, layout_.groups[g].numel, host.data());
+      backend_.copy_from_host(host.data(), storage.master);
+    }
+    if (storage.compute.defined()) backend_.copy(storage.master, storage.compute);
+    backend_.fill(storage.grad, 0.0f);
+    backend_.fill(storage.m, 0.0f);
+    backend_.fill(storage.v, 0.0f);
+  }
+}
+
+Tensor LocalParameterStore::param_view(const Tensor& flat, const ParamSpec& spec) const {
+  return flat.slice_flat(spec.offset, spec.shape);
+}
+
+Tensor LocalParameterStore::weight(int group, int index) {
+  const GroupStorage& storage = groups_[static_cast<size_t>(group)];
+  const Tensor& flat = storage.compute.defined() ? storage.compute.tensor() : storage.master.tensor();
+  return param_view(flat, layout_.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)]);
+}
+
+Tensor LocalParameterStore::grad(int group, int index) {
+  return param_view(groups_[static_cast<size_t>(group)].grad,
+                    layout_.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)]);
+}
+
+std::vector<ParamShard> LocalParameterStore::shards() {
+  std::vector<ParamShard> result;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    GroupStorage& storage = groups_[g];
+    const ParamGroup& group = layout_.groups[g];
+    result.push_back(ParamShard{static_cast<int>(g), 0, group.numel, storage.master, storage.grad, storage.m,
+                                storage.v, storage.compute.defined() ? storage.compute.tensor() : Tensor(),
+                                group.decay_numel});
+  }
+  return result;
+}
+
+void LocalParameterStore::grad_norm_sq(const Tensor& out) {
+  for (size_t g = 0; g < groups_.size(); ++g) backend_.sum_of_squares(groups_[g].grad, out, g > 0);
+}
+
+void LocalParameterStore::zero_grads() {
+  for (GroupStorage& storage : groups_) backend_.fill(storage.grad, 0.0f);
+}
+
+}  // namespace mxtrain

@@ -1,0 +1,49 @@
+// The single-process ParameterStore: every group's master weights, compute copy, gradients and
+// Adam moments live whole on one backend. With FP32 compute the master tensor is the compute
+// weight; otherwise the optimizer refreshes a compute-dtype copy after each update.
+#pragma once
+#include <vector>
+
+#include "mxtrain/model/parameters.hpp"
+
+namespace mxtrain {
+
+class LocalParameterStore final : public ParameterStore {
+ public:
+  LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype, DType grad_dtype);
+
+  // Fills master (and compute) weights from initial_value(); zeroes gradients and moments.
+  void initialize(uint64_t seed);
+
+  const ModelLayout& layout() const override { return layout_; }
+  DType compute_dtype() const override { return compute_dtype_; }
+  DType grad_dtype() const override { return grad_dtype_; }
+  void acquire(int, Pass) override {}
+  void release(int, Pass) override {}
+  Tensor weight(int group, int index) override;
+  Tensor grad(int group, int index) override;
+  void grads_ready(int) override {}
+  void begin_micro_batch(int, int) override {}
+  void finish_backward() override {}
+  std::vector<ParamShard> shards() override;
+  void grad_norm_sq(const Tensor& out) override;
+  void zero_grads() override;
+
+ private:
+  struct GroupStorage {
+    Buffer master, compute, grad, m, v;
+  };
+  Tensor param_view(const Tensor& flat, const ParamSpec& spec) const;
+
+  Backend& backend_;
+  ModelConfig config_;
+  ModelLayout layout_;
+  DType compute_dtype_, grad_dtype_;
+  std::vector<GroupStorage> groups_;
+};
+
+// Writes initial values of elements [begin, begin+count) of a group into host memory.
+void initial_group_values(const ModelConfig& config, const ParamGroup& group, uint64_t seed, int64_t begin,
+                          int64_t count, float* out);
+
+}  // namespace mxtrain

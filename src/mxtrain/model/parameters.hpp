@@ -1,0 +1,58 @@
+// ParameterStore: how model code reaches its weights and gradients, and the seam where FSDP
+// plugs in. The model brackets each group's use with acquire/release and reports when the
+// group's gradients for this micro-batch are complete; a local store does nothing there, an
+// FSDP store all-gathers, frees and reduce-scatters. The trainer drives the optimizer, norms
+// and checkpoints through the same object, so sharding never leaks into model or trainer code.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "mxtrain/backend/backend.hpp"
+#include "mxtrain/model/layout.hpp"
+
+namespace mxtrain {
+
+enum class Pass : uint8_t { forward, backward };
+
+// One group's locally owned slice, as the optimizer and checkpoints see it.
+struct ParamShard {
+  int group = 0;
+  int64_t begin = 0;    // first element of the group held here
+  int64_t count = 0;    // elements held here
+  Tensor master;        // f32 [count]
+  Tensor grad;          // reduced gradient [count] (f32 or compute dtype)
+  Tensor m, v;          // f32 [count]
+  Tensor compute_copy;  // compute-dtype copy refreshed by the optimizer (undefined when compute is f32)
+  int64_t decay_count = 0;  // elements [0, decay_count) of this shard get weight decay
+};
+
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+  virtual const ModelLayout& layout() const = 0;
+  virtual DType compute_dtype() const = 0;
+  virtual DType grad_dtype() const = 0;
+
+  // ---- model side -------------------------------------------------------------------------
+  virtual void acquire(int group, Pass pass) = 0;
+  virtual void release(int group, Pass pass) = 0;
+  // Compute-precision view of one parameter (valid between acquire and release).
+  virtual Tensor weight(int group, int index) = 0;
+  // Where this micro-batch's gradient of one parameter accumulates (valid from acquire(backward)
+  // until grads_ready).
+  virtual Tensor grad(int group, int index) = 0;
+  virtual void grads_ready(int group) = 0;
+
+  // ---- trainer side -----------------------------------------------------------------------
+  // Called before each micro-batch; FSDP may skip reduction on non-final ones.
+  virtual void begin_micro_batch(int index, int count) = 0;
+  // Everything in flight has landed (after the last micro-batch's backward).
+  virtual void finish_backward() = 0;
+  virtual std::vector<ParamShard> shards() = 0;
+  // out f32[1] = global sum of squared gradients (over all ranks).
+  virtual void grad_norm_sq(const Tensor& out) = 0;
+  virtual void zero_grads() = 0;
+  virtual int world_size() const { return 1; }
+};
+
+}  // namespace mxtrain

@@ -1,0 +1,319 @@
+#include "mxtrain/model/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "mxtrain/core/error.hpp"
+
+namespace mxtrain {
+
+Transformer::Transformer(const ModelConfig& config, const TransformerOptions& options, Backend& backend,
+                         ParameterStore& params)
+    : config_(config), options_(options), backend_(backend), params_(params), layout_(params.layout()) {
+  config_.validate();
+  MXTRAIN_ASSERT(options_.logits_chunk_tokens > 0, "logits_chunk_tokens must be positive");
+}
+
+Transformer::Keep Transformer::keep_for(RecomputeMode mode) {
+  switch (mode) {
+    case RecomputeMode::none: return Keep::all;
+    case RecomputeMode::selective: return Keep::selective;
+    case RecomputeMode::full: return Keep::input_only;
+  }
+  return Keep::all;
+}
+
+Buffer Transformer::activation(const char* what, int64_t layer, int64_t cols, Lifetime lifetime) {
+  std::string name = layer >= 0 ? "layers." + std::to_string(layer) + "." + what : std::string(what);
+  return backend_.allocate(name, Shape{rows_, cols}, options_.activation_dtype, lifetime);
+}
+
+Buffer Transformer::statistics(const char* what, int64_t layer) {
+  std::string name = layer >= 0 ? "layers." + std::to_string(layer) + "." + what : std::string(what);
+  return backend_.allocate(name, Shape{rows_}, DType::f32, Lifetime::activation);
+}
+
+AttentionShape Transformer::attention_shape() const {
+  AttentionShape shape;
+  shape.batch = batch_;
+  shape.seq = seq_;
+  shape.heads = config_.heads;
+  shape.kv_heads = config_.kv_heads;
+  shape.head_dim = config_.head_dim();
+  shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
+  return shape;
+}
+
+Tensor Transformer::w(int64_t layer, int index) {
+  return index < 0 ? Tensor() : params_.weight(layout_.layer_group(layer), index);
+}
+
+Tensor Transformer::dw(int64_t layer, int index) {
+  return index < 0 ? Tensor() : params_.grad(layout_.layer_group(layer), index);
+}
+
+void Transformer::embed_forward(const Tensor& tokens, const Tensor& x0) {
+  const int g = layout_.embed_group;
+  params_.acquire(g, Pass::forward);
+  Tensor positions = layout_.position_table >= 0 ? params_.weight(g, layout_.position_table) : Tensor();
+  backend_.embedding_forward(tokens, params_.weight(g, layout_.token_table), positions, x0, seq_);
+  params_.release(g, Pass::forward);
+}
+
+void Transformer::embed_backward(const Tensor& tokens, const Tensor& dres) {
+  const int g = layout_.embed_group;
+  params_.acquire(g, Pass::backward);
+  Tensor dpositions = layout_.position_table >= 0 ? params_.grad(g, layout_.position_table) : Tensor();
+  backend_.embedding_backward(tokens, dres, params_.grad(g, layout_.token_table), dpositions, seq_);
+  params_.release(g, Pass::backward);
+  params_.grads_ready(g);
+}
+
+void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out, Saved& s, Keep keep) {
+  const LayerParamIndex& p = layout_.layer;
+  const NormKind norm = norm_kind();
+  const AttentionShape shape = attention_shape();
+  const bool layer_norm = norm == NormKind::layer;
+  const bool keep_all = keep == Keep::all;
+  const bool keep_most = keep != Keep::input_only;
+
+  // Attention half.
+  s.norm1 = activation("attn_norm", l, config_.hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
+  if (layer_norm) s.mean1 = statistics("attn_norm.mean", l);
+  s.rstd1 = statistics("attn_norm.rstd", l);
+  backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
+                        config_.norm_eps);
+  s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
+  backend_.linear_forward(s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv);
+  if (!keep_all) s.norm1.reset();
+  if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope_theta);
+  s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
+  s.lse = backend_.allocate("layers." + std::to_string(l) + ".lse", Shape{batch_, config_.heads, seq_}, DType::f32,
+                            Lifetime::activation);
+  backend_.attention_forward(s.qkv, s.attn, s.lse, shape);
+  {
+    Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
+    backend_.linear_forward(s.attn, w(l, p.out_weight), w(l, p.out_bias), projected);
+    s.mid = activation("mid", l, config_.hidden, Lifetime::activation);
+    s.norm2 = activation("mlp_norm", l, config_.hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
+    if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
+    s.rstd2 = statistics("mlp_norm.rstd", l);
+    backend_.add_norm_forward(norm, x, projected, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2,
+                              s.mean2, s.rstd2, config_.norm_eps);
+  }
+
+  // MLP half.
+  s.up = activation("mlp_up", l, config_.up_cols(), Lifetime::activation);
+  backend_.linear_forward(s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up);
+  if (!keep_all) s.norm2.reset();
+  s.act = activation("mlp_act", l, config_.ffn_hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
+  if (config_.family == ModelFamily::llama) {
+    backend_.swiglu_forward(s.up, s.act);
+  } else {
+    backend_.gelu_forward(s.up, s.act);
+  }
+  if (x_out.defined()) {
+    Buffer down = activation("mlp_down", l, config_.hidden, Lifetime::scratch);
+    backend_.linear_forward(s.act, w(l, p.down_weight), w(l, p.down_bias), down);
+    backend_.add(s.mid, down, x_out);
+  }
+  if (!keep_all) s.act.reset();
+  if (!keep_most) s = Saved{};
+}
+
+void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Tensor& dres, RecomputeMode mode) {
+  const LayerParamIndex& p = layout_.layer;
+  const NormKind norm = norm_kind();
+  const AttentionShape shape = attention_shape();
+  const bool llama = config_.family == ModelFamily::llama;
+
+  if (mode == RecomputeMode::full) {
+    PhaseScope scope(backend_, Phase::recompute);
+    layer_forward(l, x, Tensor(), s, Keep::selective);
+  }
+  // Selective and full keep only the block's expensive outputs; the norms and the MLP
+  // activation are recomputed right before their single use and dropped right after.
+  auto recompute = [&](Buffer& buffer, auto&& compute) {
+    if (buffer.defined()) return;
+    PhaseScope scope(backend_, Phase::recompute);
+    compute();
+  };
+
+  // MLP: down projection.
+  recompute(s.act, [&] {
+    s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::scratch);
+    if (llama) backend_.swiglu_forward(s.up, s.act); else backend_.gelu_forward(s.up, s.act);
+  });
+  backend_.linear_backward_weight(dres, s.act, dw(l, p.down_weight), dw(l, p.down_bias));
+  s.act.reset();
+  {
+    Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
+    backend_.linear_backward_input(dres, w(l, p.down_weight), dact, false);
+    Buffer dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);
+    if (llama) backend_.swiglu_backward(dact, s.up, dup); else backend_.gelu_backward(dact, s.up, dup);
+    dact.reset();
+    s.up.reset();
+    // MLP: up projection and norm.
+    recompute(s.norm2, [&] {
+      s.norm2 = activation("mlp_norm", l, config_.hidden, Lifetime::scratch);
+      backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
+                            config_.norm_eps);
+    });
+    backend_.linear_backward_weight(dup, s.norm2, dw(l, p.up_weight), dw(l, p.up_bias));
+    s.norm2.reset();
+    Buffer dnorm2 = activation("mlp_norm.grad", l, config_.hidden, Lifetime::scratch);
+    backend_.linear_backward_input(dup, w(l, p.up_weight), dnorm2, false);
+    dup.reset();
+    backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres,
+                           dw(l, p.mlp_norm_weight), dw(l, p.mlp_norm_bias), true);
+  }
+  s.mid.reset();
+  s.mean2.reset();
+  s.rstd2.reset();
+
+  // Attention: output projection, attention, QKV projection and norm.
+  backend_.linear_backward_weight(dres, s.attn, dw(l, p.out_weight), dw(l, p.out_bias));
+  {
+    Buffer dattn = activation("attn.grad", l, config_.hidden, Lifetime::scratch);
+    backend_.linear_backward_input(dres, w(l, p.out_weight), dattn, false);
+    Buffer dqkv = activation("qkv.grad", l, config_.qkv_cols(), Lifetime::scratch);
+    backend_.attention_backward(dattn, s.qkv, s.attn, s.lse, dqkv, shape);
+    dattn.reset();
+    s.qkv.reset();
+    s.attn.reset();
+    s.lse.reset();
+    if (llama) backend_.rope_backward(dqkv, shape, config_.rope_theta);
+    recompute(s.norm1, [&] {
+      s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
+      backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
+                            config_.norm_eps);
+    });
+    backend_.linear_backward_weight(dqkv, s.norm1, dw(l, p.qkv_weight), dw(l, p.qkv_bias));
+    s.norm1.reset();
+    Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
+    backend_.linear_backward_input(dqkv, w(l, p.qkv_weight), dnorm1, false);
+    dqkv.reset();
+    backend_.norm_backward(norm, dnorm1, x, w(l, p.attn_norm_weight), s.mean1, s.rstd1, dres,
+                           dw(l, p.attn_norm_weight), dw(l, p.attn_norm_bias), true);
+  }
+  s = Saved{};
+}
+
+void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_scale, const Tensor& loss_sum,
+                       const Tensor& dres) {
+  const bool training = dres.defined();
+  const int g = layout_.head_group;
+  const int embed = layout_.embed_group;
+  const bool tied = layout_.head_weight < 0;
+  const Pass pass = training ? Pass::backward : Pass::forward;
+  params_.acquire(g, pass);
+  if (tied) params_.acquire(embed, pass);
+  Tensor head_weight = tied ? params_.weight(embed, layout_.token_table) : params_.weight(g, layout_.head_weight);
+  Tensor head_grad;
+  if (training) head_grad = tied ? params_.grad(embed, layout_.token_table) : params_.grad(g, layout_.head_weight);
+  Tensor norm_bias = layout_.final_norm_bias >= 0 ? params_.weight(g, layout_.final_norm_bias) : Tensor();
+
+  Buffer normed = activation("final_norm", -1, config_.hidden, Lifetime::activation);
+  Buffer mean = norm_kind() == NormKind::layer ? statistics("final_norm.mean", -1) : Buffer();
+  Buffer rstd = statistics("final_norm.rstd", -1);
+  backend_.norm_forward(norm_kind(), x_final, params_.weight(g, layout_.final_norm_weight), norm_bias, normed, mean,
+                        rstd, config_.norm_eps);
+  Buffer dnormed = training ? activation("final_norm.grad", -1, config_.hidden, Lifetime::scratch) : Buffer();
+  Buffer losses = backend_.allocate("losses", Shape{rows_}, DType::f32, Lifetime::scratch);
+  const int64_t chunk = std::min(options_.logits_chunk_tokens, rows_);
+  Buffer logits = backend_.allocate("logits", Shape{chunk, config_.padded_vocab}, options_.activation_dtype,
+                                    Lifetime::scratch);
+  for (int64_t begin = 0; begin < rows_; begin += chunk) {
+    const int64_t end = std::min(begin + chunk, rows_);
+    Tensor rows_logits = logits.tensor().slice_rows(0, end - begin);
+    Tensor rows_normed = normed.tensor().slice_rows(begin, end);
+    backend_.linear_forward(rows_normed, head_weight, Tensor(), rows_logits);
+    backend_.cross_entropy(rows_logits, targets.slice_flat(begin, Shape{end - begin}),
+                           losses.tensor().slice_flat(begin, Shape{end - begin}), config_.vocab_size,
+                           training ? grad_scale : 0.0f);
+    if (training) {
+      PhaseScope scope(backend_, Phase::backward);
+      backend_.linear_backward_weight(rows_logits, rows_normed, head_grad, Tensor());
+      backend_.linear_backward_input(rows_logits, head_weight, dnormed.tensor().slice_rows(begin, end), false);
+    }
+  }
+  logits.reset();
+  backend_.sum(losses, loss_sum, true);
+  losses.reset();
+  normed.reset();
+  if (training) {
+    PhaseScope scope(backend_, Phase::backward);
+    Tensor dnorm_bias = layout_.final_norm_bias >= 0 ? params_.grad(g, layout_.final_norm_bias) : Tensor();
+    backend_.norm_backward(norm_kind(), dnormed, x_final, params_.weight(g, layout_.final_norm_weight), mean, rstd,
+                           dres, params_.grad(g, layout_.final_norm_weight), dnorm_bias, false);
+  }
+  if (tied) params_.release(embed, pass);
+  params_.release(g, pass);
+  if (training) params_.grads_ready(g);
+}
+
+void Transformer::forward_backward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq,
+                                   float grad_scale, const Tensor& loss_sum) {
+  batch_ = batch;
+  seq_ = seq;
+  rows_ = batch * seq;
+  MXTRAIN_ASSERT(tokens.numel() == rows_ && targets.numel() == rows_, "tokens %s for batch %lld x seq %lld",
+                 tokens.describe().c_str(), static_cast<long long>(batch), static_cast<long long>(seq));
+  const int64_t L = config_.layers;
+  // inputs[l] is the residual stream entering block l; inputs[L] leaves the last block.
+  std::vector<Buffer> inputs(static_cast<size_t>(L + 1));
+  std::vector<Saved> saved(static_cast<size_t>(L));
+  {
+    PhaseScope scope(backend_, Phase::forward);
+    inputs[0] = activation("embed.out", -1, config_.hidden, Lifetime::activation);
+    embed_forward(tokens, inputs[0]);
+    for (int64_t l = 0; l < L; ++l) {
+      const int g = layout_.layer_group(l);
+      params_.acquire(g, Pass::forward);
+      inputs[static_cast<size_t>(l + 1)] = activation("out", l, config_.hidden, Lifetime::activation);
+      layer_forward(l, inputs[static_cast<size_t>(l)], inputs[static_cast<size_t>(l + 1)], saved[static_cast<size_t>(l)],
+                    keep_for(options_.recompute.mode_for_layer(l)));
+      params_.release(g, Pass::forward);
+    }
+  }
+  Buffer dres = activation("residual.grad", -1, config_.hidden, Lifetime::scratch);
+  {
+    PhaseScope scope(backend_, Phase::forward);  // the loss; its backward is marked inside
+    head(inputs[static_cast<size_t>(L)], targets, grad_scale, loss_sum, dres);
+  }
+  inputs[static_cast<size_t>(L)].reset();
+  PhaseScope scope(backend_, Phase::backward);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int g = layout_.layer_group(l);
+    params_.acquire(g, Pass::backward);
+    layer_backward(l, inputs[static_cast<size_t>(l)], saved[static_cast<size_t>(l)], dres,
+                   options_.recompute.mode_for_layer(l));
+    params_.release(g, Pass::backward);
+    params_.grads_ready(g);
+    if (l > 0) inputs[static_cast<size_t>(l)].reset();
+  }
+  embed_backward(tokens, dres);
+}
+
+void Transformer::forward_loss(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq,
+                               const Tensor& loss_sum) {
+  batch_ = batch;
+  seq_ = seq;
+  rows_ = batch * seq;
+  PhaseScope scope(backend_, Phase::forward);
+  Buffer x = activation("embed.out", -1, config_.hidden, Lifetime::activation);
+  embed_forward(tokens, x);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const int g = layout_.layer_group(l);
+    params_.acquire(g, Pass::forward);
+    Buffer next = activation("out", l, config_.hidden, Lifetime::activation);
+    Saved saved;
+    layer_forward(l, x, next, saved, Keep::input_only);
+    params_.release(g, Pass::forward);
+    x = std::move(next);
+  }
+  head(x, targets, 0.0f, loss_sum, Tensor());
+}
+
+}  // namespace mxtrain

@@ -1,0 +1,79 @@
+// The decoder-only transformer, written once as block diagrams over Backend ops. Both families
+// (llama, gpt2) share one block with family switches at the norm and MLP activation. Each
+// block's saved activations live in Buffers whose scopes are the recompute policy: what a
+// block keeps is decided in one place (keeps_*), and backward recomputes whatever was dropped.
+#pragma once
+#include <vector>
+
+#include "mxtrain/backend/backend.hpp"
+#include "mxtrain/model/config.hpp"
+#include "mxtrain/model/parameters.hpp"
+#include "mxtrain/model/recompute.hpp"
+
+namespace mxtrain {
+
+struct TransformerOptions {
+  DType activation_dtype = DType::f32;
+  RecomputePolicy recompute;
+  int64_t logits_chunk_tokens = 8192;  // rows of logits alive at once in the loss
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, const TransformerOptions& options, Backend& backend, ParameterStore& params);
+
+  // One micro-batch: tokens and targets i32 [batch*seq]. Gradients accumulate in the store,
+  // scaled by grad_scale (1 / tokens in the global batch); loss_sum f32[1] += sum of the
+  // per-token losses.
+  void forward_backward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq, float grad_scale,
+                        const Tensor& loss_sum);
+  // Evaluation: loss_sum += sum of per-token losses; keeps one block's activations at a time.
+  void forward_loss(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq,
+                    const Tensor& loss_sum);
+
+  const ModelConfig& config() const { return config_; }
+  const TransformerOptions& options() const { return options_; }
+
+ private:
+  // Activations of one block. Which of them survive the forward is the recompute policy.
+  struct Saved {
+    Buffer norm1, mean1, rstd1;  // attention-norm output and statistics
+    Buffer qkv;                  // after RoPE
+    Buffer attn, lse;            // attention output, log-sum-exp rows
+    Buffer mid;                  // residual after attention
+    Buffer norm2, mean2, rstd2;  // MLP-norm output and statistics
+    Buffer up;                   // [gate | up] (SwiGLU) or pre-GELU
+    Buffer act;                  // MLP activation, input of the down projection
+  };
+  enum class Keep { all, selective, input_only };
+  static Keep keep_for(RecomputeMode mode);
+
+  Buffer activation(const char* what, int64_t layer, int64_t cols, Lifetime lifetime);
+  Buffer statistics(const char* what, int64_t layer);
+  AttentionShape attention_shape() const;
+
+  void embed_forward(const Tensor& tokens, const Tensor& x0);
+  void embed_backward(const Tensor& tokens, const Tensor& dres);
+  // Runs block `layer` on x. Writes x_out unless it is undefined (recompute stops after the
+  // MLP activation, which is all backward needs).
+  void layer_forward(int64_t layer, const Tensor& x, const Tensor& x_out, Saved& saved, Keep keep);
+  // dres holds d loss / d output of the block on entry and d loss / d input on return.
+  void layer_backward(int64_t layer, const Tensor& x, Saved& saved, const Tensor& dres, RecomputeMode mode);
+  // Final norm, logits in row chunks, cross-entropy; with dres defined also the backward of
+  // all three (dres = d loss / d final hidden state).
+  void head(const Tensor& x_final, const Tensor& targets, float grad_scale, const Tensor& loss_sum,
+            const Tensor& dres);
+
+  Tensor w(int64_t layer, int index);   // a block parameter, or an undefined tensor for index -1
+  Tensor dw(int64_t layer, int index);
+  NormKind norm_kind() const { return config_.family == ModelFamily::llama ? NormKind::rms : NormKind::layer; }
+
+  ModelConfig config_;
+  TransformerOptions options_;
+  Backend& backend_;
+  ParameterStore& params_;
+  const ModelLayout& layout_;
+  int64_t batch_ = 0, seq_ = 0, rows_ = 0;
+};
+
+}  // namespace mxtrain
