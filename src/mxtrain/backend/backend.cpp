@@ -2,6 +2,8 @@
 // formulas that every backend reports through its TraceObserver.
 #include "mxtrain/backend/backend.hpp"
 
+#include <chrono>
+
 #include "mxtrain/core/error.hpp"
 
 namespace mxtrain {
@@ -32,6 +34,14 @@ Backend::Backend(std::unique_ptr<MemorySource> source)
     : allocator_(std::make_unique<CachingAllocator>(std::move(source))) {}
 
 Backend::~Backend() = default;
+
+uint64_t Backend::record_timestamp() {
+  synchronize();
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+double Backend::elapsed_ms(uint64_t start, uint64_t end) { return static_cast<double>(end - start) / 1e6; }
 
 Buffer Backend::allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime) {
   size_t bytes = dtype_bytes(dtype, static_cast<size_t>(shape.numel()));

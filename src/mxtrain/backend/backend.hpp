@@ -103,6 +103,11 @@ class Backend {
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
   virtual void synchronize() = 0;
+  // Timing in stream order: record_timestamp() marks the point after all work queued so far;
+  // elapsed_ms(a, b) waits for b and returns the time between the marks. Default: host clock
+  // (exact for synchronous backends); cuda overrides it with CUDA events.
+  virtual uint64_t record_timestamp();
+  virtual double elapsed_ms(uint64_t start, uint64_t end);
 
   // ---- memory -----------------------------------------------------------------------------
   Buffer allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime);
@@ -245,6 +250,8 @@ class PhaseScope {
 struct BackendOptions {
   int threads = 0;             // cpu: 0 = all cores
   int device_index = 0;        // cuda
+  bool deterministic = false;  // cuda: deterministic attention backward
+  bool tf32 = false;           // cuda: TF32 tensor cores for f32 GEMMs
   size_t memory_bytes = 0;     // dryrun: simulated capacity
   std::string device_label;    // dryrun: e.g. "h200"
 };

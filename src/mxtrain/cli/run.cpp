@@ -1,0 +1,25 @@
+#include <CLI/CLI.hpp>
+
+#include "mxtrain/cli/commands.hpp"
+#include "mxtrain/core/log.hpp"
+
+namespace mxtrain::cli {
+
+int run(int argc, char** argv) {
+  CLI::App app{"mxtrain: train decoder-only transformers on NVIDIA GPUs (and CPUs), plan their memory and speed, "
+               "and tune them"};
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  add_train_command(app);
+  add_prepare_command(app);
+  add_bench_command(app);
+  add_version_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  return 0;
+}
+
+}  // namespace mxtrain::cli

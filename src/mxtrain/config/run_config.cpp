@@ -1,0 +1,201 @@
+#include "mxtrain/config/run_config.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/model/recompute.hpp"
+
+namespace mxtrain {
+namespace {
+
+[[noreturn]] void bad_value(const std::string& key, const std::string& text, const std::string& expected) {
+  throw Error(ErrorKind::config, "bad value '" + text + "' for " + key, key + " expects " + expected);
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text;
+}
+
+Field integer(const std::string& key, int64_t& value, const std::string& help, int64_t minimum = 0,
+              int64_t maximum = std::numeric_limits<int64_t>::max()) {
+  return Field{key, FieldType::integer, help, {}, [&value] { return std::to_string(value); },
+               [&value, key, minimum, maximum](const std::string& text) {
+                 errno = 0;
+                 char* end = nullptr;
+                 long long parsed = std::strtoll(text.c_str(), &end, 10);
+                 if (text.empty() || *end != '\0' || errno != 0)
+                   bad_value(key, text, strf("an integer in [%lld, %lld]", static_cast<long long>(minimum),
+                                             static_cast<long long>(maximum)));
+                 if (parsed < minimum || parsed > maximum)
+                   bad_value(key, text, strf("an integer in [%lld, %lld]", static_cast<long long>(minimum),
+                                             static_cast<long long>(maximum)));
+                 value = parsed;
+               }};
+}
+
+std::string real_text(double value) {
+  std::string text = strf("%.10g", value);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text;
+}
+
+template <typename T>
+Field real(const std::string& key, T& value, const std::string& help, double minimum = 0,
+           double maximum = std::numeric_limits<double>::max()) {
+  return Field{key, FieldType::real, help, {}, [&value] { return real_text(static_cast<double>(value)); },
+               [&value, key, minimum, maximum](const std::string& text) {
+                 errno = 0;
+                 char* end = nullptr;
+                 double parsed = std::strtod(text.c_str(), &end);
+                 std::string range = strf("a number in [%g, %g]", minimum, maximum);
+                 if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(parsed)) bad_value(key, text, range);
+                 if (parsed < minimum || parsed > maximum) bad_value(key, text, range);
+                 value = static_cast<T>(parsed);
+               }};
+}
+
+Field boolean(const std::string& key, bool& value, const std::string& help) {
+  return Field{key, FieldType::boolean, help, {}, [&value] { return std::string(value ? "true" : "false"); },
+               [&value, key](const std::string& text) {
+                 // SageMaker passes Python's True/False; shells pass 1/0.
+                 if (text == "true" || text == "True" || text == "1") value = true;
+                 else if (text == "false" || text == "False" || text == "0") value = false;
+                 else bad_value(key, text, "true or false");
+               }};
+}
+
+Field text(const std::string& key, std::string& value, const std::string& help) {
+  return Field{key, FieldType::text, help, {}, [&value] { return value; },
+               [&value](const std::string& input) { value = input; }};
+}
+
+Field choice(const std::string& key, std::string& value, const std::string& help, std::vector<std::string> choices) {
+  return Field{key, FieldType::choice, help, choices, [&value] { return value; },
+               [&value, key, choices](const std::string& input) {
+                 for (const std::string& allowed : choices)
+                   if (input == allowed) {
+                     value = input;
+                     return;
+                   }
+                 bad_value(key, input, "one of: " + join(choices));
+               }};
+}
+
+}  // namespace
+
+std::vector<Field> fields(RunConfig& c) {
+  ModelConfig& m = c.model;
+  std::vector<Field> list;
+  list.push_back(Field{"model.preset", FieldType::choice, "model shape preset; setting it resets every model.* key",
+                       model_preset_names(), [&m] { return m.preset; },
+                       [&m](const std::string& name) { m = model_preset(name); }});
+  list.push_back(Field{"model.family", FieldType::choice, "llama (RMSNorm, RoPE, SwiGLU, GQA) or gpt2", {"llama", "gpt2"},
+                       [&m] { return std::string(family_name(m.family)); },
+                       [&m](const std::string& name) {
+                         if (name != "llama" && name != "gpt2") bad_value("model.family", name, "llama or gpt2");
+                         m.family = name == "llama" ? ModelFamily::llama : ModelFamily::gpt2;
+                       }});
+  list.push_back(integer("model.vocab_size", m.vocab_size, "tokens the tokenizer produces", 1));
+  list.push_back(integer("model.padded_vocab", m.padded_vocab, "rows of embedding and head (>= vocab_size)", 1));
+  list.push_back(integer("model.hidden", m.hidden, "hidden size", 1));
+  list.push_back(integer("model.layers", m.layers, "transformer blocks", 1));
+  list.push_back(integer("model.heads", m.heads, "attention heads", 1));
+  list.push_back(integer("model.kv_heads", m.kv_heads, "key/value heads (grouped-query attention)", 1));
+  list.push_back(integer("model.ffn_hidden", m.ffn_hidden, "MLP inner size", 1));
+  list.push_back(integer("model.max_seq_len", m.max_seq_len, "learned position table size (gpt2)", 1));
+  list.push_back(real("model.norm_eps", m.norm_eps, "norm epsilon", 0, 1));
+  list.push_back(real("model.rope_theta", m.rope_theta, "RoPE base", 1));
+  list.push_back(real("model.init_std", m.init_std, "std of the normal initialisation", 0, 10));
+  list.push_back(boolean("model.tied_embeddings", m.tied_embeddings, "head shares the token embedding"));
+  list.push_back(boolean("model.bias", m.bias, "biases in linear layers"));
+
+  list.push_back(text("data.train", c.data.train, "glob of training shards"));
+  list.push_back(text("data.val", c.data.val, "glob of validation shards (\"\" = no held-out loss)"));
+  list.push_back(choice("data.tokenizer", c.data.tokenizer, "tokenizer of the shards", {"byte"}));
+
+  list.push_back(choice("train.device", c.train.device, "where to train", {"auto", "cpu", "cuda"}));
+  list.push_back(choice("train.precision", c.train.precision, "number format of compute",
+                        {"auto", "fp32", "bf16"}));
+  list.push_back(Field{"train.recompute", FieldType::text, "activation checkpointing: none, selective, full or K", {},
+                       [&c] { return c.train.recompute; },
+                       [&c](const std::string& input) { c.train.recompute = RecomputePolicy::parse(input).str(); }});
+  list.push_back(integer("train.steps", c.train.steps, "optimizer steps", 1));
+  list.push_back(integer("train.micro_batch_size", c.train.micro_batch_size, "sequences per micro-batch per rank", 1));
+  list.push_back(integer("train.global_batch_size", c.train.global_batch_size,
+                         "sequences per optimizer step (0 = micro_batch_size x ranks)", 0));
+  list.push_back(integer("train.seq_len", c.train.seq_len, "tokens per sequence", 2));
+  list.push_back(integer("train.seed", c.train.seed, "seed of initialisation and data order", 0));
+  list.push_back(integer("train.threads", c.train.threads, "CPU threads (0 = all cores)", 0, 4096));
+  list.push_back(integer("train.logits_chunk_tokens", c.train.logits_chunk_tokens,
+                         "rows of logits alive at once in the loss", 1));
+  list.push_back(boolean("train.tf32", c.train.tf32, "TF32 tensor cores for fp32 precision on cuda"));
+  list.push_back(boolean("train.deterministic", c.train.deterministic, "deterministic attention backward on cuda"));
+
+  list.push_back(real("optimizer.lr", c.optimizer.lr, "peak learning rate", 0, 10));
+  list.push_back(real("optimizer.beta1", c.optimizer.beta1, "Adam beta1", 0, 1));
+  list.push_back(real("optimizer.beta2", c.optimizer.beta2, "Adam beta2", 0, 1));
+  list.push_back(real("optimizer.eps", c.optimizer.eps, "Adam epsilon", 0, 1));
+  list.push_back(real("optimizer.weight_decay", c.optimizer.weight_decay, "decoupled weight decay (matrices only)", 0, 10));
+  list.push_back(real("optimizer.grad_clip", c.optimizer.grad_clip, "max global gradient norm (0 = off)", 0));
+
+  list.push_back(integer("schedule.warmup_steps", c.schedule.warmup_steps, "linear warm-up steps", 0));
+  list.push_back(choice("schedule.decay", c.schedule.decay, "decay after warm-up", {"cosine", "linear", "constant"}));
+  list.push_back(real("schedule.min_lr_ratio", c.schedule.min_lr_ratio, "decay floor as a fraction of the peak", 0, 1));
+
+  list.push_back(integer("eval.every", c.eval.every, "held-out loss every N steps (0 = only at the end)", 0));
+  list.push_back(integer("eval.batches", c.eval.batches, "validation micro-batches per evaluation", 0));
+
+  list.push_back(integer("log.every", c.log.every, "a step line every N steps", 1));
+  list.push_back(text("log.metrics", c.log.metrics, "JSONL metrics file in the run directory"));
+  list.push_back(boolean("log.all_ranks", c.log.all_ranks, "step lines from every rank"));
+
+  list.push_back(text("checkpoint.dir", c.checkpoint.dir, "run directory (\"\" = runs/<model.preset>)"));
+  list.push_back(integer("checkpoint.every", c.checkpoint.every, "steps between checkpoints (0 = at the end only)", 0));
+  list.push_back(real("checkpoint.every_minutes", c.checkpoint.every_minutes, "minutes between checkpoints (0 = off)", 0));
+  list.push_back(integer("checkpoint.keep", c.checkpoint.keep, "newest checkpoints kept", 1));
+  list.push_back(choice("checkpoint.resume", c.checkpoint.resume, "resume from the run directory's newest checkpoint",
+                        {"auto", "always", "never"}));
+  list.push_back(real("checkpoint.stop_deadline_s", c.checkpoint.stop_deadline_s,
+                      "seconds to save and exit after SIGTERM/SIGINT", 1));
+
+  list.push_back(choice("dist.strategy", c.dist.strategy, "FSDP sharding strategy",
+                        {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}));
+  list.push_back(choice("dist.backend", c.dist.backend, "collectives engine", {"auto", "nccl", "mpi"}));
+  list.push_back(choice("dist.reduce_dtype", c.dist.reduce_dtype, "dtype of gradient reduction", {"f32", "bf16"}));
+  list.push_back(integer("dist.shard_group_size", c.dist.shard_group_size,
+                         "hybrid_shard: ranks per shard group (0 = ranks per node)", 0));
+  list.push_back(boolean("dist.sync_every_micro_batch", c.dist.sync_every_micro_batch,
+                         "reduce gradients after every micro-batch (false: only the last)"));
+  return list;
+}
+
+void validate(const RunConfig& c) {
+  c.model.validate();
+  RecomputePolicy policy = RecomputePolicy::parse(c.train.recompute);
+  if (policy.full_layers > c.model.layers)
+    throw Error(ErrorKind::config,
+                strf("train.recompute = %lld but the model has %lld layers", static_cast<long long>(policy.full_layers),
+                     static_cast<long long>(c.model.layers)),
+                "use a layer count between 0 and model.layers, or full");
+  if (c.model.family == ModelFamily::gpt2 && c.train.seq_len > c.model.max_seq_len)
+    throw Error(ErrorKind::config,
+                strf("train.seq_len = %lld exceeds model.max_seq_len = %lld (the learned position table)",
+                     static_cast<long long>(c.train.seq_len), static_cast<long long>(c.model.max_seq_len)),
+                "lower train.seq_len or raise model.max_seq_len");
+  if (c.train.global_batch_size != 0 && c.train.global_batch_size % c.train.micro_batch_size != 0)
+    throw Error(ErrorKind::config,
+                strf("train.global_batch_size = %lld is not a multiple of train.micro_batch_size = %lld",
+                     static_cast<long long>(c.train.global_batch_size),
+                     static_cast<long long>(c.train.micro_batch_size)),
+                "gradient accumulation needs a whole number of micro-batches; adjust either key");
+  if (c.schedule.warmup_steps > c.train.steps)
+    throw Error(ErrorKind::config, "schedule.warmup_steps exceeds train.steps",
+                "lower schedule.warmup_steps or raise train.steps");
+}
+
+}  // namespace mxtrain

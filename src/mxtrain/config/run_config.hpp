@@ -1,0 +1,108 @@
+// A training run as data: one struct per config section and ONE field list (fields()) that TOML
+// parsing, --set/--flag and MXTRAIN_* overrides, the printed "effective config", the JSON saved
+// with checkpoints and the resume check all use (STYLE.md #6). Adding a key = one line in fields().
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mxtrain/model/config.hpp"
+
+namespace mxtrain {
+
+struct DataConfig {
+  std::string train = "data/fortunes/train_*.bin";
+  std::string val = "data/fortunes/val_*.bin";
+  std::string tokenizer = "byte";
+};
+
+struct TrainConfig {
+  std::string device = "auto";       // auto | cpu | cuda
+  std::string precision = "auto";    // auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | ...
+  std::string recompute = "none";    // none | selective | full | K
+  int64_t steps = 300;
+  int64_t micro_batch_size = 16;     // sequences per micro-batch per rank
+  int64_t global_batch_size = 0;     // sequences per optimizer step; 0 = micro_batch_size * world size
+  int64_t seq_len = 256;
+  int64_t seed = 1337;
+  int64_t threads = 0;               // cpu threads; 0 = all cores
+  int64_t logits_chunk_tokens = 8192;
+  bool tf32 = false;                 // fp32 precision on cuda: TF32 tensor-core GEMMs
+  bool deterministic = false;        // deterministic attention backward on cuda
+};
+
+struct OptimizerConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // max global gradient norm; 0 = off
+};
+
+struct ScheduleConfig {
+  int64_t warmup_steps = 20;
+  std::string decay = "cosine";  // cosine | linear | constant
+  double min_lr_ratio = 0.1;     // floor of the decay as a fraction of optimizer.lr
+};
+
+struct EvalConfig {
+  int64_t every = 50;    // held-out loss every N steps (and at the end); 0 = only at the end
+  int64_t batches = 8;   // micro-batches of validation per evaluation
+};
+
+struct LogConfig {
+  int64_t every = 1;            // a step line every N steps
+  std::string metrics = "metrics.jsonl";  // in the run directory
+  bool all_ranks = false;       // step lines from every rank, not only rank 0
+};
+
+struct CheckpointConfig {
+  std::string dir = "";          // run directory; "" = runs/<model.preset>
+  int64_t every = 100;           // steps between checkpoints; 0 = only at the end
+  double every_minutes = 0;      // also checkpoint when this many minutes passed; 0 = off
+  int64_t keep = 3;              // newest checkpoints kept
+  std::string resume = "auto";   // auto (resume if the run directory has one) | always | never
+  double stop_deadline_s = 100;  // on SIGTERM/SIGINT: finish the step, save, exit 0 within this time
+};
+
+struct DistConfig {
+  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
+  std::string backend = "auto";         // auto (nccl on cuda, mpi on cpu) | nccl | mpi
+  std::string reduce_dtype = "f32";     // f32 | bf16
+  int64_t shard_group_size = 0;         // hybrid_shard: ranks per shard group; 0 = ranks per node
+  bool sync_every_micro_batch = true;   // false: reduce gradients only on the last micro-batch
+};
+
+struct RunConfig {
+  ModelConfig model = model_preset("tiny");
+  DataConfig data;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  EvalConfig eval;
+  LogConfig log;
+  CheckpointConfig checkpoint;
+  DistConfig dist;
+};
+
+enum class FieldType : uint8_t { integer, real, boolean, text, choice };
+
+// One config key bound to a RunConfig instance.
+struct Field {
+  std::string key;   // "train.micro_batch_size"
+  FieldType type;
+  std::string help;
+  std::vector<std::string> choices;  // for FieldType::choice
+  std::function<std::string()> get;                      // canonical text of the value
+  std::function<void(const std::string& text)> set;       // parses and validates; throws Error(config)
+};
+
+// The field list, bound to `config`. model.preset comes first: setting it resets every model.* key.
+std::vector<Field> fields(RunConfig& config);
+
+// Checks cross-field rules after all overrides; throws Error(config) naming the keys.
+void validate(const RunConfig& config);
+
+}  // namespace mxtrain

@@ -1,0 +1,258 @@
+#include "mxtrain/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "mxtrain/core/checksum.hpp"
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/core/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace mxtrain {
+namespace {
+
+constexpr int kFormatVersion = 1;
+const char* const kKinds[] = {"master", "adam_m", "adam_v"};
+
+std::string rank_file_name(int rank) { return strf("rank_%05d.bin", rank); }
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::string temporary = path + ".partial";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw Error(ErrorKind::system, "cannot write " + temporary, "check free disk space and permissions");
+  }
+  fsync_path(temporary, false);
+  fs::rename(temporary, path);
+}
+
+const Tensor& shard_tensor(const ParamShard& shard, int kind) {
+  return kind == 0 ? shard.master : (kind == 1 ? shard.m : shard.v);
+}
+
+}  // namespace
+
+std::string step_directory_name(int64_t step) { return strf("step_%08lld", static_cast<long long>(step)); }
+
+CheckpointStore::CheckpointStore(std::string run_dir, int rank, int world_size, std::function<void()> barrier)
+    : run_dir_(std::move(run_dir)), rank_(rank), world_size_(world_size), barrier_(std::move(barrier)) {}
+
+std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards,
+                                  Backend& backend) {
+  const std::string final_dir = directory() + "/" + step_directory_name(meta.step);
+  const std::string temporary = final_dir + ".tmp";
+  std::error_code error;
+  if (rank_ == 0) {
+    fs::create_directories(directory(), error);
+    fs::remove_all(temporary, error);
+    if (!fs::create_directories(temporary, error) && error)
+      throw Error(ErrorKind::system, "cannot create checkpoint directory " + temporary + ": " + error.message(),
+                  "check that checkpoint.dir is writable and has free space");
+  }
+  barrier();
+
+  // This rank's file: master, m and v of each shard, one segment each.
+  nlohmann::json segments = nlohmann::json::array();
+  const std::string file_name = rank_file_name(rank_);
+  {
+    std::string path = temporary + "/" + file_name;
+    std::FILE* file = std::fopen(path.c_str(), "wb");
+    if (!file) throw Error(ErrorKind::system, "cannot create " + path, "check that checkpoint.dir is writable");
+    uint64_t offset = 0;
+    std::vector<float> host;
+    for (const ParamShard& shard : shards) {
+      host.resize(static_cast<size_t>(shard.count));
+      for (int kind = 0; kind < 3; ++kind) {
+        backend.copy_to_host(shard_tensor(shard, kind), host.data());
+        size_t bytes = host.size() * sizeof(float);
+        if (std::fwrite(host.data(), 1, bytes, file) != bytes) {
+          std::fclose(file);
+          throw Error(ErrorKind::system, "short write to " + path, "check free disk space in checkpoint.dir");
+        }
+        segments.push_back({{"file", file_name}, {"group", shard.group}, {"kind", kKinds[kind]},
+                            {"begin", shard.begin}, {"count", shard.count}, {"offset", offset}, {"bytes", bytes},
+                            {"crc32", crc32(host.data(), bytes)}});
+        offset += bytes;
+      }
+    }
+    std::fflush(file);
+    ::fsync(::fileno(file));
+    std::fclose(file);
+    write_text_file(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
+  }
+  barrier();
+
+  if (rank_ == 0) {
+    nlohmann::json all_segments = nlohmann::json::array();
+    for (int r = 0; r < world_size_; ++r) {
+      std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);
+      std::ifstream in(sidecar);
+      if (!in) throw Error(ErrorKind::checkpoint, "rank " + std::to_string(r) + " did not write " + sidecar,
+                           "all ranks must share checkpoint.dir (a shared filesystem across nodes)");
+      nlohmann::json rank_segments = nlohmann::json::parse(in);
+      for (auto& segment : rank_segments) all_segments.push_back(segment);
+      in.close();
+      fs::remove(sidecar, error);
+    }
+    nlohmann::json manifest = {{"format", "mxtrain-checkpoint"},
+                               {"version", kFormatVersion},
+                               {"step", meta.step},
+                               {"tokens", meta.tokens},
+                               {"seed", meta.seed},
+                               {"data_state", meta.data_state},
+                               {"config", meta.config},
+                               {"extra", meta.extra},
+                               {"world_size", meta.world_size},
+                               {"strategy", meta.strategy},
+                               {"segments", all_segments}};
+    write_text_file(temporary + "/manifest.json", manifest.dump(1));
+    fsync_path(temporary, true);
+    fs::remove_all(final_dir, error);
+    fs::rename(temporary, final_dir, error);
+    if (error)
+      throw Error(ErrorKind::system, "cannot rename " + temporary + " to " + final_dir + ": " + error.message(),
+                  "check permissions of checkpoint.dir");
+    fsync_path(directory(), true);
+  }
+  barrier();
+  return final_dir;
+}
+
+std::vector<std::string> CheckpointStore::list() const {
+  std::vector<std::string> found;
+  std::error_code error;
+  if (!fs::is_directory(directory(), error)) return found;
+  for (const auto& entry : fs::directory_iterator(directory(), error)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
+    if (fs::exists(entry.path() / "manifest.json")) found.push_back(entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
+}
+
+CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<ParamShard>& shards,
+                                     Backend& backend) {
+  const std::string manifest_path = path + "/manifest.json";
+  nlohmann::json manifest;
+  {
+    std::ifstream in(manifest_path);
+    if (!in) throw Error(ErrorKind::checkpoint, "cannot read " + manifest_path, "the checkpoint is incomplete");
+    try {
+      manifest = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& parse_error) {
+      throw Error(ErrorKind::checkpoint, manifest_path + " is not valid JSON: " + parse_error.what(),
+                  "the checkpoint is damaged; an older one can be used by deleting this directory");
+    }
+  }
+  if (manifest.value("format", "") != "mxtrain-checkpoint" || manifest.value("version", 0) != kFormatVersion)
+    throw Error(ErrorKind::checkpoint, manifest_path + " is not an mxtrain checkpoint of format version 1",
+                "point checkpoint.dir at a run directory written by this mxtrain");
+
+  CheckpointMeta meta;
+  meta.step = manifest.at("step").get<int64_t>();
+  meta.tokens = manifest.value("tokens", int64_t{0});
+  meta.seed = manifest.value("seed", uint64_t{0});
+  meta.data_state = manifest.at("data_state");
+  meta.config = manifest.at("config");
+  meta.extra = manifest.value("extra", nlohmann::json::object());
+  meta.world_size = manifest.value("world_size", 1);
+  meta.strategy = manifest.value("strategy", std::string("local"));
+
+  const nlohmann::json& segments = manifest.at("segments");
+  std::vector<float> segment_data, local;
+  for (const ParamShard& shard : shards) {
+    local.assign(static_cast<size_t>(shard.count), 0.0f);
+    for (int kind = 0; kind < 3; ++kind) {
+      int64_t covered = 0;
+      for (const auto& segment : segments) {
+        if (segment.at("group").get<int>() != shard.group || segment.at("kind").get<std::string>() != kKinds[kind])
+          continue;
+        int64_t seg_begin = segment.at("begin").get<int64_t>();
+        int64_t seg_count = segment.at("count").get<int64_t>();
+        int64_t lo = std::max(seg_begin, shard.begin);
+        int64_t hi = std::min(seg_begin + seg_count, shard.begin + shard.count);
+        if (lo >= hi) continue;
+        std::string file_path = path + "/" + segment.at("file").get<std::string>();
+        uint64_t offset = segment.at("offset").get<uint64_t>();
+        uint64_t bytes = segment.at("bytes").get<uint64_t>();
+        std::FILE* file = std::fopen(file_path.c_str(), "rb");
+        if (!file) throw Error(ErrorKind::checkpoint, "missing checkpoint file " + file_path, "the checkpoint is incomplete");
+        segment_data.resize(static_cast<size_t>(seg_count));
+        bool ok = std::fseek(file, static_cast<long>(offset), SEEK_SET) == 0 &&
+                  std::fread(segment_data.data(), 1, bytes, file) == bytes;
+        std::fclose(file);
+        if (!ok)
+          throw Error(ErrorKind::checkpoint,
+                      strf("%s is truncated: segment %s of group %d needs bytes [%llu, %llu)", file_path.c_str(),
+                           kKinds[kind], shard.group, static_cast<unsigned long long>(offset),
+                           static_cast<unsigned long long>(offset + bytes)),
+                      "the checkpoint was not written completely; use an older one");
+        if (crc32(segment_data.data(), bytes) != segment.at("crc32").get<uint32_t>())
+          throw Error(ErrorKind::checkpoint,
+                      strf("checksum mismatch in %s at byte offset %llu (segment %s of group %d)", file_path.c_str(),
+                           static_cast<unsigned long long>(offset), kKinds[kind], shard.group),
+                      "the checkpoint is corrupt; use an older one");
+        std::copy(segment_data.begin() + (lo - seg_begin), segment_data.begin() + (hi - seg_begin),
+                  local.begin() + (lo - shard.begin));
+        covered += hi - lo;
+      }
+      if (covered != shard.count)
+        throw Error(ErrorKind::checkpoint,
+                    strf("%s covers %lld of the %lld elements of group %d (%s) this rank needs", path.c_str(),
+                         static_cast<long long>(covered), static_cast<long long>(shard.count), shard.group,
+                         kKinds[kind]),
+                    "the checkpoint belongs to a different model shape; check model.* against its manifest");
+      backend.copy_from_host(local.data(), shard_tensor(shard, kind));
+    }
+    if (shard.compute_copy.defined()) backend.copy(shard.master, shard.compute_copy);
+    backend.fill(shard.grad, 0.0f);
+  }
+  return meta;
+}
+
+std::string CheckpointStore::load_latest(const std::vector<ParamShard>& shards, Backend& backend,
+                                         CheckpointMeta* meta) {
+  for (const std::string& path : list()) {
+    try {
+      *meta = load(path, shards, backend);
+      return path;
+    } catch (const Error& error) {
+      if (error.kind() != ErrorKind::checkpoint) throw;
+      log::warn("skipping checkpoint " + path + ": " + error.what() + "; trying the previous one");
+    }
+  }
+  return "";
+}
+
+void CheckpointStore::prune(int64_t keep) {
+  if (rank_ != 0) return;
+  std::vector<std::string> complete = list();
+  std::error_code error;
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < complete.size(); ++i)
+    fs::remove_all(complete[i], error);
+  if (!fs::is_directory(directory(), error)) return;
+  for (const auto& entry : fs::directory_iterator(directory(), error)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp")
+      fs::remove_all(entry.path(), error);
+  }
+}
+
+}  // namespace mxtrain

@@ -1,0 +1,61 @@
+// Checkpoints: run_dir/checkpoints/step_00000100/{manifest.json, rank_00000.bin, ...}.
+// Each rank writes the f32 master weights and Adam moments of the ranges it owns as segments
+// with a CRC-32 each; rank 0 writes the manifest (step, data position, RNG seed, config, world
+// size, strategy, every segment's file/offset/range/checksum) after every rank has finished, and
+// the directory becomes visible by one rename of step_X.tmp. A crash at any point leaves the
+// previous checkpoint intact. Loading reads whichever segments overlap the ranges this rank now
+// owns, so a checkpoint saved at one world size or strategy loads at any other (resharding).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mxtrain/backend/backend.hpp"
+#include "mxtrain/model/parameters.hpp"
+
+namespace mxtrain {
+
+struct CheckpointMeta {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  uint64_t seed = 0;
+  nlohmann::json data_state;   // sampler position
+  nlohmann::json config;       // config_to_json() of the run
+  nlohmann::json extra = nlohmann::json::object();  // precision state (loss scale, amax histories)
+  int world_size = 1;
+  std::string strategy = "local";
+};
+
+class CheckpointStore {
+ public:
+  // barrier: synchronises all ranks (no-op for one process). All ranks must share run_dir.
+  CheckpointStore(std::string run_dir, int rank, int world_size, std::function<void()> barrier = {});
+
+  std::string directory() const { return run_dir_ + "/checkpoints"; }
+  // Collective: every rank calls it with its shards. Returns the final directory.
+  std::string save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards, Backend& backend);
+  // Complete checkpoints (with a manifest), newest first.
+  std::vector<std::string> list() const;
+  // Loads into this rank's shards (compute copies refreshed from the masters); verifies sizes and
+  // checksums. Throws Error(checkpoint) naming the file and what is wrong.
+  CheckpointMeta load(const std::string& path, const std::vector<ParamShard>& shards, Backend& backend);
+  // Newest valid checkpoint: a corrupt one is reported and the previous tried. Returns the path
+  // loaded, or "" when the run directory has none.
+  std::string load_latest(const std::vector<ParamShard>& shards, Backend& backend, CheckpointMeta* meta);
+  // Removes all but the newest `keep` complete checkpoints and stale temporaries (rank 0).
+  void prune(int64_t keep);
+
+ private:
+  void barrier() const {
+    if (barrier_) barrier_();
+  }
+  std::string run_dir_;
+  int rank_, world_size_;
+  std::function<void()> barrier_;
+};
+
+std::string step_directory_name(int64_t step);  // "step_00000100"
+
+}  // namespace mxtrain

@@ -1,0 +1,44 @@
+// What a run reports: one line per step ("step 20/500 | loss 3.2145 | ...") and the same fields
+// as JSON lines in the run directory, so logs and plots read the same numbers.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace mxtrain {
+
+struct StepMetrics {
+  int64_t step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;           // global (all ranks)
+  double tokens_per_s_per_gpu = 0;
+  double tflops = 0;                 // model TFLOP/s, global, PaLM convention
+  double mfu = -1;                   // fraction of the device's dense peak; < 0 when unknown
+  uint64_t peak_bytes = 0;           // max over ranks of the allocator's peak live bytes
+  uint64_t reserved_bytes = 0;
+  int64_t tokens = 0;                // tokens consumed so far
+  bool skipped = false;              // the update was skipped (fp16 overflow)
+  double loss_scale = 0;             // fp16 dynamic loss scale (0 when not used)
+};
+
+std::string format_step_line(const StepMetrics& metrics);
+nlohmann::json step_json(const StepMetrics& metrics);
+std::string format_bytes(uint64_t bytes);  // "1.2 GiB", "340.0 MiB"
+
+class MetricsFile {
+ public:
+  MetricsFile() = default;
+  explicit MetricsFile(const std::string& path);  // appends; throws Error(system) if it cannot open
+  void write(const nlohmann::json& record);
+  bool is_open() const { return stream_.is_open(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream stream_;
+};
+
+}  // namespace mxtrain

@@ -1,0 +1,113 @@
+#include "mxtrain/train/session.hpp"
+
+#include <cmath>
+
+#include "mxtrain/core/error.hpp"
+
+namespace mxtrain {
+
+std::string resolve_device(const std::string& requested) {
+  if (requested == "auto") return backend_available("cuda") ? "cuda" : "cpu";
+  if (requested == "cuda" && !backend_available("cuda")) {
+    bool built = false;
+    for (const std::string& name : backend_names()) built = built || name == "cuda";
+    throw Error(ErrorKind::config,
+                built ? "train.device = cuda but no CUDA GPU is visible" : "train.device = cuda but this mxtrain was "
+                                                                           "built without the CUDA backend",
+                built ? "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu"
+                      : "build with the cuda preset on a machine with the CUDA toolkit, or use --device cpu");
+  }
+  return requested;
+}
+
+BackendOptions backend_options(const RunConfig& config) {
+  BackendOptions options;
+  options.threads = static_cast<int>(config.train.threads);
+  options.deterministic = config.train.deterministic;
+  options.tf32 = config.train.tf32;
+  return options;
+}
+
+TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, const PrecisionPlan& precision,
+                                 std::unique_ptr<ParameterStore> params)
+    : config_(config), backend_(backend), precision_(precision), params_(std::move(params)) {
+  for (OpKind kind : {OpKind::linear_forward, OpKind::attention_forward, OpKind::cross_entropy, OpKind::norm_forward})
+    if (!backend_.supports(kind, precision_.activation))
+      throw Error(ErrorKind::unsupported,
+                  strf("the %s backend has no %s op for %s activations", std::string(backend_.name()).c_str(),
+                       op_kind_name(kind), std::string(dtype_name(precision_.activation)).c_str()),
+                  "choose a precision this device supports (fp32 on cpu; bf16 or fp32 on cuda)");
+  TransformerOptions options;
+  options.activation_dtype = precision_.activation;
+  options.recompute = RecomputePolicy::parse(config_.train.recompute);
+  options.logits_chunk_tokens = config_.train.logits_chunk_tokens;
+  model_ = std::make_unique<Transformer>(config_.model, options, backend_, *params_);
+  const int64_t rows = config_.train.micro_batch_size * config_.train.seq_len;
+  tokens_ = backend_.allocate("tokens", Shape{rows}, DType::i32, Lifetime::data);
+  targets_ = backend_.allocate("targets", Shape{rows}, DType::i32, Lifetime::data);
+  loss_sum_ = backend_.allocate("loss_sum", Shape{1}, DType::f32, Lifetime::scratch);
+  grad_norm_sq_ = backend_.allocate("grad_norm_sq", Shape{1}, DType::f32, Lifetime::scratch);
+}
+
+void TrainingSession::upload(const TokenBatch& batch) {
+  MXTRAIN_ASSERT(batch.batch * batch.seq == tokens_.tensor().numel(), "micro-batch of %lld x %lld, buffers for %lld",
+                 static_cast<long long>(batch.batch), static_cast<long long>(batch.seq),
+                 static_cast<long long>(tokens_.tensor().numel()));
+  backend_.copy_from_host(batch.tokens, tokens_);
+  backend_.copy_from_host(batch.targets, targets_);
+}
+
+StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
+                                 double learning_rate, int64_t step_number) {
+  MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
+  const float grad_scale = 1.0f / static_cast<float>(global_tokens);
+  backend_.fill(loss_sum_, 0.0f);
+  const int count = static_cast<int>(micro_batches.size());
+  for (int i = 0; i < count; ++i) {
+    params_->begin_micro_batch(i, count);
+    upload(micro_batches[static_cast<size_t>(i)]);
+    model_->forward_backward(tokens_, targets_, micro_batches[static_cast<size_t>(i)].batch,
+                             micro_batches[static_cast<size_t>(i)].seq, grad_scale, loss_sum_);
+  }
+  params_->finish_backward();
+
+  PhaseScope scope(backend_, Phase::optimizer);
+  params_->grad_norm_sq(grad_norm_sq_);
+  AdamWArgs args;
+  args.learning_rate = static_cast<float>(learning_rate);
+  args.beta1 = static_cast<float>(config_.optimizer.beta1);
+  args.beta2 = static_cast<float>(config_.optimizer.beta2);
+  args.epsilon = static_cast<float>(config_.optimizer.eps);
+  args.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
+  args.step = step_number;
+  args.max_grad_norm = static_cast<float>(config_.optimizer.grad_clip);
+  for (const ParamShard& shard : params_->shards()) {
+    args.decay_count = shard.decay_count;
+    backend_.adamw(shard.master, shard.grad, shard.m, shard.v, shard.compute_copy, grad_norm_sq_, args);
+  }
+  params_->zero_grads();
+
+  StepResult result;
+  const double loss_sum = all_reduce_sum(backend_.read_scalar(loss_sum_));
+  result.loss = loss_sum / static_cast<double>(global_tokens);
+  result.grad_norm = std::sqrt(static_cast<double>(backend_.read_scalar(grad_norm_sq_)));
+  if (!std::isfinite(result.loss))
+    throw Error(ErrorKind::numerics, strf("the loss became %f at step %lld", result.loss, static_cast<long long>(step_number)),
+                "lower optimizer.lr, raise schedule.warmup_steps, keep optimizer.grad_clip on, or use a wider precision; "
+                "then resume from the last checkpoint");
+  return result;
+}
+
+double TrainingSession::evaluate(const std::vector<TokenBatch>& batches) {
+  backend_.fill(loss_sum_, 0.0f);
+  int64_t tokens = 0;
+  for (const TokenBatch& batch : batches) {
+    upload(batch);
+    model_->forward_loss(tokens_, targets_, batch.batch, batch.seq, loss_sum_);
+    tokens += batch.batch * batch.seq;
+  }
+  const double total_tokens = all_reduce_sum(static_cast<double>(tokens));
+  return all_reduce_sum(backend_.read_scalar(loss_sum_)) / total_tokens;
+}
+
+}  // namespace mxtrain

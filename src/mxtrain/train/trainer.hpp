@@ -1,0 +1,44 @@
+// The training loop: data → micro-batches → TrainingSession::step → metrics, held-out loss and
+// checkpoints; resume from the newest valid checkpoint; stop safely on SIGTERM/SIGINT.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "mxtrain/config/run_config.hpp"
+
+namespace mxtrain {
+
+class Communicator;
+
+struct TrainerContext {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  Communicator* communicator = nullptr;  // null for one process
+  std::string source_dir;                // fallback base for relative data paths
+};
+
+struct TrainerSummary {
+  int64_t steps_done = 0;
+  double final_loss = 0;
+  double final_val_loss = -1;     // < 0 when there is no validation set
+  double tokens_per_s = 0;        // mean over the timed steps after the first
+  std::string run_dir, checkpoint, metrics_path;
+  bool stopped_by_signal = false;
+};
+
+class Trainer {
+ public:
+  Trainer(RunConfig config, TrainerContext context);
+  TrainerSummary run();
+
+ private:
+  RunConfig config_;
+  TrainerContext context_;
+};
+
+// The run directory: checkpoint.dir, or runs/<model.preset> when empty.
+std::string run_directory(const RunConfig& config);
+
+}  // namespace mxtrain
