@@ -7,7 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <fstream>
+
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/data/prepare.hpp"
 
 namespace mxtrain::test {
 
@@ -90,6 +93,35 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+std::string make_test_corpus(const std::string& dir, size_t bytes) {
+  static const char* const words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and",
+                                      "then", "it", "runs", "far", "away", "from", "home", "while", "we", "sleep",
+                                      "under", "stars", "of", "winter", "light", "is", "slow", "but", "sure"};
+  std::filesystem::create_directories(dir);
+  std::string text_path = dir + "/corpus.txt";
+  std::ofstream out(text_path);
+  uint64_t state = 0x1234567887654321ull;
+  size_t written = 0, in_sentence = 0;
+  while (written < bytes) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    std::string word = words[state % (sizeof words / sizeof words[0])];
+    if (in_sentence == 0) word[0] = static_cast<char>(word[0] - 'a' + 'A');
+    ++in_sentence;
+    bool end = in_sentence > 4 && (state >> 20) % 5 == 0;
+    std::string piece = word + (end ? ".\n" : " ");
+    if (end) in_sentence = 0;
+    out << piece;
+    written += piece.size();
+  }
+  out.close();
+  data::PrepareOptions options;
+  options.output_dir = dir;
+  options.input_files = {text_path};
+  options.val_fraction = 0.1;
+  data::prepare_corpus(options);
+  return dir;
 }
 
 int run_command(const std::string& command, std::string* output) {

@@ -38,6 +38,10 @@ class TempDir {
   std::string path_;
 };
 
+// Writes a small pseudo-English text (about `bytes` bytes, fixed seed) and prepares it into
+// train/val shards under dir with the byte tokenizer; returns dir.
+std::string make_test_corpus(const std::string& dir, size_t bytes = 160000);
+
 // Runs a shell command, returns its exit status; stdout+stderr go to *output when given.
 int run_command(const std::string& command, std::string* output = nullptr);
 

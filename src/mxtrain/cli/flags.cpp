@@ -35,8 +35,7 @@ static const char* type_name(FieldType type) {
 void add_config_arguments(CLI::App& command, ConfigArguments& arguments, const std::vector<FlagSpec>& flags) {
   RunConfig defaults;
   std::vector<Field> list = fields(defaults);
-  command.add_option("config", arguments.config_path, "TOML file describing the run (optional)")
-      ->check(CLI::ExistingFile);
+  command.add_option("config", arguments.config_path, "TOML file describing the run (optional)");
   command.add_option("--set", arguments.assignments, "override any config key: --set train.steps=100 (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);

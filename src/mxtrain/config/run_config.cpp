@@ -193,9 +193,6 @@ void validate(const RunConfig& c) {
                      static_cast<long long>(c.train.global_batch_size),
                      static_cast<long long>(c.train.micro_batch_size)),
                 "gradient accumulation needs a whole number of micro-batches; adjust either key");
-  if (c.schedule.warmup_steps > c.train.steps)
-    throw Error(ErrorKind::config, "schedule.warmup_steps exceeds train.steps",
-                "lower schedule.warmup_steps or raise train.steps");
 }
 
 }  // namespace mxtrain

@@ -1,0 +1,138 @@
+// The training loop end to end on the CPU: an interrupted and resumed run continues with the
+// identical loss sequence; a corrupt newest checkpoint falls back to the previous one; the run
+// directory's checkpoints are never overwritten by a fresh run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "mxtrain/config/loader.hpp"
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/train/stop_signal.hpp"
+#include "mxtrain/train/trainer.hpp"
+#include "support/test_support.hpp"
+
+namespace mxtrain {
+namespace {
+
+RunConfig tiny_run(const std::string& corpus, const std::string& run_dir, int64_t steps) {
+  ConfigSources sources;
+  sources.read_environment = false;
+  sources.overrides = {{"model.hidden", "64"},        {"model.heads", "2"},          {"model.kv_heads", "1"},
+                       {"model.layers", "2"},         {"model.ffn_hidden", "128"},   {"train.seq_len", "32"},
+                       {"train.micro_batch_size", "4"}, {"train.global_batch_size", "8"}, {"train.steps", std::to_string(steps)},
+                       {"train.device", "cpu"},       {"schedule.warmup_steps", "2"}, {"eval.every", "3"},
+                       {"eval.batches", "2"},         {"checkpoint.every", "3"},     {"checkpoint.dir", run_dir},
+                       {"data.train", corpus + "/train_*.bin"}, {"data.val", corpus + "/val_*.bin"}};
+  return load_config(sources);
+}
+
+// step -> loss from the run's metrics.jsonl (the last line for a step wins).
+std::map<int64_t, double> losses(const std::string& run_dir) {
+  std::map<int64_t, double> result;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) result[record["step"].get<int64_t>()] = record["loss"].get<double>();
+  }
+  return result;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    clear_stop_request();
+    corpus_ = test::make_test_corpus(dir_.file("corpus"));
+  }
+  void TearDown() override { clear_stop_request(); }
+  test::TempDir dir_;
+  std::string corpus_;
+};
+
+TEST_F(TrainerTest, InterruptedRunResumesWithTheIdenticalLossSequence) {
+  const int64_t steps = 7;
+  TrainerSummary full = Trainer(tiny_run(corpus_, dir_.file("full"), steps), {}).run();
+  EXPECT_EQ(full.steps_done, steps);
+
+  // A stop request before the run: the trainer finishes step 1, saves and returns.
+  request_stop_for_test(15);
+  TrainerSummary first = Trainer(tiny_run(corpus_, dir_.file("split"), steps), {}).run();
+  EXPECT_TRUE(first.stopped_by_signal);
+  EXPECT_EQ(first.steps_done, 1);
+  clear_stop_request();
+  TrainerSummary second = Trainer(tiny_run(corpus_, dir_.file("split"), steps), {}).run();
+  EXPECT_EQ(second.steps_done, steps);
+
+  std::map<int64_t, double> expected = losses(dir_.file("full"));
+  std::map<int64_t, double> resumed = losses(dir_.file("split"));
+  ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(steps));
+  for (int64_t step = 1; step <= steps; ++step) EXPECT_EQ(expected[step], resumed[step]) << "step " << step;
+  EXPECT_LT(expected[steps], expected[1]) << "the loss did not fall";
+  EXPECT_EQ(full.final_val_loss, second.final_val_loss);
+}
+
+TEST_F(TrainerTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
+  const std::string run_dir = dir_.file("run");
+  Trainer(tiny_run(corpus_, run_dir, 6), {}).run();  // checkpoints at 3 and 6
+  const std::string newest = run_dir + "/checkpoints/step_00000006/rank_00000.bin";
+  ASSERT_TRUE(std::filesystem::exists(newest));
+  {
+    std::fstream file(newest, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(100);
+    char byte = 0x5a;
+    file.write(&byte, 1);
+  }
+  // Extending the run to 8 steps must resume from step 3 (the valid one) and redo 4..8.
+  RunConfig config = tiny_run(corpus_, run_dir, 8);
+  TrainerSummary summary = Trainer(config, {}).run();
+  EXPECT_EQ(summary.steps_done, 8);
+  std::map<int64_t, double> history = losses(run_dir);
+  EXPECT_EQ(history.size(), 8u);
+}
+
+TEST_F(TrainerTest, FreshRunRefusesADirectoryWithCheckpoints) {
+  const std::string run_dir = dir_.file("run");
+  Trainer(tiny_run(corpus_, run_dir, 3), {}).run();
+  RunConfig config = tiny_run(corpus_, run_dir, 3);
+  config.checkpoint.resume = "never";
+  try {
+    Trainer(config, {}).run();
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::checkpoint);
+    EXPECT_NE(error.full_message().find("already has checkpoints"), std::string::npos);
+  }
+}
+
+TEST_F(TrainerTest, ResumeWithADifferentModelIsRefused) {
+  const std::string run_dir = dir_.file("run");
+  Trainer(tiny_run(corpus_, run_dir, 3), {}).run();
+  RunConfig config = tiny_run(corpus_, run_dir, 4);
+  config.model.ffn_hidden = 96;
+  try {
+    Trainer(config, {}).run();
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_NE(error.full_message().find("model.ffn_hidden"), std::string::npos) << error.full_message();
+  }
+}
+
+TEST_F(TrainerTest, MissingDataNamesThePatternAndTheFix) {
+  RunConfig config = tiny_run(corpus_, dir_.file("run"), 3);
+  config.data.train = dir_.file("nowhere") + "/train_*.bin";
+  try {
+    Trainer(config, {}).run();
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::data);
+    EXPECT_NE(error.full_message().find("nowhere"), std::string::npos) << error.full_message();
+    EXPECT_NE(error.full_message().find("setup"), std::string::npos) << error.full_message();
+  }
+}
+
+}  // namespace
+}  // namespace mxtrain
