@@ -1,6 +1,12 @@
 # The CUDA backend: kernels, cuBLASLt GEMMs, cuDNN attention through cudnn-frontend, NCCL.
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
+# CMake 3.25 (Debian 12) does not know nvcc's C++20 flag and, with CXX_STANDARD 20, refuses to
+# generate CUDA targets: tell it the flag.
+if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 if(NOT DEFINED MXTRAIN_CUDA_ARCHITECTURES)

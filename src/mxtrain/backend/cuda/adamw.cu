@@ -1,0 +1,118 @@
+// AdamW over one flat group shard in one launch: the f32 master, both moments and the
+// compute-dtype copy are updated in the same pass (one read of grad, m, v, master; one write
+// of m, v, master, copy). The clipping factor is computed on the device from grad_norm_sq[0],
+// so the step never waits on the host. Operation order follows torch.optim.AdamW's
+// single-tensor path exactly as the CPU oracle does (lerp for m, mul+addcmul for v, addcdiv).
+#include "mxtrain/backend/cuda/device_common.cuh"
+#include "mxtrain/backend/cuda/kernels.hpp"
+
+#include <cmath>
+
+namespace mxtrain::cuda_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct NoCopy {};  // copy type when the master is itself the compute weight
+
+struct AdamWScalars {
+  float decay_factor, m_weight, beta2, v_weight, negative_step_size, bias_correction2_sqrt, epsilon, multiplier;
+  float max_grad_norm;
+  int64_t decay_count;
+};
+
+// torch's scalar lerp; the _rn intrinsics keep nvcc from contracting into FMAs, so the update
+// rounds exactly as the CPU oracle's does.
+__device__ __forceinline__ float torch_lerp(float start, float end, float weight) {
+  return fabsf(weight) < 0.5f ? __fadd_rn(start, __fmul_rn(weight, __fsub_rn(end, start)))
+                              : __fsub_rn(end, __fmul_rn(__fsub_rn(end, start), __fsub_rn(1.0f, weight)));
+}
+
+template <int W, typename G, typename C>
+__global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, const float* grad_norm_sq,
+                             int64_t vectors, AdamWScalars s) {
+  const int64_t vec = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vec >= vectors) return;
+  float clip = 1.0f;
+  if (s.max_grad_norm > 0.0f) {
+    const float coefficient = s.max_grad_norm / (sqrtf(grad_norm_sq[0]) + 1e-6f);
+    clip = coefficient < 1.0f ? coefficient : 1.0f;
+  }
+  const int64_t base = vec * W;
+  float p[W], g[W], first[W], second[W];
+  load<W>(param + base, p);
+  load<W>(grad + base, g);
+  load<W>(m + base, first);
+  load<W>(v + base, second);
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const float gi = __fmul_rn(__fmul_rn(g[i], s.multiplier), clip);
+    float weight = p[i];
+    if (base + i < s.decay_count) weight = __fmul_rn(weight, s.decay_factor);
+    first[i] = torch_lerp(first[i], gi, s.m_weight);
+    second[i] = __fadd_rn(__fmul_rn(second[i], s.beta2), __fmul_rn(__fmul_rn(s.v_weight, gi), gi));
+    const float denominator = __fadd_rn(__fdiv_rn(sqrtf(second[i]), s.bias_correction2_sqrt), s.epsilon);
+    p[i] = __fadd_rn(weight, __fdiv_rn(__fmul_rn(s.negative_step_size, first[i]), denominator));
+  }
+  store<W>(param + base, p);
+  store<W>(m + base, first);
+  store<W>(v + base, second);
+  if constexpr (!std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
+}
+
+}  // namespace
+
+void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
+           const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream) {
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  MXTRAIN_ASSERT(args.step >= 1, "adamw: step %lld must be >= 1", static_cast<long long>(args.step));
+  // Scalars formed in double and rounded to f32 as torch (and the CPU oracle) do.
+  const double lr = args.learning_rate, beta1 = args.beta1, beta2 = args.beta2;
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(args.step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(args.step));
+  AdamWScalars s{};
+  s.decay_factor = static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay));
+  s.m_weight = static_cast<float>(1.0 - beta1);
+  s.beta2 = args.beta2;
+  s.v_weight = static_cast<float>(1.0 - beta2);
+  s.negative_step_size = static_cast<float>(-(lr / bias_correction1));
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.epsilon = args.epsilon;
+  s.multiplier = args.grad_multiplier;
+  s.max_grad_norm = args.max_grad_norm;
+  s.decay_count = args.decay_count;
+  const float* norm = args.max_grad_norm > 0 ? static_cast<const float*>(grad_norm_sq.data) : nullptr;
+  const bool vector = n % 8 == 0 && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
+                      aligned16(compute_copy);
+  auto launch = [&](auto grad_tag, auto copy_tag) {
+    using G = decltype(grad_tag);
+    using C = decltype(copy_tag);
+    C* copy = static_cast<C*>(compute_copy.data);
+    float* p = static_cast<float*>(param.data);
+    const G* g = static_cast<const G*>(grad.data);
+    float* first = static_cast<float*>(m.data);
+    float* second = static_cast<float*>(v.data);
+    if (vector) {
+      adamw_kernel<8, G, C><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm,
+                                                                                  n / 8, s);
+    } else {
+      adamw_kernel<1, G, C><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm, n, s);
+    }
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  };
+  dispatch_float<true>(grad.dtype, "adamw", [&](auto grad_tag) {
+    if (!compute_copy.defined()) {
+      launch(grad_tag, NoCopy{});
+      return;
+    }
+    switch (compute_copy.dtype) {
+      case DType::bf16: launch(grad_tag, bf16{}); return;
+      case DType::f16: launch(grad_tag, f16{}); return;
+      case DType::f32: launch(grad_tag, float{}); return;
+      default: unsupported_dtype("adamw (compute copy)", compute_copy.dtype);
+    }
+  });
+}
+
+}  // namespace mxtrain::cuda_kernels

@@ -1,0 +1,159 @@
+// Device helpers shared by every kernel file: float conversion of the storage types, 8-wide
+// vector loads and stores (one 16-byte access for bf16/f16, two for f32), warp and block
+// reductions, and the host-side dtype dispatch that instantiates a kernel per storage type.
+//
+// Kernels take a compile-time width W: 8 when every pointer is 16-byte aligned and the row
+// length is a multiple of 8 (the fast path all model shapes take), 1 otherwise. Both widths
+// compute the same values in the same order per element, so results never depend on alignment.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "mxtrain/backend/cuda/cuda_check.hpp"
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/core/tensor.hpp"
+
+namespace mxtrain::cuda_kernels {
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+
+// ---- scalar conversions (round to nearest even, as core/dtype.hpp) -------------------------
+template <typename T> __device__ __forceinline__ float to_float(T value);
+template <> __device__ __forceinline__ float to_float<float>(float value) { return value; }
+template <> __device__ __forceinline__ float to_float<bf16>(bf16 value) { return __bfloat162float(value); }
+template <> __device__ __forceinline__ float to_float<f16>(f16 value) { return __half2float(value); }
+
+template <typename T> __device__ __forceinline__ T from_float(float value);
+template <> __device__ __forceinline__ float from_float<float>(float value) { return value; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float value) { return __float2bfloat16_rn(value); }
+template <> __device__ __forceinline__ f16 from_float<f16>(float value) { return __float2half_rn(value); }
+
+// Value after a round trip through T: what a later reader of a T buffer sees.
+template <typename T> __device__ __forceinline__ float round_to(float value) {
+  return to_float<T>(from_float<T>(value));
+}
+
+// ---- W-wide loads and stores into float registers ----------------------------------------
+template <int W, typename T> __device__ __forceinline__ void load(const T* p, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = to_float<T>(*p);
+  } else {
+    static_assert(W == 8, "width 1 or 8");
+    if constexpr (sizeof(T) == 2) {
+      uint4 raw = *reinterpret_cast<const uint4*>(p);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = to_float<T>(e[i]);
+    } else {
+      float4 a = *reinterpret_cast<const float4*>(p);
+      float4 b = *reinterpret_cast<const float4*>(p + 4);
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+  }
+}
+
+template <int W, typename T> __device__ __forceinline__ void store(T* p, const float (&v)[W]) {
+  if constexpr (W == 1) {
+    *p = from_float<T>(v[0]);
+  } else {
+    if constexpr (sizeof(T) == 2) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = from_float<T>(v[i]);
+      *reinterpret_cast<uint4*>(p) = raw;
+    } else {
+      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+__device__ __forceinline__ float warp_max(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// The order is fixed by the launch shape, so results are reproducible run to run.
+__device__ __forceinline__ float block_sum(float value) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  value = warp_sum(value);
+  __syncthreads();  // partial/total may still be read by a previous call
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    float v = lane < warps ? partial[lane] : 0.0f;
+    v = warp_sum(v);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float block_max(float value) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  value = warp_max(value);
+  __syncthreads();
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    float v = lane < warps ? partial[lane] : -INFINITY;
+    v = warp_max(v);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// ---- host side -------------------------------------------------------------------------------
+inline bool aligned16(const void* pointer) { return (reinterpret_cast<uintptr_t>(pointer) & 15u) == 0; }
+inline bool aligned16(const Tensor& tensor) { return !tensor.defined() || aligned16(tensor.data); }
+
+inline unsigned blocks_for(int64_t work, int64_t per_block) {
+  return static_cast<unsigned>((work + per_block - 1) / per_block);
+}
+
+[[noreturn]] inline void unsupported_dtype(const char* op, DType dtype) {
+  throw Error(ErrorKind::unsupported,
+              strf("the cuda backend has no %s kernel for %s tensors", op, std::string(dtype_name(dtype)).c_str()),
+              "use bf16 or f32 activations (--precision bf16 or fp32)");
+}
+
+// Calls f(T{}) with T the storage type of dtype: float, bf16 (and f16 when allowed).
+template <bool kAllowHalf = false, typename F> void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(bf16{}); return;
+    case DType::f16:
+      if constexpr (kAllowHalf) {
+        f(f16{});
+        return;
+      }
+      break;
+    default: break;
+  }
+  unsupported_dtype(op, dtype);
+}
+
+template <typename T> T* data_or_null(const Tensor& tensor) {
+  return tensor.defined() ? static_cast<T*>(tensor.data) : nullptr;
+}
+
+}  // namespace mxtrain::cuda_kernels

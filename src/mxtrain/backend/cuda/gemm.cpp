@@ -1,0 +1,240 @@
+#include "mxtrain/backend/cuda/gemm.hpp"
+
+#include "mxtrain/backend/cuda/cuda_check.hpp"
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/core/log.hpp"
+
+namespace mxtrain {
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool available = false;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+namespace {
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    case DType::e4m3: return CUDA_R_8F_E4M3;
+    case DType::e5m2: return CUDA_R_8F_E5M2;
+    default:
+      throw Error(ErrorKind::unsupported,
+                  strf("cuBLASLt GEMMs take f32, bf16, f16 or fp8 operands, not %s", std::string(dtype_name(dtype)).c_str()),
+                  "use bf16 or f32 activations and weights");
+  }
+}
+
+// Largest power of two (at most 256) dividing the address: the heuristic must only pick
+// kernels whose alignment needs these pointers meet.
+uint32_t alignment_bytes(const void* pointer) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+const char* epilogue_name(int epilogue) {
+  switch (epilogue) {
+    case 1: return "bias";
+    case 2: return "bias-gradient";
+    default: return "none";
+  }
+}
+
+void require_contiguous(const Tensor& tensor, const char* op) {
+  MXTRAIN_ASSERT(tensor.is_contiguous(), "%s: %s must be contiguous", op, tensor.describe().c_str());
+}
+
+}  // namespace
+
+CublasLtGemm::CublasLtGemm(void* workspace, size_t workspace_bytes)
+    : workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  MXTRAIN_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
+  const bool tf32 = tf32_ && call.a_type == DType::f32 && call.b_type == DType::f32;
+  Key key{call.transpose_a, call.transpose_b, call.m, call.n, call.k, call.lda, call.ldb, call.ldd,
+          static_cast<int64_t>(call.a_type), static_cast<int64_t>(call.b_type), static_cast<int64_t>(call.d_type),
+          static_cast<int64_t>(call.epilogue == Epilogue::none ? DType::f32 : call.bias_type),
+          static_cast<int64_t>(call.epilogue), call.beta != 0.0f, tf32, alignment_bytes(call.a),
+          alignment_bytes(call.b), alignment_bytes(call.d)};
+  auto found = plans_.find(key);
+  if (found != plans_.end()) return found->second.get();
+
+  auto plan = std::make_unique<Plan>();
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  const cublasOperation_t op_a = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (call.epilogue == Epilogue::bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (call.epilogue == Epilogue::bias_gradient_b) epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  MXTRAIN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (call.epilogue != Epilogue::none) {
+    const cudaDataType_t bias_type = cuda_type(call.bias_type);
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                        sizeof bias_type));
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+                                                        sizeof call.bias));
+  }
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(call.a_type), call.transpose_a ? call.k : call.m,
+                                                  call.transpose_a ? call.m : call.k, call.lda));
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(call.b_type), call.transpose_b ? call.n : call.k,
+                                                  call.transpose_b ? call.k : call.n, call.ldb));
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, cuda_type(call.d_type), call.m, call.n, call.ldd));
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t workspace_bytes = workspace_bytes_;
+  const uint32_t align_a = alignment_bytes(call.a), align_b = alignment_bytes(call.b), align_d = alignment_bytes(call.d);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof workspace_bytes);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d);
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                                                         preference, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status == CUBLAS_STATUS_SUCCESS && returned > 0) {
+    plan->algo = result.algo;
+    plan->available = true;
+  } else if (!optional) {
+    throw Error(ErrorKind::unsupported,
+                strf("cuBLASLt has no algorithm for the GEMM m=%lld n=%lld k=%lld (op %c%c, A %s, B %s, D %s, "
+                     "epilogue %s, alignment %u/%u/%u bytes): %s",
+                     static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
+                     call.transpose_a ? 'T' : 'N', call.transpose_b ? 'T' : 'N',
+                     std::string(dtype_name(call.a_type)).c_str(), std::string(dtype_name(call.b_type)).c_str(),
+                     std::string(dtype_name(call.d_type)).c_str(), epilogue_name(static_cast<int>(call.epilogue)),
+                     align_a, align_b, align_d, cublasGetStatusString(status)),
+                "use model dimensions that are multiples of 8 and bf16 or f32 operands");
+  }
+  Plan* raw = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return raw;
+}
+
+bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
+  Plan* plan = plan_for(call, optional);
+  if (!plan->available) return false;
+  if (call.epilogue != Epilogue::none) {
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+                                                        sizeof call.bias));
+  }
+  const float alpha = 1.0f, beta = call.beta;
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->desc, &alpha, call.a, plan->a, call.b, plan->b, &beta, call.d,
+                                      plan->d, call.d, plan->d, &plan->algo, workspace_, workspace_bytes_, stream));
+  return true;
+}
+
+void CublasLtGemm::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                                  cudaStream_t stream) {
+  require_contiguous(x, "linear_forward");
+  require_contiguous(weight, "linear_forward");
+  require_contiguous(out, "linear_forward");
+  const int64_t rows = x.rows(), in = x.cols(), features = weight.size(0);
+  if (rows == 0) return;
+  Call call;
+  call.transpose_a = true;
+  call.m = features;
+  call.n = rows;
+  call.k = in;
+  call.a = weight.data;
+  call.a_type = weight.dtype;
+  call.lda = in;
+  call.b = x.data;
+  call.b_type = x.dtype;
+  call.ldb = in;
+  call.d = out.data;
+  call.d_type = out.dtype;
+  call.ldd = features;
+  if (bias.defined()) {
+    call.epilogue = Epilogue::bias;
+    call.bias = bias.data;
+    call.bias_type = bias.dtype;
+  }
+  run(call, stream, false);
+}
+
+void CublasLtGemm::linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate,
+                                         cudaStream_t stream) {
+  require_contiguous(dout, "linear_backward_input");
+  require_contiguous(weight, "linear_backward_input");
+  require_contiguous(dx, "linear_backward_input");
+  const int64_t rows = dout.rows(), features = weight.size(0), in = weight.size(1);
+  if (rows == 0) return;
+  Call call;
+  call.m = in;
+  call.n = rows;
+  call.k = features;
+  call.a = weight.data;
+  call.a_type = weight.dtype;
+  call.lda = in;
+  call.b = dout.data;
+  call.b_type = dout.dtype;
+  call.ldb = features;
+  call.d = dx.data;
+  call.d_type = dx.dtype;
+  call.ldd = in;
+  call.beta = accumulate ? 1.0f : 0.0f;
+  run(call, stream, false);
+}
+
+bool CublasLtGemm::linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, float* bias_sum,
+                                          bool accumulate, cudaStream_t stream) {
+  require_contiguous(dout, "linear_backward_weight");
+  require_contiguous(x, "linear_backward_weight");
+  require_contiguous(dweight, "linear_backward_weight");
+  const int64_t rows = x.rows(), in = x.cols(), features = dout.cols();
+  if (rows == 0) return true;
+  Call call;
+  call.transpose_b = true;
+  call.m = in;
+  call.n = features;
+  call.k = rows;
+  call.a = x.data;
+  call.a_type = x.dtype;
+  call.lda = in;
+  call.b = dout.data;
+  call.b_type = dout.dtype;
+  call.ldb = features;
+  call.d = dweight.data;
+  call.d_type = dweight.dtype;
+  call.ldd = in;
+  call.beta = accumulate ? 1.0f : 0.0f;
+  if (bias_sum != nullptr) {
+    call.epilogue = Epilogue::bias_gradient_b;
+    call.bias = bias_sum;
+    call.bias_type = DType::f32;
+  }
+  return run(call, stream, bias_sum != nullptr);
+}
+
+}  // namespace mxtrain

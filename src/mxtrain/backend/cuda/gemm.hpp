@@ -1,0 +1,79 @@
+// cuBLASLt GEMMs for the three linear ops. The row-major -> column-major mapping lives in one
+// place (the three row-major entry points below); everything under them speaks cuBLAS's
+// column-major D[m,n] = op(A)[m,k] · op(B)[k,n] + beta·C with C == D.
+//
+// A matmul descriptor, the four layouts and the heuristic's algorithm are built once per key
+// (shape, transposes, dtypes, compute type, epilogue, beta != 0 and the pointers' alignment)
+// and reused; each call only sets the epilogue's bias pointer and runs. The workspace is one
+// fixed 32 MiB buffer from the backend's allocator ("cublaslt.workspace", Lifetime::workspace),
+// allocated when the backend is created, so its bytes are the same in every run.
+#pragma once
+#include <cublasLt.h>
+
+#include <array>
+#include <map>
+#include <memory>
+
+#include "mxtrain/backend/backend.hpp"
+
+namespace mxtrain {
+
+class CublasLtGemm {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  CublasLtGemm(void* workspace, size_t workspace_bytes);
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  void set_tf32(bool enabled) { tf32_ = enabled; }
+  bool tf32() const { return tf32_; }
+
+  // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]), bias fused as the BIAS epilogue.
+  void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                      cudaStream_t stream);
+  // dx[N,K] (+)= dout[N,M] · weight[M,K].
+  void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate,
+                             cudaStream_t stream);
+  // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]. With bias_sum (f32 [M]) the BGRADB epilogue writes the
+  // column sums of dout there in the same pass; returns false when cuBLASLt has no algorithm
+  // for that epilogue (then nothing ran, and the caller must run the plain GEMM and a
+  // column-sum kernel instead).
+  bool linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, float* bias_sum,
+                              bool accumulate, cudaStream_t stream);
+
+ private:
+  enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2 };
+  struct Call {
+    bool transpose_a = false, transpose_b = false;
+    int64_t m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    DType a_type = DType::f32;
+    int64_t lda = 0;
+    const void* b = nullptr;
+    DType b_type = DType::f32;
+    int64_t ldb = 0;
+    void* d = nullptr;
+    DType d_type = DType::f32;
+    int64_t ldd = 0;
+    float beta = 0;
+    Epilogue epilogue = Epilogue::none;
+    void* bias = nullptr;  // input for bias, output for bias_gradient_b
+    DType bias_type = DType::f32;
+  };
+  struct Plan;
+  using Key = std::array<int64_t, 18>;
+
+  // Runs the call; returns false only when `optional` and no algorithm exists for it.
+  bool run(const Call& call, cudaStream_t stream, bool optional);
+  Plan* plan_for(const Call& call, bool optional);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_;
+  size_t workspace_bytes_;
+  bool tf32_ = false;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace mxtrain

@@ -1,0 +1,63 @@
+// Host-side launchers of the hand-written kernels (one .cu file per op family). Each launcher
+// checks what its kernels need, picks the vector width, launches on `stream` and checks the
+// launch; none of them synchronizes. Launchers that need scratch memory take it from the
+// backend's caching allocator, so no step ever calls cudaMalloc.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "mxtrain/backend/backend.hpp"
+
+namespace mxtrain::cuda_kernels {
+
+// ---- elementwise.cu -----------------------------------------------------------------------
+void fill(const Tensor& out, float value, cudaStream_t stream);
+void convert(const Tensor& source, const Tensor& out, cudaStream_t stream);  // f32/bf16/f16, RNE
+void scale(const Tensor& x, float factor, cudaStream_t stream);
+void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream);
+void gelu_forward(const Tensor& x, const Tensor& out, cudaStream_t stream);
+void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, cudaStream_t stream);
+void swiglu_forward(const Tensor& gate_up, const Tensor& out, cudaStream_t stream);
+void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, cudaStream_t stream);
+
+// ---- norm.cu --------------------------------------------------------------------------------
+// a_plus_b: when defined, x is written as sum = a + b first (the fused residual add).
+void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& weight,
+                  const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
+                  cudaStream_t stream);
+void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                   const Tensor& dbias, bool accumulate_dx, cudaStream_t stream);
+
+// ---- reduce.cu ------------------------------------------------------------------------------
+// out[0] (+)= sum of x or of x^2; partials: f32 scratch of at least kSumMaxBlocks elements.
+constexpr int kSumMaxBlocks = 1024;
+void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, float* partials, cudaStream_t stream);
+// out[c] += sum over rows of x[r, c] (x [rows, cols]), two-stage and deterministic.
+void column_sum_accumulate(Backend& backend, const Tensor& x, const Tensor& out, cudaStream_t stream);
+// out[i] += values[i] (values f32 [n]).
+void accumulate_f32(const float* values, const Tensor& out, cudaStream_t stream);
+// Row chunks of the two-stage column reductions (bias column sums, the wide-row norm
+// backward): depends on the row count only, so every run sums in the same order.
+int64_t column_reduction_chunks(int64_t rows);
+// out[c] += sum over p of partials[p * cols + c], p in order (cols = out.numel()).
+void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, cudaStream_t stream);
+
+// ---- rope.cu --------------------------------------------------------------------------------
+// table: f32 [seq, head_dim/2] cos followed by f32 [seq, head_dim/2] sin.
+void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bool inverse, cudaStream_t stream);
+
+// ---- embedding.cu ---------------------------------------------------------------------------
+void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                       const Tensor& out, int64_t seq_len, cudaStream_t stream);
+void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
+                        const Tensor& dposition_table, int64_t seq_len, cudaStream_t stream);
+
+// ---- cross_entropy.cu -----------------------------------------------------------------------
+void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
+                   float grad_scale, cudaStream_t stream);
+
+// ---- adamw.cu -------------------------------------------------------------------------------
+void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
+           const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream);
+
+}  // namespace mxtrain::cuda_kernels

@@ -1,0 +1,167 @@
+// Deterministic reductions: whole-tensor sums (loss sums, gradient norms) and column sums
+// (bias gradients, norm weight gradients). Every reduction has two stages with a launch shape
+// that depends only on the tensor's size: per-block partials in a fixed order, then one pass
+// that adds the partials in index order. No float atomics anywhere, so rerunning an op gives
+// the same bits.
+#include "mxtrain/backend/cuda/device_common.cuh"
+#include "mxtrain/backend/cuda/kernels.hpp"
+
+namespace mxtrain::cuda_kernels {
+namespace {
+
+constexpr int kSumThreads = 256;
+constexpr int kColumnThreads = 128;
+
+template <int W, typename T, bool kSquares>
+__global__ void sum_partials_kernel(const T* x, int64_t vectors, float* partials) {
+  float total = 0.0f;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float e[W];
+    load<W>(x + v * W, e);
+#pragma unroll
+    for (int i = 0; i < W; ++i) total += kSquares ? e[i] * e[i] : e[i];
+  }
+  total = block_sum(total);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void sum_final_kernel(const float* partials, int count, float* out, bool accumulate) {
+  float value = static_cast<int>(threadIdx.x) < count ? partials[threadIdx.x] : 0.0f;
+  value = block_sum(value);
+  if (threadIdx.x == 0) out[0] = accumulate ? out[0] + value : value;
+}
+
+template <int W, typename T>
+__global__ void column_partials_kernel(const T* x, float* partials, int64_t rows, int64_t cols,
+                                       int64_t rows_per_chunk) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W;
+  if (c >= cols) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * rows_per_chunk;
+  const int64_t end = min(rows, begin + rows_per_chunk);
+  float acc[W];
+#pragma unroll
+  for (int i = 0; i < W; ++i) acc[i] = 0.0f;
+#pragma unroll 4
+  for (int64_t r = begin; r < end; ++r) {
+    float v[W];
+    load<W>(x + r * cols + c, v);
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] += v[i];
+  }
+  store<W>(partials + chunk * cols + c, acc);
+}
+
+// Block (32, kGroups): 32 columns, kGroups interleaved chunk groups combined in a fixed order.
+constexpr int kGroups = 32;
+
+template <typename G>
+__global__ void reduce_partials_kernel(const float* partials, int64_t chunks, int64_t cols, G* out) {
+  __shared__ float group_sums[kGroups][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float total = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t p = threadIdx.y; p < chunks; p += kGroups) total += partials[p * cols + c];
+  }
+  group_sums[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) sum += group_sums[g][threadIdx.x];
+    out[c] = from_float<G>(to_float<G>(out[c]) + sum);
+  }
+}
+
+template <typename G> __global__ void accumulate_kernel(const float* values, G* out, int64_t n) {
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = from_float<G>(to_float<G>(out[i]) + values[i]);
+}
+
+}  // namespace
+
+int64_t column_reduction_chunks(int64_t rows) {
+  // At least 32 rows per chunk and at most 512 chunks: for the row counts of a training step
+  // (16k-64k) that is 512 blocks of partial sums, enough to fill the GPU, and a partial buffer
+  // that adds only a few percent to the bytes read.
+  const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + 511) / 512);
+  return std::max<int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk);
+}
+
+void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, float* partials, cudaStream_t stream) {
+  const int64_t n = x.numel();
+  float* o = static_cast<float*>(out.data);
+  if (n == 0) {
+    if (!accumulate) {
+      MXTRAIN_CUDA_CHECK(cudaMemsetAsync(o, 0, sizeof(float), stream));
+    }
+    return;
+  }
+  const bool vector = n % 8 == 0 && aligned16(x);
+  const int64_t vectors = vector ? n / 8 : n;
+  const int blocks = static_cast<int>(std::min<int64_t>(kSumMaxBlocks, (vectors + kSumThreads * 4 - 1) /
+                                                                          (kSumThreads * 4)));
+  dispatch_float<true>(x.dtype, squares ? "sum_of_squares" : "sum", [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(x.data);
+    if (vector) {
+      if (squares) sum_partials_kernel<8, T, true><<<blocks, kSumThreads, 0, stream>>>(data, vectors, partials);
+      else sum_partials_kernel<8, T, false><<<blocks, kSumThreads, 0, stream>>>(data, vectors, partials);
+    } else {
+      if (squares) sum_partials_kernel<1, T, true><<<blocks, kSumThreads, 0, stream>>>(data, vectors, partials);
+      else sum_partials_kernel<1, T, false><<<blocks, kSumThreads, 0, stream>>>(data, vectors, partials);
+    }
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  });
+  sum_final_kernel<<<1, kSumMaxBlocks, 0, stream>>>(partials, blocks, o, accumulate);
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, cudaStream_t stream) {
+  const int64_t cols = out.numel();
+  if (cols == 0) return;
+  dispatch_float<true>(out.dtype, "column reduction", [&](auto tag) {
+    using G = decltype(tag);
+    reduce_partials_kernel<G><<<blocks_for(cols, 32), dim3(32, kGroups), 0, stream>>>(partials, chunks, cols,
+                                                                                static_cast<G*>(out.data));
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void column_sum_accumulate(Backend& backend, const Tensor& x, const Tensor& out, cudaStream_t stream) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  MXTRAIN_ASSERT(out.numel() == cols, "column sum: out %s for x %s", out.describe().c_str(), x.describe().c_str());
+  if (x.numel() == 0) return;
+  const int64_t chunks = column_reduction_chunks(rows);
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  Buffer partials = backend.allocate("column_sum.partials", Shape{chunks, cols}, DType::f32, Lifetime::scratch);
+  float* p = partials.tensor().ptr<float>();
+  const bool vector = cols % 8 == 0 && aligned16(x);
+  dispatch_float<true>(x.dtype, "column sum", [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(x.data);
+    if (vector) {
+      dim3 grid(blocks_for(cols / 8, kColumnThreads), static_cast<unsigned>(chunks));
+      column_partials_kernel<8><<<grid, kColumnThreads, 0, stream>>>(data, p, rows, cols, rows_per_chunk);
+    } else {
+      dim3 grid(blocks_for(cols, kColumnThreads), static_cast<unsigned>(chunks));
+      column_partials_kernel<1><<<grid, kColumnThreads, 0, stream>>>(data, p, rows, cols, rows_per_chunk);
+    }
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  });
+  reduce_column_partials(p, chunks, out, stream);
+}
+
+void accumulate_f32(const float* values, const Tensor& out, cudaStream_t stream) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  dispatch_float<true>(out.dtype, "accumulate", [&](auto tag) {
+    using G = decltype(tag);
+    accumulate_kernel<G><<<blocks_for(n, 256), 256, 0, stream>>>(values, static_cast<G*>(out.data), n);
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace mxtrain::cuda_kernels

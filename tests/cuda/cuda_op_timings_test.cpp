@@ -1,0 +1,163 @@
+// Per-op timings at the shapes of the benchmark models, printed as a table: a measuring tool for
+// the device machine, not a test of speed (it asserts nothing and is disabled by default; run
+// it with --gtest_also_run_disabled_tests --gtest_filter='*OpTimings*'). Each op runs 3 times to
+// warm up, then 20 times between two stream timestamps; the table gives the mean time, the
+// bytes or FLOPs the op must move or do (the Backend's own trace formulas), and the achieved
+// rate against the H200 ceilings in TARGETS.md (4.26 TB/s copy, 773 TFLOP/s bf16 GEMM).
+#include <functional>
+
+#include "cuda/cuda_test_support.hpp"
+
+namespace mxtrain::test {
+namespace {
+
+class Recorder final : public TraceObserver {
+ public:
+  void on_op(const OpRecord& record) override { last = record; }
+  OpRecord last{};
+};
+
+class CudaOpTimings : public CudaTest {
+ protected:
+  void time(const std::string& what, const std::function<void()>& op) {
+    Recorder recorder;
+    cuda().set_observer(&recorder);
+    op();
+    const OpRecord record = recorder.last;
+    cuda().set_observer(nullptr);
+    for (int i = 0; i < 2; ++i) op();
+    const uint64_t start = cuda().record_timestamp();
+    for (int i = 0; i < kRepeats; ++i) op();
+    const uint64_t end = cuda().record_timestamp();
+    const double ms = cuda().elapsed_ms(start, end) / kRepeats;
+    const double tbps = record.bytes / (ms * 1e-3) / 1e12;
+    const double tflops = record.flops / (ms * 1e-3) / 1e12;
+    const bool gemm_like = record.flops > 50 * record.bytes;
+    std::printf("[ time  ] %-58s %9.3f ms  %8.1f MB  %7.2f TB/s (%3.0f%%)  %7.1f TFLOP/s%s\n", what.c_str(), ms,
+                record.bytes / 1e6, tbps, 100 * tbps / 4.26, tflops,
+                gemm_like ? strf(" (%2.0f%%)", 100 * tflops / 773).c_str() : "");
+  }
+  Buffer random(Shape shape, DType dtype, uint64_t seed, float low = -1, float high = 1) {
+    return upload(cuda(), random_vector(static_cast<size_t>(shape.numel()), seed, low, high), shape, dtype);
+  }
+  static constexpr int kRepeats = 20;
+};
+
+TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
+  const DType bf = DType::bf16;
+  struct ModelShape {
+    const char* name;
+    int64_t rows, hidden, heads, kv_heads, ffn, vocab, seq;
+    bool llama;
+  };
+  const ModelShape models[] = {{"gpt2-124m 64x1024", 65536, 768, 12, 12, 3072, 50304, 1024, false},
+                               {"llama-1b 8x2048", 16384, 2048, 32, 4, 5632, 32000, 2048, true}};
+  for (const ModelShape& s : models) {
+    cuda_ = create_backend("cuda", BackendOptions{});  // fresh workspaces per model
+    std::printf("[ time  ] ---- %s ----\n", s.name);
+    const int64_t R = s.rows, C = s.hidden, D = C / s.heads;
+    AttentionShape shape;
+    shape.batch = R / s.seq;
+    shape.seq = s.seq;
+    shape.heads = s.heads;
+    shape.kv_heads = s.kv_heads;
+    shape.head_dim = D;
+    shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const NormKind norm = s.llama ? NormKind::rms : NormKind::layer;
+    Buffer x = random(Shape{R, C}, bf, 1), y = random(Shape{R, C}, bf, 2), sum = random(Shape{R, C}, bf, 3);
+    Buffer out = random(Shape{R, C}, bf, 4);
+    Buffer w = random(Shape{C}, bf, 5, 0.5f, 1.5f), b = random(Shape{C}, bf, 6);
+    Buffer mean = random(Shape{R}, DType::f32, 7), rstd = random(Shape{R}, DType::f32, 8, 0.5f, 1.5f);
+    Buffer dw = random(Shape{C}, DType::f32, 9), db = random(Shape{C}, DType::f32, 10);
+    const Tensor no;
+    const Tensor bias = s.llama ? no : b.tensor(), m = s.llama ? no : mean.tensor();
+    const Tensor dbias = s.llama ? no : db.tensor();
+    time("norm_forward", [&] { cuda().norm_forward(norm, x, w, bias, out, m, rstd, 1e-5f); });
+    time("add_norm_forward", [&] { cuda().add_norm_forward(norm, x, y, sum, w, bias, out, m, rstd, 1e-5f); });
+    time("norm_backward (accumulate dx)", [&] { cuda().norm_backward(norm, y, x, w, m, rstd, out, dw, dbias, true); });
+    time("add", [&] { cuda().add(x, y, out); });
+
+    const int64_t up_cols = s.llama ? 2 * s.ffn : s.ffn;
+    Buffer up = random(Shape{R, up_cols}, bf, 11, -3, 3), act = random(Shape{R, s.ffn}, bf, 12);
+    Buffer dup = random(Shape{R, up_cols}, bf, 13);
+    if (s.llama) {
+      time("swiglu_forward", [&] { cuda().swiglu_forward(up, act); });
+      time("swiglu_backward", [&] { cuda().swiglu_backward(act, up, dup); });
+    } else {
+      time("gelu_forward", [&] { cuda().gelu_forward(up, act); });
+      time("gelu_backward", [&] { cuda().gelu_backward(act, up, dup); });
+    }
+
+    Buffer qkv = random(Shape{R, shape.qkv_cols()}, bf, 14), dqkv = random(Shape{R, shape.qkv_cols()}, bf, 15);
+    Buffer attn = random(Shape{R, C}, bf, 16), lse = random(Shape{shape.batch, s.heads, s.seq}, DType::f32, 17);
+    if (s.llama) time("rope_forward", [&] { cuda().rope_forward(qkv, shape, 10000.0f); });
+    time("attention_forward", [&] { cuda().attention_forward(qkv, attn, lse, shape); });
+    // A fresh backend per model would be cleaner; the workspace only grows, so print it after
+    // the fast backward (the training default) and again after the deterministic one.
+    cuda_backend().set_deterministic_attention(false);
+    time("attention_backward (fast)", [&] { cuda().attention_backward(out, qkv, attn, lse, dqkv, shape); });
+    std::printf("[ time  ] cuDNN workspace after forward + fast backward: %zu bytes\n",
+                cuda_backend().attention_workspace_bytes());
+    cuda_backend().set_deterministic_attention(true);
+    time("attention_backward (deterministic)", [&] { cuda().attention_backward(out, qkv, attn, lse, dqkv, shape); });
+    std::printf("[ time  ] cuDNN workspace after the deterministic backward too: %zu bytes\n",
+                cuda_backend().attention_workspace_bytes());
+
+    Buffer wq = random(Shape{shape.qkv_cols(), C}, bf, 18, -0.05f, 0.05f);
+    Buffer dwq = random(Shape{shape.qkv_cols(), C}, DType::f32, 19);
+    Buffer bq = random(Shape{shape.qkv_cols()}, bf, 20), dbq = random(Shape{shape.qkv_cols()}, DType::f32, 21);
+    const Tensor qkv_bias = s.llama ? no : bq.tensor(), dqkv_bias = s.llama ? no : dbq.tensor();
+    time("linear_forward qkv", [&] { cuda().linear_forward(out, wq, qkv_bias, qkv); });
+    time("linear_backward_input qkv", [&] { cuda().linear_backward_input(dqkv, wq, out, false); });
+    time("linear_backward_weight qkv (f32 grad)", [&] { cuda().linear_backward_weight(dqkv, out, dwq, dqkv_bias); });
+    if (!s.llama) {
+      cuda_backend().set_fused_bias_gradient(!cuda_backend().fused_bias_gradient());
+      time(std::string("linear_backward_weight qkv (f32 grad) bias by ") +
+               (cuda_backend().fused_bias_gradient() ? "BGRADB" : "column sums"),
+           [&] { cuda().linear_backward_weight(dqkv, out, dwq, dqkv_bias); });
+      cuda_backend().set_fused_bias_gradient(!cuda_backend().fused_bias_gradient());
+      Buffer dbo = random(Shape{C}, DType::f32, 36);
+      Buffer wo = random(Shape{C, C}, DType::f32, 37);
+      time("linear_backward_weight out (f32 grad) + bias", [&] { cuda().linear_backward_weight(y, attn, wo, dbo); });
+      time("linear_backward_weight out (f32 grad), no bias", [&] { cuda().linear_backward_weight(y, attn, wo, no); });
+    }
+    Buffer wup = random(Shape{up_cols, C}, bf, 22, -0.05f, 0.05f);
+    time("linear_forward mlp up", [&] { cuda().linear_forward(out, wup, no, up); });
+
+    // The loss: one logits chunk of 8192 rows.
+    const int64_t chunk = std::min<int64_t>(8192, R);
+    Buffer logits = random(Shape{chunk, s.vocab}, bf, 23, -4, 4);
+    std::vector<int32_t> ids(static_cast<size_t>(chunk));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % s.vocab);
+    Buffer targets = upload_i32(cuda(), ids, Shape{chunk}), losses = random(Shape{chunk}, DType::f32, 24);
+    Buffer head = random(Shape{s.vocab, C}, bf, 25, -0.05f, 0.05f);
+    time("linear_forward head (8192-row chunk)", [&] { cuda().linear_forward(out.tensor().slice_rows(0, chunk), head, no, logits); });
+    time("cross_entropy (grad, 8192-row chunk)", [&] {
+      cuda().cross_entropy(logits, targets, losses, s.vocab, 1e-5f);
+    });
+
+    std::vector<int32_t> tokens(static_cast<size_t>(R));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 104729) % s.vocab);
+    Buffer token_ids = upload_i32(cuda(), tokens, Shape{R});
+    Buffer table = random(Shape{s.vocab, C}, bf, 26), dtable = random(Shape{s.vocab, C}, DType::f32, 27);
+    Buffer positions = random(Shape{s.seq, C}, bf, 28), dpositions = random(Shape{s.seq, C}, DType::f32, 29);
+    const Tensor pos = s.llama ? no : positions.tensor(), dpos = s.llama ? no : dpositions.tensor();
+    time("embedding_forward", [&] { cuda().embedding_forward(token_ids, table, pos, x, s.seq); });
+    time("embedding_backward", [&] { cuda().embedding_backward(token_ids, y, dtable, dpos, s.seq); });
+
+    const int64_t group = 12 * C * C;  // about one block's parameters
+    Buffer master = random(Shape{group}, DType::f32, 30), grad = random(Shape{group}, DType::f32, 31);
+    Buffer am = random(Shape{group}, DType::f32, 32), av = random(Shape{group}, DType::f32, 33, 0, 1e-4f);
+    Buffer copy = random(Shape{group}, bf, 34), norm_sq = upload(cuda(), {4.0f}, Shape{1});
+    AdamWArgs args;
+    args.learning_rate = 1e-4f;
+    args.max_grad_norm = 1.0f;
+    args.decay_count = group / 2;
+    time("adamw (one block's group)", [&] { cuda().adamw(master, grad, am, av, copy, norm_sq, args); });
+    Buffer total = random(Shape{1}, DType::f32, 35);
+    time("sum_of_squares (one block's f32 grads)", [&] { cuda().sum_of_squares(grad, total, true); });
+  }
+}
+
+}  // namespace
+}  // namespace mxtrain::test

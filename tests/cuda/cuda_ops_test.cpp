@@ -1,0 +1,448 @@
+// Every memory-bound op and GEMM of the cuda backend against the cpu oracle on the same
+// inputs, for f32 and bf16 activations, on a shape that takes the 16-byte vector path and on
+// one that takes the scalar path (a row length that is not a multiple of 8).
+//
+// Tolerances are relative L2 errors, one per op and dtype, each with its reason:
+//   f32, elementwise and row ops     1e-5  same f32 formulas; only libm ulps and the order of
+//                                          row sums differ
+//   bf16, one output rounding        4e-3  inputs are identical (pre-rounded); the output passes
+//                                          through bf16 once: <= 2^-9 relative per element,
+//                                          ~1.1e-3 rms over random data
+//   bf16, sum rounded then normed    6e-3  add_norm rounds the residual sum to bf16 (as the model
+//                                          stores it) before normalising; the oracle does not
+//   GEMM, f32                        1e-5  cuBLASLt f32 (TF32 off) vs OpenBLAS: order of K sums
+//   GEMM, bf16 out                   5e-3  one output rounding plus a different K-sum order
+//   f32 gradients from bf16 inputs   1e-4  FP32 accumulation of identical products, other order
+#include <cmath>
+#include <cstring>
+
+#include "cuda/cuda_test_support.hpp"
+
+namespace mxtrain::test {
+namespace {
+
+double tolerance(DType dtype, double f32, double bf16) { return dtype == DType::f32 ? f32 : bf16; }
+
+struct RowShape {
+  int64_t rows, cols;
+};
+const RowShape kRowShapes[] = {{96, 768}, {33, 100}};
+// Norms also at GPT-2 1.5B's width (8 vectors per lane in the fused backward), at Llama-8B's
+// (16 per lane and 64 KB of shared memory for RMSNorm; LayerNorm with a bias takes the
+// two-kernel path there) and one too wide for the fused backward (the two-kernel path).
+const RowShape kNormShapes[] = {{96, 768}, {33, 100}, {64, 1600}, {8, 4096}, {16, 8200}};
+
+class CudaOps : public CudaTest, public ::testing::WithParamInterface<DType> {
+ protected:
+  DType dtype() const { return GetParam(); }
+  std::string label(const std::string& op, const RowShape& s) const {
+    return op + " " + dtype_text(dtype()) + " [" + std::to_string(s.rows) + "x" + std::to_string(s.cols) + "]";
+  }
+  // The same values on both backends: f32 on the CPU, dtype on the GPU.
+  std::pair<Buffer, Buffer> both(const std::vector<float>& values, Shape shape, DType gpu_dtype) {
+    return {upload(cpu(), values, shape, DType::f32), upload(cuda(), values, shape, gpu_dtype)};
+  }
+  std::pair<Buffer, Buffer> both(const std::vector<float>& values, Shape shape) {
+    return both(values, shape, dtype());
+  }
+  std::pair<Buffer, Buffer> zeros(Shape shape, DType gpu_dtype) {
+    std::vector<float> values(static_cast<size_t>(shape.numel()), 0.0f);
+    return both(values, shape, gpu_dtype);
+  }
+};
+
+TEST_P(CudaOps, AddScaleGelu) {
+  for (const RowShape& s : kRowShapes) {
+    const size_t n = static_cast<size_t>(s.rows * s.cols);
+    auto a = both(random_as(n, 1, dtype(), -3, 3), Shape{s.rows, s.cols});
+    auto b = both(random_as(n, 2, dtype(), -3, 3), Shape{s.rows, s.cols});
+    auto out = zeros(Shape{s.rows, s.cols}, dtype());
+    cpu().add(a.first, b.first, out.first);
+    cuda().add(a.second, b.second, out.second);
+    EXPECT_LE(report_error(label("add", s), download(cuda(), out.second), download(cpu(), out.first)),
+              tolerance(dtype(), 1e-6, 4e-3));
+
+    cpu().scale(a.first, 0.37f);
+    cuda().scale(a.second, 0.37f);
+    EXPECT_LE(report_error(label("scale", s), download(cuda(), a.second), download(cpu(), a.first)),
+              tolerance(dtype(), 1e-6, 4e-3));
+
+    auto x = both(random_as(n, 3, dtype(), -5, 5), Shape{s.rows, s.cols});
+    cpu().gelu_forward(x.first, out.first);
+    cuda().gelu_forward(x.second, out.second);
+    EXPECT_LE(report_error(label("gelu_forward", s), download(cuda(), out.second), download(cpu(), out.first)),
+              tolerance(dtype(), 1e-5, 4e-3));
+    auto dout = both(random_as(n, 4, dtype()), Shape{s.rows, s.cols});
+    auto dx = zeros(Shape{s.rows, s.cols}, dtype());
+    cpu().gelu_backward(dout.first, x.first, dx.first);
+    cuda().gelu_backward(dout.second, x.second, dx.second);
+    EXPECT_LE(report_error(label("gelu_backward", s), download(cuda(), dx.second), download(cpu(), dx.first)),
+              tolerance(dtype(), 1e-5, 4e-3));
+  }
+}
+
+TEST_P(CudaOps, SwiGlu) {
+  for (const RowShape& s : kRowShapes) {
+    const Shape in{s.rows, 2 * s.cols}, out_shape{s.rows, s.cols};
+    auto gate_up = both(random_as(static_cast<size_t>(in.numel()), 5, dtype(), -4, 4), in);
+    auto out = zeros(out_shape, dtype());
+    cpu().swiglu_forward(gate_up.first, out.first);
+    cuda().swiglu_forward(gate_up.second, out.second);
+    EXPECT_LE(report_error(label("swiglu_forward", s), download(cuda(), out.second), download(cpu(), out.first)),
+              tolerance(dtype(), 1e-5, 4e-3));
+    auto dout = both(random_as(static_cast<size_t>(out_shape.numel()), 6, dtype()), out_shape);
+    auto dgate_up = zeros(in, dtype());
+    cpu().swiglu_backward(dout.first, gate_up.first, dgate_up.first);
+    cuda().swiglu_backward(dout.second, gate_up.second, dgate_up.second);
+    EXPECT_LE(report_error(label("swiglu_backward", s), download(cuda(), dgate_up.second),
+                           download(cpu(), dgate_up.first)),
+              tolerance(dtype(), 1e-5, 4e-3));
+  }
+}
+
+TEST_P(CudaOps, NormForwardAndFusedAdd) {
+  for (NormKind kind : {NormKind::rms, NormKind::layer}) {
+    const bool layer = kind == NormKind::layer;
+    for (const RowShape& s : kNormShapes) {
+      const std::string name = layer ? "layer_norm" : "rms_norm";
+      const Shape shape{s.rows, s.cols};
+      const size_t n = static_cast<size_t>(shape.numel());
+      auto x = both(random_as(n, 7, dtype(), -2, 3), shape);
+      auto weight = both(random_as(static_cast<size_t>(s.cols), 8, dtype(), 0.5f, 1.5f), Shape{s.cols});
+      auto bias = both(random_as(static_cast<size_t>(s.cols), 9, dtype(), -0.5f, 0.5f), Shape{s.cols});
+      auto out = zeros(shape, dtype());
+      auto mean = zeros(Shape{s.rows}, DType::f32);
+      auto rstd = zeros(Shape{s.rows}, DType::f32);
+      const Tensor no;
+      cpu().norm_forward(kind, x.first, weight.first, layer ? bias.first.tensor() : no, out.first,
+                         layer ? mean.first.tensor() : no, rstd.first, 1e-5f);
+      cuda().norm_forward(kind, x.second, weight.second, layer ? bias.second.tensor() : no, out.second,
+                          layer ? mean.second.tensor() : no, rstd.second, 1e-5f);
+      EXPECT_LE(report_error(label(name + "_forward", s), download(cuda(), out.second), download(cpu(), out.first)),
+                tolerance(dtype(), 1e-5, 4e-3));
+      EXPECT_LE(report_error(label(name + "_forward rstd", s), download(cuda(), rstd.second),
+                             download(cpu(), rstd.first)),
+                1e-5);
+      if (layer)
+        EXPECT_LE(report_error(label(name + "_forward mean", s), download(cuda(), mean.second),
+                               download(cpu(), mean.first)),
+                  1e-5);
+
+      // Fused residual add: sum = a + b, out = norm(sum).
+      auto b = both(random_as(n, 10, dtype(), -1, 1), shape);
+      auto sum = zeros(shape, dtype());
+      cpu().add_norm_forward(kind, x.first, b.first, sum.first, weight.first, layer ? bias.first.tensor() : no,
+                             out.first, layer ? mean.first.tensor() : no, rstd.first, 1e-5f);
+      cuda().add_norm_forward(kind, x.second, b.second, sum.second, weight.second,
+                              layer ? bias.second.tensor() : no, out.second, layer ? mean.second.tensor() : no,
+                              rstd.second, 1e-5f);
+      EXPECT_LE(report_error(label(name + " add_norm sum", s), download(cuda(), sum.second),
+                             download(cpu(), sum.first)),
+                tolerance(dtype(), 1e-7, 4e-3));
+      EXPECT_LE(report_error(label(name + " add_norm out", s), download(cuda(), out.second),
+                             download(cpu(), out.first)),
+                tolerance(dtype(), 1e-5, 6e-3));
+    }
+  }
+}
+
+TEST_P(CudaOps, NormBackward) {
+  for (NormKind kind : {NormKind::rms, NormKind::layer}) {
+    const bool layer = kind == NormKind::layer;
+    for (const RowShape& s : kNormShapes) {
+      for (bool accumulate : {false, true}) {
+        const std::string name = std::string(layer ? "layer_norm" : "rms_norm") + "_backward" +
+                                 (accumulate ? " accumulate" : "");
+        const Shape shape{s.rows, s.cols};
+        const size_t n = static_cast<size_t>(shape.numel());
+        auto x = both(random_as(n, 11, dtype(), -2, 3), shape);
+        auto weight = both(random_as(static_cast<size_t>(s.cols), 12, dtype(), 0.5f, 1.5f), Shape{s.cols});
+        auto bias = both(random_as(static_cast<size_t>(s.cols), 13, dtype(), -0.5f, 0.5f), Shape{s.cols});
+        auto out = zeros(shape, dtype());
+        auto mean = zeros(Shape{s.rows}, DType::f32);
+        auto rstd = zeros(Shape{s.rows}, DType::f32);
+        const Tensor no;
+        // Statistics from the CPU forward, uploaded to both, so backward sees identical inputs.
+        cpu().norm_forward(kind, x.first, weight.first, layer ? bias.first.tensor() : no, out.first,
+                           layer ? mean.first.tensor() : no, rstd.first, 1e-5f);
+        auto mean_both = both(download(cpu(), mean.first), Shape{s.rows}, DType::f32);
+        auto rstd_both = both(download(cpu(), rstd.first), Shape{s.rows}, DType::f32);
+        auto dout = both(random_as(n, 14, dtype()), shape);
+        auto dx = both(random_as(n, 15, dtype()), shape);
+        // Gradients start non-zero: the op must add to them.
+        auto dweight = both(random_vector(static_cast<size_t>(s.cols), 16), Shape{s.cols}, DType::f32);
+        auto dbias = both(random_vector(static_cast<size_t>(s.cols), 17), Shape{s.cols}, DType::f32);
+        cpu().norm_backward(kind, dout.first, x.first, weight.first, layer ? mean_both.first.tensor() : no,
+                            rstd_both.first, dx.first, dweight.first, layer ? dbias.first.tensor() : no, accumulate);
+        cuda().norm_backward(kind, dout.second, x.second, weight.second, layer ? mean_both.second.tensor() : no,
+                             rstd_both.second, dx.second, dweight.second, layer ? dbias.second.tensor() : no,
+                             accumulate);
+        EXPECT_LE(report_error(label(name + " dx", s), download(cuda(), dx.second), download(cpu(), dx.first)),
+                  tolerance(dtype(), 1e-5, 4e-3));
+        EXPECT_LE(report_error(label(name + " dweight", s), download(cuda(), dweight.second),
+                               download(cpu(), dweight.first)),
+                  1e-4);
+        if (layer)
+          EXPECT_LE(report_error(label(name + " dbias", s), download(cuda(), dbias.second),
+                                 download(cpu(), dbias.first)),
+                    1e-4);
+      }
+    }
+  }
+}
+
+struct GemmShape {
+  int64_t rows, in, out;
+};
+const GemmShape kGemmShapes[] = {{128, 256, 384}, {40, 72, 24}};
+
+TEST_P(CudaOps, Linear) {
+  for (bool fused_bias : {false, true}) {
+    cuda_backend().set_fused_bias_gradient(fused_bias);
+    for (const GemmShape& g : kGemmShapes) {
+      for (bool with_bias : {false, true}) {
+        const std::string tag = dtype_text(dtype()) + " N" + std::to_string(g.rows) + " K" + std::to_string(g.in) +
+                                " M" + std::to_string(g.out) +
+                                (with_bias ? (fused_bias ? " bias (BGRADB)" : " bias (column sums)") : "");
+        const Tensor no;
+        auto x = both(random_as(static_cast<size_t>(g.rows * g.in), 20, dtype()), Shape{g.rows, g.in});
+        auto weight =
+            both(random_as(static_cast<size_t>(g.out * g.in), 21, dtype(), -0.1f, 0.1f), Shape{g.out, g.in});
+        auto bias = both(random_as(static_cast<size_t>(g.out), 22, dtype()), Shape{g.out});
+        auto y = zeros(Shape{g.rows, g.out}, dtype());
+        cpu().linear_forward(x.first, weight.first, with_bias ? bias.first.tensor() : no, y.first);
+        cuda().linear_forward(x.second, weight.second, with_bias ? bias.second.tensor() : no, y.second);
+        EXPECT_LE(report_error("linear_forward " + tag, download(cuda(), y.second), download(cpu(), y.first)),
+                  tolerance(dtype(), 1e-5, 5e-3));
+
+        auto dy = both(random_as(static_cast<size_t>(g.rows * g.out), 23, dtype()), Shape{g.rows, g.out});
+        for (bool accumulate : {false, true}) {
+          auto dx = both(random_as(static_cast<size_t>(g.rows * g.in), 24, dtype()), Shape{g.rows, g.in});
+          cpu().linear_backward_input(dy.first, weight.first, dx.first, accumulate);
+          cuda().linear_backward_input(dy.second, weight.second, dx.second, accumulate);
+          EXPECT_LE(report_error("linear_backward_input " + tag + (accumulate ? " accumulate" : ""),
+                                 download(cuda(), dx.second), download(cpu(), dx.first)),
+                    tolerance(dtype(), 1e-5, 5e-3));
+        }
+        // Gradients accumulate into non-zero f32 (the model's grads) and bf16 buffers.
+        for (DType grad_dtype : {DType::f32, DType::bf16}) {
+          auto dweight = both(random_as(static_cast<size_t>(g.out * g.in), 25, grad_dtype), Shape{g.out, g.in},
+                              grad_dtype);
+          auto dbias = both(random_as(static_cast<size_t>(g.out), 26, grad_dtype), Shape{g.out}, grad_dtype);
+          cpu().linear_backward_weight(dy.first, x.first, dweight.first, with_bias ? dbias.first.tensor() : no);
+          cuda().linear_backward_weight(dy.second, x.second, dweight.second, with_bias ? dbias.second.tensor() : no);
+          const double grad_tolerance = grad_dtype == DType::f32 ? tolerance(dtype(), 1e-5, 1e-4) : 5e-3;
+          EXPECT_LE(report_error("linear_backward_weight " + tag + " dweight " + dtype_text(grad_dtype),
+                                 download(cuda(), dweight.second), download(cpu(), dweight.first)),
+                    grad_tolerance);
+          if (with_bias)
+            EXPECT_LE(report_error("linear_backward_weight " + tag + " dbias " + dtype_text(grad_dtype),
+                                   download(cuda(), dbias.second), download(cpu(), dbias.first)),
+                      grad_tolerance);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CudaOps, RopeForwardAndBackward) {
+  for (int64_t head_dim : {64, 128, 20}) {
+    AttentionShape shape;
+    shape.batch = 2;
+    shape.seq = 48;
+    shape.heads = 4;
+    shape.kv_heads = 2;
+    shape.head_dim = head_dim;
+    const Shape qkv_shape{shape.batch * shape.seq, shape.qkv_cols()};
+    const std::string tag = dtype_text(dtype()) + " head_dim " + std::to_string(head_dim);
+    auto qkv = both(random_as(static_cast<size_t>(qkv_shape.numel()), 30, dtype()), qkv_shape);
+    cpu().rope_forward(qkv.first, shape, 10000.0f);
+    cuda().rope_forward(qkv.second, shape, 10000.0f);
+    EXPECT_LE(report_error("rope_forward " + tag, download(cuda(), qkv.second), download(cpu(), qkv.first)),
+              tolerance(dtype(), 1e-6, 4e-3));
+    auto dqkv = both(random_as(static_cast<size_t>(qkv_shape.numel()), 31, dtype()), qkv_shape);
+    cpu().rope_backward(dqkv.first, shape, 500000.0f);
+    cuda().rope_backward(dqkv.second, shape, 500000.0f);
+    EXPECT_LE(report_error("rope_backward " + tag, download(cuda(), dqkv.second), download(cpu(), dqkv.first)),
+              tolerance(dtype(), 1e-6, 4e-3));
+  }
+}
+
+TEST_P(CudaOps, Embedding) {
+  for (bool positions : {false, true}) {
+    for (int64_t cols : {256, 36}) {
+      const int64_t vocab = 97, seq = 16, batch = 3, rows = batch * seq;
+      const std::string tag = dtype_text(dtype()) + " C" + std::to_string(cols) + (positions ? " +positions" : "");
+      std::vector<int32_t> ids(static_cast<size_t>(rows));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * i * 7 + 3) % 13);  // repeats
+      Buffer cpu_tokens = upload_i32(cpu(), ids, Shape{rows});
+      Buffer gpu_tokens = upload_i32(cuda(), ids, Shape{rows});
+      const Tensor no;
+      auto table = both(random_as(static_cast<size_t>(vocab * cols), 40, dtype()), Shape{vocab, cols});
+      auto position = both(random_as(static_cast<size_t>(seq * cols), 41, dtype()), Shape{seq, cols});
+      auto out = zeros(Shape{rows, cols}, dtype());
+      cpu().embedding_forward(cpu_tokens, table.first, positions ? position.first.tensor() : no, out.first, seq);
+      cuda().embedding_forward(gpu_tokens, table.second, positions ? position.second.tensor() : no, out.second, seq);
+      EXPECT_LE(report_error("embedding_forward " + tag, download(cuda(), out.second), download(cpu(), out.first)),
+                positions ? tolerance(dtype(), 1e-7, 4e-3) : 0.0);
+
+      auto dout = both(random_as(static_cast<size_t>(rows * cols), 42, dtype()), Shape{rows, cols});
+      auto dtable = both(random_vector(static_cast<size_t>(vocab * cols), 43), Shape{vocab, cols}, DType::f32);
+      auto dposition = both(random_vector(static_cast<size_t>(seq * cols), 44), Shape{seq, cols}, DType::f32);
+      cpu().embedding_backward(cpu_tokens, dout.first, dtable.first, positions ? dposition.first.tensor() : no, seq);
+      cuda().embedding_backward(gpu_tokens, dout.second, dtable.second, positions ? dposition.second.tensor() : no,
+                                seq);
+      EXPECT_LE(report_error("embedding_backward dtable " + tag, download(cuda(), dtable.second),
+                             download(cpu(), dtable.first)),
+                1e-6);
+      if (positions)
+        EXPECT_LE(report_error("embedding_backward dposition " + tag, download(cuda(), dposition.second),
+                               download(cpu(), dposition.first)),
+                  1e-6);
+    }
+  }
+}
+
+TEST_P(CudaOps, CrossEntropyInPlace) {
+  // valid_vocab < cols: padding columns must be ignored and zeroed.
+  for (auto [cols, valid] : {std::pair<int64_t, int64_t>{1024, 1000}, {264, 257}, {50, 50}}) {
+    const int64_t rows = 37;
+    const std::string tag = dtype_text(dtype()) + " V" + std::to_string(valid) + "/" + std::to_string(cols);
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 131 + 7) % valid);
+    Buffer cpu_targets = upload_i32(cpu(), ids, Shape{rows});
+    Buffer gpu_targets = upload_i32(cuda(), ids, Shape{rows});
+    std::vector<float> values = random_as(static_cast<size_t>(rows * cols), 50, dtype(), -8, 8);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = valid; c < cols; ++c) values[static_cast<size_t>(r * cols + c)] = 8192.0f;  // must be ignored
+    for (float grad_scale : {0.0f, 1.0f / 37.0f}) {
+      auto logits = both(values, Shape{rows, cols});
+      auto losses = zeros(Shape{rows}, DType::f32);
+      cpu().cross_entropy(logits.first, cpu_targets, losses.first, valid, grad_scale);
+      cuda().cross_entropy(logits.second, gpu_targets, losses.second, valid, grad_scale);
+      EXPECT_LE(report_error("cross_entropy loss " + tag, download(cuda(), losses.second),
+                             download(cpu(), losses.first)),
+                1e-5);
+      const std::vector<float> got = download(cuda(), logits.second);
+      EXPECT_LE(report_error("cross_entropy logits/grad " + tag + (grad_scale != 0 ? " grad" : " untouched"), got,
+                             download(cpu(), logits.first)),
+                grad_scale != 0 ? tolerance(dtype(), 1e-5, 4e-3) : 0.0);
+      if (grad_scale != 0)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = valid; c < cols; ++c) ASSERT_EQ(got[static_cast<size_t>(r * cols + c)], 0.0f);
+    }
+  }
+}
+
+TEST_P(CudaOps, SumAndSumOfSquares) {
+  for (int64_t n : {int64_t{1} << 20, int64_t{12345}}) {
+    auto x = both(random_as(static_cast<size_t>(n), 60, dtype()), Shape{n});
+    auto out = both(std::vector<float>{2.5f}, Shape{1}, DType::f32);
+    cpu().sum(x.first, out.first, true);
+    cuda().sum(x.second, out.second, true);
+    EXPECT_LE(report_error("sum accumulate " + dtype_text(dtype()) + " n" + std::to_string(n),
+                           download(cuda(), out.second), download(cpu(), out.first)),
+              1e-5);
+    cpu().sum_of_squares(x.first, out.first, false);
+    cuda().sum_of_squares(x.second, out.second, false);
+    EXPECT_LE(report_error("sum_of_squares " + dtype_text(dtype()) + " n" + std::to_string(n),
+                           download(cuda(), out.second), download(cpu(), out.first)),
+              1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::f32, DType::bf16),
+                         [](const ::testing::TestParamInfo<DType>& info) { return dtype_text(info.param); });
+
+// ---- ops whose dtypes are not the activation dtype ---------------------------------------------
+
+class CudaDataOps : public CudaTest {};
+
+TEST_F(CudaDataOps, ConversionsRoundToNearestEven) {
+  // Ties, the largest finite values, overflow to infinity, subnormals, NaN and signed zero.
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 1.00390625f /* bf16 tie, even down */,
+                               1.01171875f /* tie, even up */, 3.3895314e38f, 65519.0f, 65520.0f,
+                               1e-40f, -2.5e-39f, 6.1e-5f, 5.96e-8f, INFINITY, -INFINITY, NAN, 0.1f};
+  std::vector<float> more = random_vector(4000, 70, -1000, 1000);
+  values.insert(values.end(), more.begin(), more.end());
+  const int64_t n = static_cast<int64_t>(values.size());
+  Buffer source = upload(cuda(), values, Shape{n});
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Buffer converted = cuda().allocate("converted", Shape{n}, dtype, Lifetime::scratch);
+    cuda().copy(source, converted);
+    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    cuda().copy_to_host(converted, bits.data());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint16_t want = dtype == DType::bf16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+      bool both_nan = std::isnan(values[i]) && ((bits[i] & 0x7fff) > (dtype == DType::bf16 ? 0x7f80 : 0x7c00));
+      if (bits[i] != want && !both_nan) ++mismatches;
+    }
+    EXPECT_EQ(mismatches, 0u) << "f32 -> " << dtype_text(dtype);
+    // Widening back is exact.
+    Buffer back = cuda().allocate("back", Shape{n}, DType::f32, Lifetime::scratch);
+    cuda().copy(converted, back);
+    std::vector<float> widened(static_cast<size_t>(n));
+    cuda().copy_to_host(back, widened.data());
+    for (size_t i = 0; i < values.size(); ++i) {
+      float want = dtype == DType::bf16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+      if (!std::isnan(want)) ASSERT_EQ(widened[i], want) << i;
+    }
+  }
+}
+
+TEST_F(CudaDataOps, FillCopyAndReadScalar) {
+  Buffer a = cuda().allocate("a", Shape{1001}, DType::bf16, Lifetime::scratch);
+  cuda().fill(a, 0.3f);
+  std::vector<float> got = download(cuda(), a);
+  for (float v : got) ASSERT_EQ(v, round_to_bf16(0.3f));
+  Buffer i = cuda().allocate("i", Shape{17}, DType::i32, Lifetime::scratch);
+  cuda().fill(i, 7.0f);
+  std::vector<int32_t> ints(17);
+  cuda().copy_to_host(i, ints.data());
+  for (int32_t v : ints) ASSERT_EQ(v, 7);
+  Buffer f = upload(cuda(), {4.25f, 1.0f}, Shape{2});
+  EXPECT_EQ(cuda().read_scalar(f), 4.25f);
+}
+
+TEST_F(CudaDataOps, AdamWMatchesOracle) {
+  const int64_t n = 10007;  // odd: the scalar path; the vector path runs in the model step
+  for (DType grad_dtype : {DType::f32, DType::bf16}) {
+    for (float max_norm : {0.0f, 0.5f}) {
+      AdamWArgs args;
+      args.learning_rate = 3e-3f;
+      args.weight_decay = 0.1f;
+      args.step = 3;
+      args.decay_count = 6000;
+      args.grad_multiplier = 0.5f;
+      args.max_grad_norm = max_norm;
+      std::vector<float> param = random_vector(static_cast<size_t>(n), 80);
+      std::vector<float> grad = rounded(random_vector(static_cast<size_t>(n), 81), grad_dtype);
+      std::vector<float> m = random_vector(static_cast<size_t>(n), 82, -0.01f, 0.01f);
+      std::vector<float> v = random_vector(static_cast<size_t>(n), 83, 0.0f, 1e-4f);
+      Buffer cp = upload(cpu(), param, Shape{n}), cg = upload(cpu(), grad, Shape{n}), cm = upload(cpu(), m, Shape{n}),
+             cv = upload(cpu(), v, Shape{n}), cn = upload(cpu(), {7.0f}, Shape{1});
+      Buffer gp = upload(cuda(), param, Shape{n}), gg = upload(cuda(), grad, Shape{n}, grad_dtype),
+             gm = upload(cuda(), m, Shape{n}), gv = upload(cuda(), v, Shape{n}), gn = upload(cuda(), {7.0f}, Shape{1});
+      Buffer ccopy = cpu().allocate("copy", Shape{n}, DType::bf16, Lifetime::scratch);
+      Buffer gcopy = cuda().allocate("copy", Shape{n}, DType::bf16, Lifetime::scratch);
+      cpu().adamw(cp, cg, cm, cv, ccopy, cn, args);
+      cuda().adamw(gp, gg, gm, gv, gcopy, gn, args);
+      const std::string tag = "adamw grad " + dtype_text(grad_dtype) + (max_norm > 0 ? " clipped" : "");
+      // Same f32 operations in the same order (no FMA contraction on the GPU): a few ulps at most.
+      EXPECT_LE(report_error(tag + " master", download(cuda(), gp), download(cpu(), cp)), 1e-6);
+      EXPECT_LE(report_error(tag + " m", download(cuda(), gm), download(cpu(), cm)), 1e-6);
+      EXPECT_LE(report_error(tag + " v", download(cuda(), gv), download(cpu(), cv)), 1e-6);
+      std::vector<uint16_t> cpu_bits(static_cast<size_t>(n)), gpu_bits(static_cast<size_t>(n));
+      cpu().copy_to_host(ccopy, cpu_bits.data());
+      cuda().copy_to_host(gcopy, gpu_bits.data());
+      size_t differ = 0;
+      for (size_t k = 0; k < cpu_bits.size(); ++k) differ += cpu_bits[k] != gpu_bits[k];
+      // A master value within an ulp of a bf16 rounding boundary may round the other way.
+      EXPECT_LE(differ, static_cast<size_t>(n / 1000)) << tag << " compute copy";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxtrain::test
