@@ -125,6 +125,7 @@ void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, const
   MXTRAIN_ASSERT(tokens.dtype == DType::i32 && tokens.numel() == dout.rows() && dout.cols() == dtoken_table.cols(),
                  "embedding_backward: tokens %s, dout %s, dtable %s", tokens.describe().c_str(),
                  dout.describe().c_str(), dtoken_table.describe().c_str());
+  MXTRAIN_ASSERT(seq_len > 0 && dout.rows() % seq_len == 0, "embedding_backward: rows %% seq_len");
   double grad_row_bytes = static_cast<double>(dtype_bytes(dtoken_table.dtype, static_cast<size_t>(dout.numel())));
   double per_table = 2 * grad_row_bytes;
   record({OpKind::embedding_backward, phase_, dout.dtype, n(dout) * (dposition_table.defined() ? 2 : 1),
@@ -152,6 +153,8 @@ void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb,
   require_same_shape(a, sum, "add_norm_forward");
   require_same_shape(a, out, "add_norm_forward");
   MXTRAIN_ASSERT(weight.numel() == a.cols() && rstd.numel() == a.rows(), "add_norm_forward: weight/rstd shape");
+  MXTRAIN_ASSERT(kind == NormKind::rms || (mean.numel() == a.rows() && bias.numel() == a.cols()),
+                 "layer norm needs mean and bias");
   record({OpKind::add_norm_forward, phase_, a.dtype, norm_flops(kind, n(a)) + n(a),
           b(a) + b(bb) + b(sum) + b(out) + b(weight) + b(bias) + b(mean) + b(rstd)});
   impl_add_norm_forward(kind, a, bb, sum, weight, bias, out, mean, rstd, eps);
@@ -341,6 +344,171 @@ void Backend::scale(const Tensor& x, float factor) {
   require_contiguous(x, "scale");
   record({OpKind::scale, phase_, x.dtype, n(x), 2 * b(x)});
   impl_scale(x, factor);
+}
+
+// ---- precision recipes ----------------------------------------------------------------------
+
+const char* scaling_mode_name(ScalingMode mode) {
+  switch (mode) {
+    case ScalingMode::per_tensor: return "per-tensor";
+    case ScalingMode::mxfp8: return "mxfp8";
+    case ScalingMode::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
+int64_t scaling_block_size(ScalingMode mode) {
+  switch (mode) {
+    case ScalingMode::per_tensor: return 1;
+    case ScalingMode::mxfp8: return 32;
+    case ScalingMode::nvfp4: return 16;
+  }
+  return 1;
+}
+
+DType block_scale_dtype(ScalingMode mode) {
+  switch (mode) {
+    case ScalingMode::per_tensor: return DType::f32;
+    case ScalingMode::mxfp8: return DType::e8m0;
+    case ScalingMode::nvfp4: return DType::e4m3;
+  }
+  return DType::f32;
+}
+
+Shape block_scale_shape(const QuantizeSpec& spec, int64_t rows, int64_t k) {
+  if (spec.mode == ScalingMode::per_tensor) return Shape{1};
+  const int64_t blocks = k / scaling_block_size(spec.mode);
+  if (!spec.swizzled_scales) return Shape{rows, blocks};
+  // numerics/scale_layout.hpp: rows padded to 128, blocks to 4.
+  return Shape{(rows + 127) / 128 * 128 * ((blocks + 3) / 4 * 4)};
+}
+
+namespace {
+
+void check_quantized(const QuantizedTensor& q, const char* op) {
+  const QuantizeSpec& spec = q.spec;
+  MXTRAIN_ASSERT(q.data.rank() == 2 && q.data.is_contiguous(), "%s: data %s must be a contiguous matrix", op,
+                 q.data.describe().c_str());
+  MXTRAIN_ASSERT(q.data.dtype == spec.element, "%s: data %s, spec element %s", op, q.data.describe().c_str(),
+                 std::string(dtype_name(spec.element)).c_str());
+  const bool fp8 = spec.element == DType::e4m3 || spec.element == DType::e5m2;
+  MXTRAIN_ASSERT(spec.mode == ScalingMode::nvfp4 ? spec.element == DType::e2m1 : fp8, "%s: %s elements in %s scaling",
+                 op, std::string(dtype_name(spec.element)).c_str(), scaling_mode_name(spec.mode));
+  MXTRAIN_ASSERT(q.k() % scaling_block_size(spec.mode) == 0, "%s: K = %lld is not a multiple of the %s block", op,
+                 static_cast<long long>(q.k()), scaling_mode_name(spec.mode));
+  MXTRAIN_ASSERT(!spec.nvfp4_tiles || q.rows() % 16 == 0, "%s: 16x16 tiles need rows %% 16, got %lld", op,
+                 static_cast<long long>(q.rows()));
+  MXTRAIN_ASSERT(q.scale_inverse.dtype == block_scale_dtype(spec.mode) &&
+                     q.scale_inverse.shape.numel() == block_scale_shape(spec, q.rows(), q.k()).numel(),
+                 "%s: scales %s for %s data %s", op, q.scale_inverse.describe().c_str(), scaling_mode_name(spec.mode),
+                 q.data.describe().c_str());
+  MXTRAIN_ASSERT(spec.mode != ScalingMode::nvfp4 || (q.amax.dtype == DType::f32 && q.amax.numel() >= 1),
+                 "%s: nvfp4 needs its f32 amax", op);
+}
+
+double quantized_bytes(const QuantizedTensor& q) {
+  return b(q.data) + b(q.scale_inverse) + (q.spec.mode == ScalingMode::nvfp4 ? 4.0 : 0.0);
+}
+
+}  // namespace
+
+void Backend::amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) {
+  require_contiguous(x, "amax");
+  MXTRAIN_ASSERT(x.rank() >= 1 && out.dtype == DType::f32 && out.numel() >= 1, "amax: x %s, out %s",
+                 x.describe().c_str(), out.describe().c_str());
+  MXTRAIN_ASSERT(!hadamard_transposed || x.rows() % 16 == 0, "amax: the RHT of xᵀ needs rows %% 16, x %s",
+                 x.describe().c_str());
+  // The RHT: a scaling and 4 butterfly stages of 16-point chunks, 5 flops per element.
+  record({OpKind::amax, phase_, x.dtype, n(x) * (hadamard_transposed ? 6 : 1), b(x) + 4});
+  impl_amax(x, out, accumulate, hadamard_transposed);
+}
+
+void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                       const QuantizedTensor& columnwise, const Tensor& amax_out) {
+  require_contiguous(x, "quantize");
+  MXTRAIN_ASSERT(x.rank() == 2, "quantize: x %s must be a matrix", x.describe().c_str());
+  MXTRAIN_ASSERT(rowwise.data.defined() || columnwise.data.defined(), "quantize: no copy requested");
+  double bytes = b(x) + b(amax_out) * 2;
+  double flops = 0;
+  for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
+    if (!copy->data.defined()) continue;
+    check_quantized(*copy, "quantize");
+    const bool transposed = copy == &columnwise;
+    MXTRAIN_ASSERT(copy->transposed == transposed, "quantize: the %s copy has transposed = %d",
+                   transposed ? "columnwise" : "rowwise", static_cast<int>(copy->transposed));
+    MXTRAIN_ASSERT(copy->rows() == (transposed ? x.cols() : x.rows()) && copy->k() == (transposed ? x.rows() : x.cols()),
+                   "quantize: x %s into %s copy %s", x.describe().c_str(), transposed ? "columnwise" : "rowwise",
+                   copy->data.describe().c_str());
+    if (copy->spec.mode == ScalingMode::per_tensor)
+      MXTRAIN_ASSERT(scale.dtype == DType::f32 && scale.numel() >= 1, "quantize: per-tensor FP8 needs scale f32[1]");
+    bytes += quantized_bytes(*copy);
+    flops += n(x) * (copy->spec.mode == ScalingMode::per_tensor ? 2 : 3) + (copy->spec.hadamard ? 5 * n(x) : 0);
+  }
+  record({OpKind::quantize, phase_, x.dtype, flops, bytes});
+  impl_quantize(x, scale, rowwise, columnwise, amax_out);
+}
+
+void Backend::dequantize(const QuantizedTensor& q, const Tensor& out) {
+  check_quantized(q, "dequantize");
+  require_contiguous(out, "dequantize");
+  MXTRAIN_ASSERT(out.rank() == 2 && out.rows() == (q.transposed ? q.k() : q.rows()) &&
+                     out.cols() == (q.transposed ? q.rows() : q.k()),
+                 "dequantize: %s copy %s into %s", q.transposed ? "columnwise" : "rowwise", q.data.describe().c_str(),
+                 out.describe().c_str());
+  record({OpKind::dequantize, phase_, out.dtype, n(out), quantized_bytes(q) + b(out)});
+  impl_dequantize(q, out);
+}
+
+void Backend::linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& bq, const Tensor& bias,
+                               const Tensor& out, bool accumulate) {
+  check_quantized(a, "linear_quantized");
+  check_quantized(bq, "linear_quantized");
+  require_contiguous(out, "linear_quantized");
+  MXTRAIN_ASSERT(a.spec.mode == bq.spec.mode && a.k() == bq.k() && out.rank() == 2 && out.rows() == a.rows() &&
+                     out.cols() == bq.rows(),
+                 "linear_quantized: a %s, b %s, out %s", a.data.describe().c_str(), bq.data.describe().c_str(),
+                 out.describe().c_str());
+  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == out.cols(), "linear_quantized: bias shape");
+  static constexpr OpKind kinds[] = {OpKind::linear_forward, OpKind::linear_backward_input,
+                                     OpKind::linear_backward_weight};
+  // The planner prices a quantized GEMM at its operands' rate: FP8 (per-tensor or MXFP8) or FP4.
+  const DType rate = a.spec.mode == ScalingMode::nvfp4 ? DType::e2m1 : DType::e4m3;
+  OpRecord op{kinds[static_cast<int>(role)], phase_, rate, 2.0 * n(out) * static_cast<double>(a.k()),
+              quantized_bytes(a) + quantized_bytes(bq) + b(out) * (accumulate ? 2 : 1) + b(bias)};
+  if (bias.defined()) op.flops += n(out);
+  op.m = out.rows();
+  op.n = out.cols();
+  op.k = a.k();
+  record(op);
+  impl_linear_quantized(role, a, bq, bias, out, accumulate);
+}
+
+void Backend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&,
+                                    const Tensor&, bool) {
+  throw Error(ErrorKind::unsupported,
+              strf("the %s backend has no %s quantized GEMM", std::string(name()).c_str(), scaling_mode_name(a.spec.mode)),
+              "the precision recipe asks supports() first and emulates the GEMM where it is missing; this is a bug "
+              "in the caller");
+}
+
+void Backend::fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                               const ScaleUpdateArgs& args) {
+  MXTRAIN_ASSERT(history.dtype == DType::f32 && scale.dtype == DType::f32 && scale_inverse.dtype == DType::f32,
+                 "fp8_scale_update: f32 tensors");
+  MXTRAIN_ASSERT(history.rank() == 2 && history.cols() == scale.numel() && scale.numel() == scale_inverse.numel(),
+                 "fp8_scale_update: history %s, scale %s", history.describe().c_str(), scale.describe().c_str());
+  MXTRAIN_ASSERT(args.rule == ScaleUpdateArgs::Rule::delayed || history.rows() == 1,
+                 "fp8_scale_update: current scaling takes a history of length 1");
+  const double rolled = args.rule == ScaleUpdateArgs::Rule::delayed ? 2 * b(history) : b(history);
+  record({OpKind::scale_update, phase_, DType::f32, n(history) + 2 * n(scale), rolled + 3 * b(scale)});
+  impl_fp8_scale_update(history, scale, scale_inverse, args);
+}
+
+void Backend::column_sum(const Tensor& x, const Tensor& out) {
+  require_contiguous(x, "column_sum");
+  MXTRAIN_ASSERT(out.numel() == x.cols(), "column_sum: x %s, out %s", x.describe().c_str(), out.describe().c_str());
+  record({OpKind::column_sum, phase_, x.dtype, n(x), b(x) + 2 * b(out)});
+  impl_column_sum(x, out);
 }
 
 void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

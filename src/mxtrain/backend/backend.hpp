@@ -8,7 +8,7 @@
 // Conventions: activations are row-major [rows, cols] with rows = batch * seq (token-major).
 // "accumulate" outputs are added to (+=); other outputs are overwritten. Ops run in order on the
 // backend's stream; host-visible results need synchronize() or read_scalar().
-// Interface version 1.
+// Interface version 2 (2: the quantization ops of the precision recipes).
 #pragma once
 #include <memory>
 #include <string>
@@ -26,7 +26,8 @@ namespace mxtrain {
   X(norm_forward) X(add_norm_forward) X(norm_backward) X(linear_forward) X(linear_backward_input)        \
   X(linear_backward_weight) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward)  \
   X(swiglu_forward) X(swiglu_backward) X(gelu_forward) X(gelu_backward) X(add) X(cross_entropy)          \
-  X(sum) X(sum_of_squares) X(scale) X(adamw)
+  X(sum) X(sum_of_squares) X(scale) X(amax) X(quantize) X(dequantize) X(scale_update) X(column_sum)        \
+  X(adamw)
 
 enum class OpKind : uint8_t {
 #define MXTRAIN_ENUM_ENTRY(name) name,
@@ -81,6 +82,64 @@ struct AttentionShape {
   int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim; }
 };
 
+// ---- quantized operands (the precision recipes; numerics/ holds the rules, bit for bit) -------
+
+// How a quantized tensor is scaled (reference/precision_recipes.md §2).
+enum class ScalingMode : uint8_t {
+  per_tensor,  // FP8 E4M3/E5M2 with one FP32 scale per tensor (delayed or current scaling)
+  mxfp8,       // FP8 with one E8M0 scale per 32 consecutive elements along K
+  nvfp4,       // E2M1 with one E4M3 scale per 16 along K (or per 16x16 tile) and an FP32 tensor amax
+};
+const char* scaling_mode_name(ScalingMode mode);
+
+// What one quantized copy of a tensor is. The copy is always a row-major [rows, K] matrix with K
+// contiguous, the operand layout of a TN GEMM: the rowwise copy of x [R, C] is x itself, the
+// columnwise copy is xᵀ [C, R] (the operand of the GEMMs that contract over R).
+struct QuantizeSpec {
+  ScalingMode mode = ScalingMode::per_tensor;
+  DType element = DType::e4m3;       // e4m3 | e5m2 (per_tensor, mxfp8); e2m1 (nvfp4)
+  bool mx_round_up = true;           // mxfp8 scales: NVIDIA RCEIL (TE, cuBLAS) or OCP floor
+  bool nvfp4_tiles = false;          // nvfp4: one scale per 16x16 tile (weights) instead of per 1x16
+  bool hadamard = false;             // nvfp4: the 16-point RHT along K first (wgrad operands)
+  bool stochastic_rounding = false;  // nvfp4: E2M1 SR, word = Philox(seed, offset, row·K + k)
+  uint64_t seed = 0, offset = 0;
+  bool swizzled_scales = false;      // block scales in cuBLAS's 128x4 tiled layout (native GEMMs)
+};
+
+struct QuantizedTensor {
+  QuantizeSpec spec;
+  bool transposed = false;  // the columnwise copy: data holds xᵀ
+  Tensor data;              // [rows, K]: e4m3/e5m2, or e2m1 (two per byte)
+  // per_tensor: f32 [1], the decode scale (1/scale) the GEMM multiplies by; mxfp8: e8m0 and
+  // nvfp4: e4m3 block scales, compact [rows, K/block] or swizzled (flat, padded).
+  Tensor scale_inverse;
+  Tensor amax;              // nvfp4: f32 [1], amax of the quantized matrix (S_dec = 6·448/amax)
+  int64_t rows() const { return data.rows(); }
+  int64_t k() const { return data.cols(); }
+};
+
+// Elements per block scale along K (1 for per_tensor) and the block scales' shape.
+int64_t scaling_block_size(ScalingMode mode);
+// The block-scale tensor of a [rows, k] copy: compact [rows, k/block] or swizzled flat.
+Shape block_scale_shape(const QuantizeSpec& spec, int64_t rows, int64_t k);
+DType block_scale_dtype(ScalingMode mode);
+
+// Which of a linear layer's GEMMs a quantized GEMM is (recorded as that linear op, so the
+// planner prices it like the high-precision one, at the operands' tensor-core rate).
+enum class GemmRole : uint8_t { forward, backward_input, backward_weight };
+
+struct ScaleUpdateArgs {
+  enum class Rule : uint8_t {
+    delayed,  // §2.1: scale from the history window, then the history rolls
+    current,  // §2.2: scale from this amax (history of length 1, not rolled)
+  };
+  Rule rule = Rule::delayed;
+  float scaled_max = 448.0f;      // fp8_max(format) · 2^-margin (delayed); fp8_max(format) (current)
+  bool most_recent = false;       // delayed: slot 0 instead of the max over the window
+  float epsilon = 0.0f;           // current: amax floor
+  bool power_of_2_scales = false; // current: round scales down to powers of two
+};
+
 struct AdamWArgs {
   float learning_rate = 0;
   float beta1 = 0.9f, beta2 = 0.95f, epsilon = 1e-8f;
@@ -93,7 +152,7 @@ struct AdamWArgs {
 
 class Backend {
  public:
-  static constexpr int kInterfaceVersion = 1;
+  static constexpr int kInterfaceVersion = 2;
   virtual ~Backend();
 
   virtual std::string_view name() const = 0;
@@ -177,6 +236,40 @@ class Backend {
   void sum(const Tensor& x, const Tensor& out, bool accumulate);
   void sum_of_squares(const Tensor& x, const Tensor& out, bool accumulate);
   void scale(const Tensor& x, float factor);  // in place
+
+  // ---- precision recipes ----------------------------------------------------------------------
+  // supports() for these: quantize, dequantize, amax with dtype e4m3/e5m2 (per-tensor FP8),
+  // e8m0 (MXFP8) or e2m1 (NVFP4). A quantized GEMM is asked as linear_forward with e4m3
+  // (per-tensor FP8 GEMM), e8m0 (MXFP8 block-scaled GEMM) or e2m1 (NVFP4 GEMM); a backend without
+  // it runs the recipe emulated (dequantize, then the high-precision linear op).
+  //
+  // out f32[1] = (accumulate ? max(out, a) : a), a = max |value| over x [R, C] (NaN if any value
+  // is NaN), or over xᵀ after the 16-point RHT along its rows when hadamard_transposed (the
+  // columnwise NVFP4 copy of a wgrad operand).
+  void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed = false);
+  // Quantizes x [R, C] (f32/bf16/f16) into its rowwise copy (x) and/or columnwise copy (xᵀ);
+  // an undefined copy's data is skipped. per_tensor: codes = fp8(x · scale[0]), scale f32 [1];
+  // amax (optional, f32 [1]) max= max |x| (delayed scaling records it during the cast).
+  // mxfp8: block scales computed here. nvfp4: each copy's amax must already hold its matrix's
+  // amax (the amax op). Both copies use one read of x where the backend can.
+  void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
+                const Tensor& amax);
+  // out (f32/bf16/f16) = the values q encodes, in x's layout [R, C] (a columnwise copy is
+  // transposed back; an RHT copy stays in the Hadamard domain).
+  void dequantize(const QuantizedTensor& q, const Tensor& out);
+  // out[N, M] (+)= deq(a)[N, K] · deq(b)[M, K]ᵀ (+ bias[M]): the TN GEMM of two quantized copies,
+  // FP32 accumulation. forward uses fast FP8 accumulation on Hopper, the backward roles split
+  // accumulation (TransformerEngine's defaults).
+  void linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                        const Tensor& out, bool accumulate);
+  // FP8 scales of n tensors from their amaxes: history f32 [length, n] (slot 0 newest), scale
+  // and scale_inverse f32 [n]. delayed: new scale from the window (previous one kept when the
+  // window max is 0, inf or NaN), then slot k → k+1 and slot 0 = 0. current: from slot 0 of a
+  // length-1 history, which is left as it is.
+  void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                        const ScaleUpdateArgs& args);
+  // out[c] += Σ_r x[r, c] (bias gradients next to a quantized weight-gradient GEMM).
+  void column_sum(const Tensor& x, const Tensor& out);
   // Decoupled-weight-decay Adam on a flat f32 master tensor. grad (any float dtype) is
   // multiplied by args.grad_multiplier and, when args.max_grad_norm > 0, by
   // min(1, max_grad_norm / (sqrt(grad_norm_sq[0]) + 1e-6)). compute_copy (optional, bf16/f16)
@@ -224,6 +317,17 @@ class Backend {
                                   int64_t valid_vocab, float grad_scale) = 0;
   virtual void impl_sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares) = 0;
   virtual void impl_scale(const Tensor& x, float factor) = 0;
+  virtual void impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) = 0;
+  virtual void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                             const QuantizedTensor& columnwise, const Tensor& amax) = 0;
+  virtual void impl_dequantize(const QuantizedTensor& q, const Tensor& out) = 0;
+  // Default: throws Error(unsupported); backends that answer supports(linear_forward, e4m3 |
+  // e8m0 | e2m1) override it.
+  virtual void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
+                                     const Tensor& bias, const Tensor& out, bool accumulate);
+  virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                                     const ScaleUpdateArgs& args) = 0;
+  virtual void impl_column_sum(const Tensor& x, const Tensor& out) = 0;
   virtual void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                           const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) = 0;
 

@@ -16,5 +16,9 @@ void add_version_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+void add_tune_command(CLI::App& app);
+void add_compare_precision_command(CLI::App& app);
 
 }  // namespace mxtrain::cli

@@ -13,6 +13,10 @@ int run(int argc, char** argv) {
   add_train_command(app);
   add_prepare_command(app);
   add_bench_command(app);
+  add_launch_command(app);
+  add_plan_command(app);
+  add_tune_command(app);
+  add_compare_precision_command(app);
   add_version_command(app);
   try {
     app.parse(argc, argv);

@@ -61,7 +61,7 @@ std::vector<std::pair<std::string, std::string>> read_toml(const ConfigSources& 
     const toml::table* section_table = section_node.as_table();
     if (!section_table)
       throw Error(ErrorKind::config, "top-level key '" + section + "' in " + where + " is not a [section]",
-                  "put keys under [model], [data], [train], [optimizer], [schedule], [eval], [log], [checkpoint] or "
+                  "put keys under [model], [data], [train], [precision], [optimizer], [schedule], [eval], [log], [checkpoint] or "
                   "[dist]");
     for (const auto& [key, node] : *section_table) {
       std::string full = section + "." + std::string(key.str());

@@ -86,6 +86,19 @@ Field choice(const std::string& key, std::string& value, const std::string& help
                }};
 }
 
+// "auto" or a non-negative integer.
+Field count_or_auto(const std::string& key, std::string& value, const std::string& help) {
+  return Field{key, FieldType::text, help, {}, [&value] { return value; },
+               [&value, key](const std::string& input) {
+                 char* end = nullptr;
+                 errno = 0;
+                 const long long parsed = std::strtoll(input.c_str(), &end, 10);
+                 if (input != "auto" && (input.empty() || *end != '\0' || errno != 0 || parsed < 0))
+                   bad_value(key, input, "auto or a block count >= 0");
+                 value = input == "auto" ? input : std::to_string(parsed);
+               }};
+}
+
 }  // namespace
 
 std::vector<Field> fields(RunConfig& c) {
@@ -119,8 +132,10 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(choice("data.tokenizer", c.data.tokenizer, "tokenizer of the shards", {"byte"}));
 
   list.push_back(choice("train.device", c.train.device, "where to train", {"auto", "cpu", "cuda"}));
-  list.push_back(choice("train.precision", c.train.precision, "number format of compute",
-                        {"auto", "fp32", "bf16"}));
+  list.push_back(choice("train.precision", c.train.precision,
+                        "number format of compute: fp8 = per-tensor FP8 with delayed scaling, fp8-current = with "
+                        "current scaling, mxfp8 and nvfp4 = block-scaled (docs/precision.md)",
+                        {"auto", "fp32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"}));
   list.push_back(Field{"train.recompute", FieldType::text, "activation checkpointing: none, selective, full or K", {},
                        [&c] { return c.train.recompute; },
                        [&c](const std::string& input) { c.train.recompute = RecomputePolicy::parse(input).str(); }});
@@ -135,6 +150,36 @@ std::vector<Field> fields(RunConfig& c) {
                          "rows of logits alive at once in the loss", 1));
   list.push_back(boolean("train.tf32", c.train.tf32, "TF32 tensor cores for fp32 precision on cuda"));
   list.push_back(boolean("train.deterministic", c.train.deterministic, "deterministic attention backward on cuda"));
+
+  PrecisionConfig& p = c.precision;
+  list.push_back(choice("precision.fp8_format", p.fp8_format,
+                        "FP8 element formats: hybrid = E4M3 forward, E5M2 gradients; auto = hybrid for fp8, e4m3 for "
+                        "mxfp8", {"auto", "hybrid", "e4m3"}));
+  list.push_back(integer("precision.amax_history_len", p.amax_history_len, "fp8 delayed scaling: amax history steps", 1,
+                         1 << 20));
+  list.push_back(choice("precision.amax_compute_algo", p.amax_compute_algo,
+                        "fp8 delayed scaling: max over the history or its most recent amax", {"max", "most_recent"}));
+  list.push_back(integer("precision.margin", p.margin, "fp8 scaling margin: scale = fp8_max * 2^-margin / amax", -100,
+                         100));
+  list.push_back(count_or_auto("precision.bf16_first_layers", p.bf16_first_layers,
+                               "first blocks whose linear layers stay in BF16 (auto = 0)"));
+  list.push_back(count_or_auto("precision.bf16_last_layers", p.bf16_last_layers,
+                               "last blocks whose linear layers stay in BF16 (auto = min(4, layers/4) for nvfp4, else 0)"));
+  list.push_back(boolean("precision.quantized_weights", p.quantized_weights,
+                         "keep no BF16 weight copy: quantized layers quantize from the FP32 masters"));
+  list.push_back(choice("precision.mx_scale_rounding", p.mx_scale_rounding,
+                        "MXFP8 E8M0 scales: rceil (NVIDIA, TE, cuBLAS) or floor (OCP MX v1.0)", {"rceil", "floor"}));
+  list.push_back(boolean("precision.nvfp4_rht", p.nvfp4_rht, "nvfp4: random Hadamard transform of the wgrad operands"));
+  list.push_back(boolean("precision.nvfp4_stochastic_rounding", p.nvfp4_stochastic_rounding,
+                         "nvfp4: stochastic rounding of gradients"));
+  list.push_back(boolean("precision.nvfp4_2d_weights", p.nvfp4_2d_weights, "nvfp4: one scale per 16x16 weight tile"));
+  list.push_back(real("precision.loss_scale_init", p.loss_scale_init, "fp16: initial dynamic loss scale", 1, 4294967296.0));
+  list.push_back(integer("precision.loss_scale_growth_interval", p.loss_scale_growth_interval,
+                         "fp16: steps without overflow before the loss scale grows", 1));
+  list.push_back(real("precision.loss_scale_backoff", p.loss_scale_backoff, "fp16: loss scale factor on overflow",
+                      1e-3, 0.999));
+  list.push_back(real("precision.loss_scale_growth", p.loss_scale_growth, "fp16: loss scale growth factor", 1.001,
+                      1000));
 
   list.push_back(real("optimizer.lr", c.optimizer.lr, "peak learning rate", 0, 10));
   list.push_back(real("optimizer.beta1", c.optimizer.beta1, "Adam beta1", 0, 1));
@@ -187,6 +232,14 @@ void validate(const RunConfig& c) {
                 strf("train.seq_len = %lld exceeds model.max_seq_len = %lld (the learned position table)",
                      static_cast<long long>(c.train.seq_len), static_cast<long long>(c.model.max_seq_len)),
                 "lower train.seq_len or raise model.max_seq_len");
+  const std::string& precision = c.train.precision;
+  const bool quantized = precision == "fp8" || precision == "fp8-current" || precision == "mxfp8" || precision == "nvfp4";
+  if (c.precision.quantized_weights && !quantized)
+    throw Error(ErrorKind::config,
+                "precision.quantized_weights = true but train.precision = " + precision +
+                    " has no quantized weights to keep",
+                "use it with train.precision fp8, fp8-current, mxfp8 or nvfp4, or set precision.quantized_weights = "
+                "false");
   if (c.train.global_batch_size != 0 && c.train.global_batch_size % c.train.micro_batch_size != 0)
     throw Error(ErrorKind::config,
                 strf("train.global_batch_size = %lld is not a multiple of train.micro_batch_size = %lld",

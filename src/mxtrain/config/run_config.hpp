@@ -19,7 +19,7 @@ struct DataConfig {
 
 struct TrainConfig {
   std::string device = "auto";       // auto | cpu | cuda
-  std::string precision = "auto";    // auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | ...
+  std::string precision = "auto";    // auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16 | fp8 | fp8-current | mxfp8 | nvfp4
   std::string recompute = "none";    // none | selective | full | K
   int64_t steps = 300;
   int64_t micro_batch_size = 16;     // sequences per micro-batch per rank
@@ -30,6 +30,25 @@ struct TrainConfig {
   int64_t logits_chunk_tokens = 8192;
   bool tf32 = false;                 // fp32 precision on cuda: TF32 tensor-core GEMMs
   bool deterministic = false;        // deterministic attention backward on cuda
+};
+
+// How train.precision's recipe runs (reference/precision_recipes.md §2; docs/precision.md).
+struct PrecisionConfig {
+  std::string fp8_format = "auto";          // auto (hybrid for fp8, e4m3 for mxfp8) | hybrid | e4m3
+  int64_t amax_history_len = 1024;          // fp8 delayed scaling window (TE's default)
+  std::string amax_compute_algo = "max";    // max | most_recent
+  int64_t margin = 0;                       // scale = fp8_max · 2^-margin / amax
+  std::string bf16_first_layers = "auto";   // blocks kept in BF16 at the start: auto (0) or a count
+  std::string bf16_last_layers = "auto";    // at the end: auto (nvfp4: min(4, layers/4); others 0) or a count
+  bool quantized_weights = false;           // no BF16 weight copy: quantize from the FP32 masters
+  std::string mx_scale_rounding = "rceil";  // rceil (TE, cuBLAS) | floor (OCP MX v1.0)
+  bool nvfp4_rht = true;                    // 16-point RHT on the wgrad operands
+  bool nvfp4_stochastic_rounding = true;    // of gradients
+  bool nvfp4_2d_weights = true;             // 16x16 weight tiles
+  double loss_scale_init = 65536;           // fp16 dynamic loss scaling (PyTorch GradScaler's defaults)
+  int64_t loss_scale_growth_interval = 2000;
+  double loss_scale_backoff = 0.5;
+  double loss_scale_growth = 2.0;
 };
 
 struct OptimizerConfig {
@@ -79,6 +98,7 @@ struct RunConfig {
   ModelConfig model = model_preset("tiny");
   DataConfig data;
   TrainConfig train;
+  PrecisionConfig precision;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   EvalConfig eval;

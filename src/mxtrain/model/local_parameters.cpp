@@ -15,16 +15,18 @@ void initial_group_values(const ModelConfig& config, const ParamGroup& group, ui
 }
 
 LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype,
-                                         DType grad_dtype)
+                                         DType grad_dtype, const std::vector<int64_t>& master_only_layers)
     : backend_(backend), config_(config), layout_(build_layout(config)), compute_dtype_(compute_dtype),
       grad_dtype_(grad_dtype) {
   groups_.resize(layout_.groups.size());
+  std::vector<bool> master_only(layout_.groups.size(), false);
+  for (int64_t layer : master_only_layers) master_only[static_cast<size_t>(layout_.layer_group(layer))] = true;
   for (size_t g = 0; g < layout_.groups.size(); ++g) {
     const ParamGroup& group = layout_.groups[g];
     GroupStorage& storage = groups_[g];
     Shape flat{group.numel};
     storage.master = backend_.allocate(group.name + ".master", flat, DType::f32, Lifetime::master_parameter);
-    if (compute_dtype_ != DType::f32)
+    if (compute_dtype_ != DType::f32 && !master_only[g])
       storage.compute = backend_.allocate(group.name + ".weight", flat, compute_dtype_, Lifetime::parameter);
     storage.grad = backend_.allocate(group.name + ".grad", flat, grad_dtype_, Lifetime::gradient);
     storage.m = backend_.allocate(group.name + ".adam_m", flat, DType::f32, Lifetime::optimizer_state);

@@ -10,7 +10,10 @@ namespace mxtrain {
 
 class LocalParameterStore final : public ParameterStore {
  public:
-  LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype, DType grad_dtype);
+  // master_only_layers: blocks whose group keeps no compute-dtype copy; weight() hands out their
+  // FP32 masters (quantized_weights: the linear recipe quantizes those matrices from them).
+  LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype, DType grad_dtype,
+                      const std::vector<int64_t>& master_only_layers = {});
 
   // Fills master (and compute) weights from initial_value(); zeroes gradients and moments.
   void initialize(uint64_t seed);

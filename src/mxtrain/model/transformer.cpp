@@ -10,9 +10,18 @@ namespace mxtrain {
 
 Transformer::Transformer(const ModelConfig& config, const TransformerOptions& options, Backend& backend,
                          ParameterStore& params)
-    : config_(config), options_(options), backend_(backend), params_(params), layout_(params.layout()) {
+    : config_(config), options_(options), backend_(backend), params_(params), layout_(params.layout()),
+      linears_(options.linear, backend, config.layers) {
   config_.validate();
   MXTRAIN_ASSERT(options_.logits_chunk_tokens > 0, "logits_chunk_tokens must be positive");
+}
+
+void Transformer::check_batch(int64_t rows) const {
+  const int64_t C = config_.hidden;
+  linears_.check_shapes(rows, C, config_.qkv_cols(), LinearKind::qkv);
+  linears_.check_shapes(rows, C, C, LinearKind::out);
+  linears_.check_shapes(rows, C, config_.up_cols(), LinearKind::up);
+  linears_.check_shapes(rows, config_.ffn_hidden, C, LinearKind::down);
 }
 
 Transformer::Keep Transformer::keep_for(RecomputeMode mode) {
@@ -85,7 +94,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                         config_.norm_eps);
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
-  backend_.linear_forward(s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv);
+  linears_.forward(l, LinearKind::qkv, s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv);
   if (!keep_all) s.norm1.reset();
   if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope_theta);
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
@@ -94,7 +103,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   backend_.attention_forward(s.qkv, s.attn, s.lse, shape);
   {
     Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
-    backend_.linear_forward(s.attn, w(l, p.out_weight), w(l, p.out_bias), projected);
+    linears_.forward(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), projected);
     s.mid = activation("mid", l, config_.hidden, Lifetime::activation);
     s.norm2 = activation("mlp_norm", l, config_.hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
     if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
@@ -105,7 +114,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
 
   // MLP half.
   s.up = activation("mlp_up", l, config_.up_cols(), Lifetime::activation);
-  backend_.linear_forward(s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up);
+  linears_.forward(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up);
   if (!keep_all) s.norm2.reset();
   s.act = activation("mlp_act", l, config_.ffn_hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
   if (config_.family == ModelFamily::llama) {
@@ -115,7 +124,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   }
   if (x_out.defined()) {
     Buffer down = activation("mlp_down", l, config_.hidden, Lifetime::scratch);
-    backend_.linear_forward(s.act, w(l, p.down_weight), w(l, p.down_bias), down);
+    linears_.forward(l, LinearKind::down, s.act, w(l, p.down_weight), w(l, p.down_bias), down);
     backend_.add(s.mid, down, x_out);
   }
   if (!keep_all) s.act.reset();
@@ -145,11 +154,11 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::scratch);
     if (llama) backend_.swiglu_forward(s.up, s.act); else backend_.gelu_forward(s.up, s.act);
   });
-  backend_.linear_backward_weight(dres, s.act, dw(l, p.down_weight), dw(l, p.down_bias));
+  linears_.backward_weight(l, LinearKind::down, dres, s.act, dw(l, p.down_weight), dw(l, p.down_bias));
   s.act.reset();
   {
     Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
-    backend_.linear_backward_input(dres, w(l, p.down_weight), dact, false);
+    linears_.backward_input(l, LinearKind::down, dres, w(l, p.down_weight), dact, false);
     Buffer dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);
     if (llama) backend_.swiglu_backward(dact, s.up, dup); else backend_.gelu_backward(dact, s.up, dup);
     dact.reset();
@@ -160,10 +169,10 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps);
     });
-    backend_.linear_backward_weight(dup, s.norm2, dw(l, p.up_weight), dw(l, p.up_bias));
+    linears_.backward_weight(l, LinearKind::up, dup, s.norm2, dw(l, p.up_weight), dw(l, p.up_bias));
     s.norm2.reset();
     Buffer dnorm2 = activation("mlp_norm.grad", l, config_.hidden, Lifetime::scratch);
-    backend_.linear_backward_input(dup, w(l, p.up_weight), dnorm2, false);
+    linears_.backward_input(l, LinearKind::up, dup, w(l, p.up_weight), dnorm2, false);
     dup.reset();
     backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres,
                            dw(l, p.mlp_norm_weight), dw(l, p.mlp_norm_bias), true);
@@ -173,10 +182,10 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   s.rstd2.reset();
 
   // Attention: output projection, attention, QKV projection and norm.
-  backend_.linear_backward_weight(dres, s.attn, dw(l, p.out_weight), dw(l, p.out_bias));
+  linears_.backward_weight(l, LinearKind::out, dres, s.attn, dw(l, p.out_weight), dw(l, p.out_bias));
   {
     Buffer dattn = activation("attn.grad", l, config_.hidden, Lifetime::scratch);
-    backend_.linear_backward_input(dres, w(l, p.out_weight), dattn, false);
+    linears_.backward_input(l, LinearKind::out, dres, w(l, p.out_weight), dattn, false);
     Buffer dqkv = activation("qkv.grad", l, config_.qkv_cols(), Lifetime::scratch);
     backend_.attention_backward(dattn, s.qkv, s.attn, s.lse, dqkv, shape);
     dattn.reset();
@@ -189,10 +198,10 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                             config_.norm_eps);
     });
-    backend_.linear_backward_weight(dqkv, s.norm1, dw(l, p.qkv_weight), dw(l, p.qkv_bias));
+    linears_.backward_weight(l, LinearKind::qkv, dqkv, s.norm1, dw(l, p.qkv_weight), dw(l, p.qkv_bias));
     s.norm1.reset();
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
-    backend_.linear_backward_input(dqkv, w(l, p.qkv_weight), dnorm1, false);
+    linears_.backward_input(l, LinearKind::qkv, dqkv, w(l, p.qkv_weight), dnorm1, false);
     dqkv.reset();
     backend_.norm_backward(norm, dnorm1, x, w(l, p.attn_norm_weight), s.mean1, s.rstd1, dres,
                            dw(l, p.attn_norm_weight), dw(l, p.attn_norm_bias), true);

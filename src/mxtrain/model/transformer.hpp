@@ -7,6 +7,7 @@
 
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/model/config.hpp"
+#include "mxtrain/model/linear_recipe.hpp"
 #include "mxtrain/model/parameters.hpp"
 #include "mxtrain/model/recompute.hpp"
 
@@ -16,6 +17,7 @@ struct TransformerOptions {
   DType activation_dtype = DType::f32;
   RecomputePolicy recompute;
   int64_t logits_chunk_tokens = 8192;  // rows of logits alive at once in the loss
+  LinearRecipeOptions linear;          // how the blocks' linear GEMMs run (high precision by default)
 };
 
 class Transformer {
@@ -33,6 +35,11 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
+  // The blocks' linear GEMMs and their scaling state; the trainer calls finish_step() after
+  // each optimizer step.
+  LinearRecipe& linears() { return linears_; }
+  // Error(unsupported) when the precision recipe cannot run micro-batches of `rows` tokens.
+  void check_batch(int64_t rows) const;
 
  private:
   // Activations of one block. Which of them survive the forward is the recompute policy.
@@ -73,6 +80,7 @@ class Transformer {
   Backend& backend_;
   ParameterStore& params_;
   const ModelLayout& layout_;
+  LinearRecipe linears_;
   int64_t batch_ = 0, seq_ = 0, rows_ = 0;
 };
 

@@ -94,7 +94,7 @@ Nvfp4Tensor quantize_nvfp4(std::span<const float> input, int64_t rows, int64_t c
   Nvfp4Tensor tensor;
   tensor.rows = rows;
   tensor.cols = cols;
-  tensor.amax = amax_of(source);
+  tensor.amax = options.tensor_amax ? *options.tensor_amax : amax_of(source);
   tensor.data.assign(static_cast<size_t>(rows * cols / 2), 0);
   const int64_t blocks_per_row = cols / kNvfp4BlockSize;
   tensor.scales.resize(static_cast<size_t>(rows * blocks_per_row));

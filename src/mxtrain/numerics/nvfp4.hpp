@@ -15,6 +15,7 @@
 // the wgrad GEMM, so it cancels between the two wgrad operands.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct Nvfp4Options {
   bool stochastic_rounding = false;     // E2M1 stochastic rounding instead of RNE
   uint64_t seed = 0;                    // Philox key for stochastic rounding
   uint64_t offset = 0;                  // Philox stream (e.g. step and tensor id) for stochastic rounding
+  // The tensor amax to derive the global scales from, instead of this matrix's own (after the
+  // RHT): an amax all-reduced over ranks, or one computed by a separate pass on the device.
+  std::optional<float> tensor_amax;
 };
 
 enum class Nvfp4Role : uint8_t { activation, weight, gradient };

@@ -5,7 +5,7 @@
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/build_info.hpp"
 #include "mxtrain/core/error.hpp"
-#include "mxtrain/model/local_parameters.hpp"
+#include "mxtrain/core/log.hpp"
 #include "mxtrain/plan/gpu_catalog.hpp"
 #include "mxtrain/train/schedule.hpp"
 #include "mxtrain/train/session.hpp"
@@ -15,8 +15,8 @@ namespace mxtrain {
 BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& options) {
   BenchmarkResult result;
   result.device = resolve_device(config.train.device);
-  const PrecisionPlan precision = resolve_precision(config.train.precision, result.device, config.train.tf32);
-  result.precision = precision.name;
+  // Validates the name before the backend exists; the full plan needs the backend.
+  result.precision = resolve_precision(config.train.precision, result.device, config.train.tf32).name;
   result.parameters = config.model.parameter_count();
   const int64_t micro = config.train.micro_batch_size;
   const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro;
@@ -26,9 +26,9 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
   try {
     std::unique_ptr<Backend> backend = create_backend(result.device, backend_options(config));
     result.device_name = backend->properties().name;
-    auto store = std::make_unique<LocalParameterStore>(*backend, config.model, precision.compute, precision.grad);
-    store->initialize(static_cast<uint64_t>(config.train.seed));
-    TrainingSession session(config, *backend, precision, std::move(store));
+    const PrecisionPlan precision = resolve_precision(config, *backend);
+    log::info(precision.startup_line);
+    TrainingSession session(config, *backend, precision, make_parameter_store(*backend, config, precision, nullptr, 1));
 
     // Random tokens, fixed per run (the PyTorch baseline also reuses one random batch).
     std::vector<int32_t> tokens(static_cast<size_t>(micro * seq)), targets(tokens.size());
@@ -57,7 +57,7 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
     result.tokens_per_s = static_cast<double>(result.tokens_per_step) / (result.step_ms / 1e3);
     result.tflops = result.tokens_per_s * config.model.training_flops_per_token(seq) / 1e12;
     if (const GpuSpec* gpu = result.device == "cuda" ? find_gpu(result.device_name) : nullptr) {
-      double peak = peak_flops(*gpu, precision.activation);
+      double peak = peak_flops(*gpu, mfu_dtype(precision));
       if (peak > 0) result.mfu = result.tflops * 1e12 / peak;
     }
   } catch (const Error& error) {

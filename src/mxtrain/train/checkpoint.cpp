@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "mxtrain/core/checksum.hpp"
 #include "mxtrain/core/error.hpp"
@@ -40,6 +43,18 @@ void write_text_file(const std::string& path, const std::string& text) {
   }
   fsync_path(temporary, false);
   fs::rename(temporary, path);
+}
+
+// Test hook: MXT_TEST_CHECKPOINT_PAUSE=STEP:SECONDS makes rank 0 sleep when every rank file
+// of checkpoint STEP is written but before the manifest and the rename, so a test can SIGKILL
+// the job in the worst moment and check that the previous checkpoint still loads.
+void pause_for_crash_test(int64_t step, const std::string& temporary) {
+  const char* setting = std::getenv("MXT_TEST_CHECKPOINT_PAUSE");
+  long long pause_step = 0;
+  double seconds = 0;
+  if (!setting || std::sscanf(setting, "%lld:%lf", &pause_step, &seconds) != 2 || pause_step != step) return;
+  log::warn(strf("MXT_TEST_CHECKPOINT_PAUSE: pausing %.0f s before finishing %s", seconds, temporary.c_str()));
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 const Tensor& shard_tensor(const ParamShard& shard, int kind) {
@@ -99,6 +114,7 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
   barrier();
 
   if (rank_ == 0) {
+    pause_for_crash_test(meta.step, temporary);
     nlohmann::json all_segments = nlohmann::json::array();
     for (int r = 0; r < world_size_; ++r) {
       std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);

@@ -1,8 +1,32 @@
 #include "mxtrain/train/precision.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "mxtrain/core/error.hpp"
 
 namespace mxtrain {
+
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> names = {"fp32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"};
+  return names;
+}
+
+namespace {
+
+LinearFormat linear_format_of(const std::string& name) {
+  if (name == "fp8") return LinearFormat::fp8_delayed;
+  if (name == "fp8-current") return LinearFormat::fp8_current;
+  if (name == "mxfp8") return LinearFormat::mxfp8;
+  if (name == "nvfp4") return LinearFormat::nvfp4;
+  return LinearFormat::high_precision;
+}
+
+int64_t layer_count(const std::string& text, int64_t automatic) {
+  return text == "auto" ? automatic : std::strtoll(text.c_str(), nullptr, 10);
+}
+
+}  // namespace
 
 PrecisionPlan resolve_precision(const std::string& requested, const std::string& device, bool tf32) {
   std::string name = requested == "auto" ? (device == "cuda" ? "bf16" : "fp32") : requested;
@@ -13,18 +37,82 @@ PrecisionPlan resolve_precision(const std::string& requested, const std::string&
                                                  : "Precision fp32 (FP32 everywhere)";
     return plan;
   }
-  if (name == "bf16") {
+  if (name == "bf16" || name == "fp16") {
     if (device != "cuda")
-      throw Error(ErrorKind::config, "precision bf16 needs the cuda backend; the cpu backend computes in FP32",
-                  "use --precision fp32 on the CPU, or --device cuda on a GPU machine");
-    plan.activation = DType::bf16;
-    plan.compute = DType::bf16;
+      throw Error(ErrorKind::config,
+                  "precision " + name + " needs the cuda backend; the cpu backend computes in FP32",
+                  "use --precision fp32 on the CPU (fp8, mxfp8 and nvfp4 are emulated there too), or --device cuda on "
+                  "a GPU machine");
+    plan.activation = plan.compute = name == "bf16" ? DType::bf16 : DType::f16;
     plan.grad = DType::f32;
-    plan.startup_line = "Precision bf16 (BF16 activations and weights, FP32 master weights, gradients and Adam states)";
+    plan.loss_scaling = name == "fp16";
+    plan.startup_line =
+        name == "bf16"
+            ? "Precision bf16 (BF16 activations and weights, FP32 master weights, gradients and Adam states)"
+            : "Precision fp16 (FP16 activations and weights, FP32 master weights, gradients and Adam states; dynamic "
+              "loss scaling)";
     return plan;
   }
-  throw Error(ErrorKind::config, "precision '" + name + "' is not available in this build",
-              "use fp32 or bf16");
+  plan.linear = linear_format_of(name);
+  if (plan.linear == LinearFormat::high_precision) {
+    std::string names;
+    for (const std::string& known : precision_names()) names += (names.empty() ? "" : ", ") + known;
+    throw Error(ErrorKind::config, "precision '" + name + "' is not known", "use one of: auto, " + names);
+  }
+  // Quantized linear GEMMs; everything else in BF16 on the GPU, in FP32 on the CPU (its oracle).
+  if (device == "cuda") plan.activation = plan.compute = DType::bf16;
+  plan.grad = DType::f32;
+  plan.startup_line = "Precision " + name + " (" + linear_format_name(plan.linear) + " in the blocks' linear GEMMs, " +
+                      (device == "cuda" ? "BF16" : "FP32") + " elsewhere)";
+  return plan;
+}
+
+DType mfu_dtype(const PrecisionPlan& plan) {
+  const bool fp8 = plan.linear == LinearFormat::fp8_delayed || plan.linear == LinearFormat::fp8_current;
+  return fp8 && plan.activation != DType::f32 ? DType::e4m3 : plan.activation;
+}
+
+LinearRecipeOptions linear_recipe_options(const RunConfig& config, const PrecisionPlan& plan) {
+  const PrecisionConfig& p = config.precision;
+  LinearRecipeOptions options;
+  options.format = plan.linear;
+  options.fp8_formats = p.fp8_format == "hybrid" ? Fp8Formats::hybrid
+                        : p.fp8_format == "e4m3" ? Fp8Formats::e4m3
+                                                 : Fp8Formats::automatic;
+  options.amax_history_length = static_cast<int>(p.amax_history_len);
+  options.amax_algorithm =
+      p.amax_compute_algo == "most_recent" ? numerics::AmaxAlgorithm::most_recent : numerics::AmaxAlgorithm::max;
+  options.margin = static_cast<int>(p.margin);
+  options.mx_round_up = p.mx_scale_rounding == "rceil";
+  options.nvfp4_hadamard = p.nvfp4_rht;
+  options.nvfp4_stochastic_rounding = p.nvfp4_stochastic_rounding;
+  options.nvfp4_weight_tiles = p.nvfp4_2d_weights;
+  // NVIDIA's NVFP4 Llama recipes keep the last 4 blocks in BF16; smaller models keep a quarter.
+  const int64_t layers = config.model.layers;
+  const int64_t last_auto = plan.linear == LinearFormat::nvfp4 ? std::min<int64_t>(4, layers / 4) : 0;
+  options.bf16_first_layers = layer_count(p.bf16_first_layers, 0);
+  options.bf16_last_layers = layer_count(p.bf16_last_layers, last_auto);
+  options.seed = static_cast<uint64_t>(config.train.seed);
+  return options;
+}
+
+PrecisionPlan resolve_precision(const RunConfig& config, const Backend& backend) {
+  const std::string device = backend.device() == Device::cpu ? "cpu" : "cuda";
+  PrecisionPlan plan = resolve_precision(config.train.precision, device, config.train.tf32);
+  if (plan.linear != LinearFormat::high_precision) {
+    plan.startup_line = describe_linear_recipe(linear_recipe_options(config, plan), backend, config.model.layers,
+                                               plan.activation);
+    if (config.precision.quantized_weights)
+      plan.startup_line += "; quantized_weights: no " + std::string(dtype_name(plan.compute)) +
+                           " copy of the quantized blocks' weights, they are quantized from the FP32 masters";
+  }
+  if (plan.loss_scaling) {
+    const PrecisionConfig& p = config.precision;
+    plan.startup_line += strf(" (initial scale %g, x%g after %lld clean steps, x%g and skip on inf/NaN gradients)",
+                              p.loss_scale_init, p.loss_scale_growth, static_cast<long long>(p.loss_scale_growth_interval),
+                              p.loss_scale_backoff);
+  }
+  return plan;
 }
 
 }  // namespace mxtrain

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/dist/fsdp_store.hpp"
+#include "mxtrain/model/local_parameters.hpp"
 
 namespace mxtrain {
 
@@ -28,6 +30,34 @@ BackendOptions backend_options(const RunConfig& config) {
   return options;
 }
 
+std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const RunConfig& config,
+                                                     const PrecisionPlan& precision, Communicator* world,
+                                                     int local_world_size) {
+  const uint64_t seed = static_cast<uint64_t>(config.train.seed);
+  // quantized_weights: the blocks the linear recipe quantizes keep no compute copy; their
+  // matrices are quantized from the FP32 masters, which the model reads directly.
+  std::vector<int64_t> master_only_layers;
+  if (config.precision.quantized_weights && precision.compute != DType::f32) {
+    const LinearRecipeOptions linear = linear_recipe_options(config, precision);
+    for (int64_t l = 0; l < config.model.layers; ++l)
+      if (linear.quantized(l, config.model.layers)) master_only_layers.push_back(l);
+  }
+  if (world == nullptr) {
+    auto store = std::make_unique<LocalParameterStore>(backend, config.model, precision.compute, precision.grad,
+                                                       master_only_layers);
+    store->initialize(seed);
+    return store;
+  }
+  if (config.precision.quantized_weights)
+    throw Error(ErrorKind::unsupported, "precision.quantized_weights is not available with FSDP sharding yet",
+                "set precision.quantized_weights = false, or train on one GPU");
+  const FsdpOptions options = resolve_fsdp_options(config.dist, world->size(), local_world_size);
+  auto store = std::make_unique<FsdpParameterStore>(backend, config.model, precision.compute, precision.grad, *world,
+                                                    options);
+  store->initialize(seed);
+  return store;
+}
+
 TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, const PrecisionPlan& precision,
                                  std::unique_ptr<ParameterStore> params)
     : config_(config), backend_(backend), precision_(precision), params_(std::move(params)) {
@@ -41,8 +71,11 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   options.activation_dtype = precision_.activation;
   options.recompute = RecomputePolicy::parse(config_.train.recompute);
   options.logits_chunk_tokens = config_.train.logits_chunk_tokens;
+  options.linear = linear_recipe_options(config_, precision_);
   model_ = std::make_unique<Transformer>(config_.model, options, backend_, *params_);
   const int64_t rows = config_.train.micro_batch_size * config_.train.seq_len;
+  model_->check_batch(rows);
+  if (precision_.loss_scaling) loss_scaler_ = std::make_unique<LossScaler>(loss_scaler_options(config_.precision));
   tokens_ = backend_.allocate("tokens", Shape{rows}, DType::i32, Lifetime::data);
   targets_ = backend_.allocate("targets", Shape{rows}, DType::i32, Lifetime::data);
   loss_sum_ = backend_.allocate("loss_sum", Shape{1}, DType::f32, Lifetime::scratch);
@@ -60,7 +93,9 @@ void TrainingSession::upload(const TokenBatch& batch) {
 StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
                                  double learning_rate, int64_t step_number) {
   MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
-  const float grad_scale = 1.0f / static_cast<float>(global_tokens);
+  // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
+  const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
+  const float grad_scale = loss_scale / static_cast<float>(global_tokens);
   backend_.fill(loss_sum_, 0.0f);
   const int count = static_cast<int>(micro_batches.size());
   for (int i = 0; i < count; ++i) {
@@ -81,16 +116,27 @@ StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, i
   args.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
   args.step = step_number;
   args.max_grad_norm = static_cast<float>(config_.optimizer.grad_clip);
+  bool apply = true;
+  if (loss_scaler_) {
+    // The norm of the unscaled gradients (clipping reads it); inf/NaN = the scaled ones overflowed.
+    backend_.scale(grad_norm_sq_, static_cast<float>(1.0 / (static_cast<double>(loss_scale) * loss_scale)));
+    apply = loss_scaler_->update(!std::isfinite(backend_.read_scalar(grad_norm_sq_)), step_number);
+    args.grad_multiplier = 1.0f / loss_scale;
+  }
   for (const ParamShard& shard : params_->shards()) {
+    if (!apply) break;
     args.decay_count = shard.decay_count;
     backend_.adamw(shard.master, shard.grad, shard.m, shard.v, shard.compute_copy, grad_norm_sq_, args);
   }
   params_->zero_grads();
+  model_->linears().finish_step();
 
   StepResult result;
   const double loss_sum = all_reduce_sum(backend_.read_scalar(loss_sum_));
   result.loss = loss_sum / static_cast<double>(global_tokens);
   result.grad_norm = std::sqrt(static_cast<double>(backend_.read_scalar(grad_norm_sq_)));
+  result.skipped = !apply;
+  result.loss_scale = loss_scaler_ ? loss_scale : 0.0;
   if (!std::isfinite(result.loss))
     throw Error(ErrorKind::numerics, strf("the loss became %f at step %lld", result.loss, static_cast<long long>(step_number)),
                 "lower optimizer.lr, raise schedule.warmup_steps, keep optimizer.grad_clip on, or use a wider precision; "

@@ -3,6 +3,7 @@
 // buffers for tokens and scalars. `mxtrain train` adds data, metrics and checkpoints around it;
 // `mxtrain bench` times it on random tokens; the planner runs it on the dryrun backend.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "mxtrain/config/run_config.hpp"
 #include "mxtrain/model/parameters.hpp"
 #include "mxtrain/model/transformer.hpp"
+#include "mxtrain/train/loss_scaler.hpp"
 #include "mxtrain/train/precision.hpp"
 
 namespace mxtrain {
@@ -25,6 +27,8 @@ struct TokenBatch {
 struct StepResult {
   double loss = 0;       // mean per-token loss over the global batch
   double grad_norm = 0;  // global gradient norm before clipping
+  bool skipped = false;  // fp16: the gradients overflowed and the update was skipped
+  double loss_scale = 0; // fp16: the loss scale this step used (0 without loss scaling)
 };
 
 // "auto" -> "cuda" when a GPU backend is built and a GPU is present, else "cpu".
@@ -32,6 +36,16 @@ std::string resolve_device(const std::string& requested);
 
 // The options of the backend for this run (threads, determinism, TF32).
 BackendOptions backend_options(const RunConfig& config);
+
+class Communicator;
+
+// The parameter store of a run, initialised from train.seed: the local store when `world` is
+// null (one process), otherwise the FSDP store of dist.* over `world` (collective: every rank
+// calls it). local_world_size: ranks per node (hybrid_shard's default shard group). The trainer
+// builds its store here, and the planner mirrors it over a FakeCommunicator.
+std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const RunConfig& config,
+                                                     const PrecisionPlan& precision, Communicator* world,
+                                                     int local_world_size);
 
 class TrainingSession {
  public:
@@ -63,6 +77,7 @@ class TrainingSession {
   PrecisionPlan precision_;
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Transformer> model_;
+  std::unique_ptr<LossScaler> loss_scaler_;  // fp16 only
   Buffer tokens_, targets_;        // i32 [batch * seq], reused every micro-batch
   Buffer loss_sum_, grad_norm_sq_; // f32 [1]
 };

@@ -1,7 +1,9 @@
 #include "mxtrain/train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -14,7 +16,9 @@
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
-#include "mxtrain/model/local_parameters.hpp"
+#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/dist/communicator_factory.hpp"
+#include "mxtrain/dist/fsdp_store.hpp"
 #include "mxtrain/plan/gpu_catalog.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/metrics.hpp"
@@ -47,18 +51,98 @@ std::vector<TokenBatch> views(const std::vector<data::Batch>& batches) {
   return result;
 }
 
+// Host values reduced over the ranks of the run (identities for one process). Every decision
+// that ends or forks the loop goes through here, so all ranks take it at the same step.
+class RankGroup {
+ public:
+  explicit RankGroup(Communicator* world) : world_(world) {}
+  double sum(double value) const { return world_ ? world_->all_reduce_scalar(value, ReduceOp::sum) : value; }
+  double max(double value) const { return world_ ? world_->all_reduce_scalar(value, ReduceOp::max) : value; }
+  bool all(bool value) const { return max(value ? 0.0 : 1.0) == 0.0; }
+  std::function<void()> barrier() const {
+    if (!world_) return {};
+    Communicator* world = world_;
+    return [world] { world->barrier(); };
+  }
+
+ private:
+  Communicator* world_;
+};
+
+// The newest checkpoint every rank could load (a damaged segment may be read by one rank only,
+// so the ranks agree on each candidate before using it). Returns "" when none loads.
+std::string load_agreed_checkpoint(CheckpointStore& checkpoints, const std::vector<std::string>& candidates,
+                                   ParameterStore& params, Backend& backend, const RankGroup& ranks,
+                                   CheckpointMeta* meta) {
+  const int64_t count = static_cast<int64_t>(ranks.max(static_cast<double>(candidates.size())));
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string path = i < static_cast<int64_t>(candidates.size()) ? candidates[static_cast<size_t>(i)] : "";
+    bool loaded = false;
+    if (!path.empty()) {
+      try {
+        *meta = checkpoints.load(path, params.shards(), backend);
+        loaded = true;
+      } catch (const Error& error) {
+        if (error.kind() != ErrorKind::checkpoint) throw;
+        log::warn("skipping checkpoint " + path + ": " + error.what() + "; trying the previous one");
+      }
+    }
+    if (!ranks.all(loaded)) {
+      if (loaded) log::warn("another rank could not load " + path + "; trying the previous one");
+      continue;
+    }
+    const double step = static_cast<double>(meta->step);
+    if (ranks.max(step) != -ranks.max(-step))
+      throw Error(ErrorKind::checkpoint, "the ranks found different newest checkpoints in " + checkpoints.directory(),
+                  "all ranks must see the same checkpoint.dir (a shared filesystem across nodes)");
+    return path;
+  }
+  return "";
+}
+
+// Printed by every rank (the logger keeps info lines to rank 0): who is who in a multi-rank run.
+void announce_rank(const runtime::RankEnvironment& environment, const std::string& device, int device_index) {
+  std::printf("[rank %d] %s; device %s%s\n", environment.rank, environment.describe().c_str(), device.c_str(),
+              device == "cuda" ? strf(":%d", device_index).c_str() : "");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 TrainerSummary Trainer::run() {
   RunConfig& c = config_;
-  const int rank = context_.rank;
-  const int world = context_.world_size;
+  runtime::RankEnvironment environment = context_.environment;
+  if (context_.communicator) {
+    environment.rank = context_.communicator->rank();
+    environment.world_size = context_.communicator->size();
+    if (environment.source == runtime::EnvironmentSource::single) {  // one node: local = global
+      environment.local_rank = environment.rank;
+      environment.local_world_size = environment.world_size;
+    }
+  }
+  const int rank = environment.rank;
+  const int world = environment.world_size;
+  log::set_rank(rank);
+  log::set_all_ranks(c.log.all_ranks);
   install_stop_handlers();
 
-  // ---- device, precision, batch geometry ---------------------------------------------------
+  // ---- device, communicator, precision, batch geometry ---------------------------------------
   const std::string device = resolve_device(c.train.device);
-  std::unique_ptr<Backend> backend = create_backend(device, backend_options(c));
-  const PrecisionPlan precision = resolve_precision(c.train.precision, device, c.train.tf32);
+  BackendOptions options = backend_options(c);
+  if (device == "cuda") options.device_index = runtime::local_device_index(environment, visible_gpu_count());
+  if (world > 1) announce_rank(environment, device, options.device_index);
+  std::unique_ptr<Backend> backend = create_backend(device, options);
+  std::unique_ptr<Communicator> owned_world;
+  Communicator* world_communicator = context_.communicator;
+  if (!world_communicator) {
+    const std::string kind = resolve_communicator_kind(c.dist.backend, device, world);
+    if (kind != "single") {
+      owned_world = create_world_communicator(kind, environment, *backend);
+      world_communicator = owned_world.get();
+    }
+  }
+  const RankGroup ranks(world_communicator);
+  const PrecisionPlan precision = resolve_precision(c, *backend);
   const int64_t micro = c.train.micro_batch_size;
   const int64_t global = c.train.global_batch_size ? c.train.global_batch_size : micro * world;
   if (global % (micro * world) != 0)
@@ -106,21 +190,24 @@ TrainerSummary Trainer::run() {
                        micro, rank, world);
 
   // ---- model, optimizer state, checkpoint ---------------------------------------------------
-  auto store = std::make_unique<LocalParameterStore>(*backend, c.model, precision.compute, precision.grad);
-  store->initialize(static_cast<uint64_t>(c.train.seed));
-  TrainingSession session(c, *backend, precision, std::move(store));
-  CheckpointStore checkpoints(run_dir, rank, world);
+  TrainingSession session(c, *backend, precision,
+                          make_parameter_store(*backend, c, precision, world_communicator, environment.local_world_size));
+  session.all_reduce_sum = [&ranks](double value) { return ranks.sum(value); };
+  auto* fsdp = dynamic_cast<FsdpParameterStore*>(&session.params());
+  if (fsdp) log::info(fsdp->describe());
+  const std::string strategy = fsdp ? sharding_strategy_name(fsdp->options().strategy) : "local";
+  CheckpointStore checkpoints(run_dir, rank, world, ranks.barrier());
 
   int64_t start_step = 0;
   int64_t tokens_seen = 0;
   const std::vector<std::string> existing = checkpoints.list();
-  if (!existing.empty() && c.checkpoint.resume == "never")
+  if (!ranks.all(existing.empty() || c.checkpoint.resume != "never"))
     throw Error(ErrorKind::checkpoint,
                 "run directory " + run_dir + " already has checkpoints and checkpoint.resume = never",
                 "resume it (drop --no-resume), or start the new run elsewhere with -o DIR");
-  if (c.checkpoint.resume != "never" && !existing.empty()) {
+  if (c.checkpoint.resume != "never" && !ranks.all(existing.empty())) {
     CheckpointMeta meta;
-    std::string loaded = checkpoints.load_latest(session.params().shards(), *backend, &meta);
+    std::string loaded = load_agreed_checkpoint(checkpoints, existing, session.params(), *backend, ranks, &meta);
     if (loaded.empty())
       throw Error(ErrorKind::checkpoint, "no checkpoint in " + run_dir + " could be loaded",
                   "all are damaged; move the directory away to start fresh, or point -o elsewhere");
@@ -132,12 +219,22 @@ TrainerSummary Trainer::run() {
       throw Error(ErrorKind::checkpoint, "the checkpoint in " + loaded + " has a different model: " + keys + " differ",
                   "resume with the model settings of that run (see its config.toml), or train in another directory");
     }
-    for (const std::string& key : config_differences(saved, c, {"train.", "optimizer.", "schedule.", "data."}))
+    // Another split of the same global batch (other ranks, micro-batches or threads) trains alike.
+    const int64_t saved_global = saved.train.global_batch_size ? saved.train.global_batch_size
+                                                                : saved.train.micro_batch_size * meta.world_size;
+    for (const std::string& key : config_differences(saved, c, {"train.", "optimizer.", "schedule.", "data."})) {
+      if (key == "train.threads" || (saved_global == global && (key == "train.micro_batch_size" ||
+                                                                key == "train.global_batch_size")))
+        continue;
       log::warn("resuming with a changed " + key + " (the continuation will differ from the original run)");
+    }
     loader.restore_state(meta.data_state);
     start_step = meta.step;
     tokens_seen = meta.tokens;
     log::info(strf("resumed from %s at step %lld", loaded.c_str(), static_cast<long long>(start_step)));
+    if (meta.world_size != world || meta.strategy != strategy)
+      log::info(strf("resharded: saved by %d rank%s with %s, loaded by %d with %s", meta.world_size,
+                     meta.world_size == 1 ? "" : "s", meta.strategy.c_str(), world, strategy.c_str()));
   } else if (c.checkpoint.resume == "always") {
     throw Error(ErrorKind::checkpoint, "--resume given but " + run_dir + " has no checkpoint",
                 "check -o/checkpoint.dir, or drop --resume to start a new run");
@@ -150,7 +247,7 @@ TrainerSummary Trainer::run() {
 
   // ---- the loop -----------------------------------------------------------------------------
   const GpuSpec* gpu = device == "cuda" ? find_gpu(props.name) : nullptr;
-  const double peak = gpu ? peak_flops(*gpu, precision.activation) : 0.0;
+  const double peak = gpu ? peak_flops(*gpu, mfu_dtype(precision)) : 0.0;
   const double flops_per_token = c.model.training_flops_per_token(c.train.seq_len);
   auto evaluate = [&](int64_t step) -> double {
     if (!validation) return -1;
@@ -173,7 +270,10 @@ TrainerSummary Trainer::run() {
     meta.data_state = loader.state();
     meta.config = config_to_json(c);
     meta.world_size = world;
-    last_checkpoint = checkpoints.save(meta, session.params().shards(), *backend);
+    meta.strategy = strategy;
+    // Replicas (no_shard, hybrid_shard) hold the same slices: only the first one writes them.
+    const bool writes = !fsdp || fsdp->writes_checkpoint_shards();
+    last_checkpoint = checkpoints.save(meta, writes ? session.params().shards() : std::vector<ParamShard>{}, *backend);
     checkpoints.prune(c.checkpoint.keep);
     log::info("saved checkpoint " + last_checkpoint);
   };
@@ -208,33 +308,53 @@ TrainerSummary Trainer::run() {
     m.loss = result.loss;
     m.lr = lr;
     m.grad_norm = result.grad_norm;
+    m.skipped = result.skipped;
+    m.loss_scale = result.loss_scale;
     m.step_ms = 1e3 * seconds;
     m.tokens_per_s = static_cast<double>(global_tokens) / seconds;
     m.tokens_per_s_per_gpu = m.tokens_per_s / world;
     m.tflops = m.tokens_per_s * flops_per_token / 1e12;
     if (peak > 0) m.mfu = m.tokens_per_s_per_gpu * flops_per_token / peak;
     const MemoryStats memory = backend->memory_stats();
-    m.peak_bytes = memory.peak_live_bytes;
-    m.reserved_bytes = memory.peak_reserved_bytes;
+    m.peak_bytes = static_cast<uint64_t>(ranks.max(static_cast<double>(memory.peak_live_bytes)));
+    m.reserved_bytes = static_cast<uint64_t>(ranks.max(static_cast<double>(memory.peak_reserved_bytes)));
     m.tokens = tokens_seen;
-    if (step % c.log.every == 0 || step == c.train.steps || step == start_step + 1) log::info(format_step_line(m));
+    if (step % c.log.every == 0 || step == c.train.steps || step == start_step + 1) {
+      std::string line = format_step_line(m);
+      if (world > 1) line += " | " + log::with_commas(m.tokens_per_s_per_gpu) + " tok/s per rank";
+      log::info(line);
+    }
     metrics.write(step_json(m));
     summary.final_loss = result.loss;
+    if (step == start_step + 2 && seconds > 0.5 * c.checkpoint.stop_deadline_s)
+      log::warn(strf("a step takes %.1f s: after SIGTERM the run finishes its step and saves, which may not fit in "
+                     "checkpoint.stop_deadline_s = %.0f s",
+                     seconds, c.checkpoint.stop_deadline_s));
 
     if (c.eval.every > 0 && step % c.eval.every == 0 && step < c.train.steps) val_loss = evaluate(step);
     const bool periodic = c.checkpoint.every > 0 && step % c.checkpoint.every == 0;
     const bool timed = c.checkpoint.every_minutes > 0 && seconds_since(last_save_time) >= 60 * c.checkpoint.every_minutes;
-    if (stop_requested()) {
-      log::info(strf("signal %d received: saving a checkpoint at step %lld and stopping", stop_signal_number(),
-                     static_cast<long long>(step)));
+    // All ranks stop (2) or take a timed checkpoint (1) at the same step, whichever rank saw it.
+    const double agreed = ranks.max(stop_requested() ? 2.0 : (timed ? 1.0 : 0.0));
+    if (agreed >= 2.0) {
+      const Clock::time_point stop_started = Clock::now();
+      log::info(stop_requested()
+                    ? strf("signal %d received: saving a checkpoint at step %lld and stopping", stop_signal_number(),
+                           static_cast<long long>(step))
+                    : strf("another rank received a stop signal: saving a checkpoint at step %lld and stopping",
+                           static_cast<long long>(step)));
       save(step);
       summary.stopped_by_signal = true;
       summary.steps_done = step;
       summary.checkpoint = last_checkpoint;
+      const double save_seconds = seconds_since(stop_started);
+      if (save_seconds > c.checkpoint.stop_deadline_s)
+        log::warn(strf("saving took %.1f s, longer than checkpoint.stop_deadline_s = %.0f s", save_seconds,
+                       c.checkpoint.stop_deadline_s));
       log::info("stopped; re-run the same command to resume from " + last_checkpoint);
       return summary;
     }
-    if ((periodic || timed) && step < c.train.steps) {
+    if ((periodic || agreed >= 1.0) && step < c.train.steps) {
       save(step);
       last_save_time = Clock::now();
       saved_at_step = true;

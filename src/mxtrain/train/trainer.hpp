@@ -5,18 +5,20 @@
 #include <string>
 
 #include "mxtrain/config/run_config.hpp"
+#include "mxtrain/runtime/rank_environment.hpp"
 
 namespace mxtrain {
 
 class Communicator;
 
 struct TrainerContext {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  Communicator* communicator = nullptr;  // null for one process
-  std::string source_dir;                // fallback base for relative data paths
+  // Who this rank is (runtime/rank_environment.hpp); one process by default.
+  runtime::RankEnvironment environment;
+  // The world to train over. Null: the trainer creates it from `environment` and dist.backend
+  // (none for one process with dist.backend = auto, which trains on the local store). Given (tests,
+  // embedders): its rank and size win over `environment`, and the FSDP store is used.
+  Communicator* communicator = nullptr;
+  std::string source_dir;  // fallback base for relative data paths
 };
 
 struct TrainerSummary {

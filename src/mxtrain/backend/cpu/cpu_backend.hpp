@@ -51,6 +51,16 @@ class CpuBackend final : public Backend {
                           float grad_scale) override;
   void impl_sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares) override;
   void impl_scale(const Tensor& x, float factor) override;
+  // quantize_cpu.cpp: through numerics/, the reference quantizers.
+  void impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) override;
+  void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                     const QuantizedTensor& columnwise, const Tensor& amax) override;
+  void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
+  void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                             const Tensor& out, bool accumulate) override;
+  void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                             const ScaleUpdateArgs& args) override;
+  void impl_column_sum(const Tensor& x, const Tensor& out) override;
   void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) override;
 

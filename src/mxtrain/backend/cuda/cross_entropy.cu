@@ -120,7 +120,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& lo
   const size_t row_bytes = (static_cast<size_t>(cols) * dtype_bits(logits.dtype) / 8 + 15) / 16 * 16;
   const bool cache = grad_scale != 0.0f && row_bytes + 1024 <= shared_memory_limit();
   const size_t shared_bytes = cache ? row_bytes : 0;
-  dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
+  dispatch_float<true>(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     T* data = static_cast<T*>(logits.data);
     const int32_t* ids = static_cast<const int32_t*>(targets.data);

@@ -87,17 +87,27 @@ CudaBackend::~CudaBackend() {
 }
 
 bool CudaBackend::supports(OpKind kind, DType dtype) const {
-  if (dtype == DType::f32 || dtype == DType::bf16) return true;
+  if (is_float(dtype)) return true;
+  const bool quantized = dtype == DType::e4m3 || dtype == DType::e5m2 || dtype == DType::e8m0 || dtype == DType::e2m1;
   switch (kind) {
     case OpKind::fill:
     case OpKind::copy:
     case OpKind::copy_from_host:
-    case OpKind::copy_to_host: return is_float(dtype) || dtype == DType::i32;
-    case OpKind::add:
-    case OpKind::sum:
-    case OpKind::sum_of_squares:
-    case OpKind::scale:
-    case OpKind::adamw: return dtype == DType::f16;
+    case OpKind::copy_to_host: return dtype == DType::i32;
+    case OpKind::amax:
+    case OpKind::quantize:
+    case OpKind::dequantize: return quantized;
+    case OpKind::linear_forward:
+    case OpKind::linear_backward_input:
+    case OpKind::linear_backward_weight: {
+      const int capability = properties_.compute_capability;
+      if (dtype == DType::e4m3 || dtype == DType::e5m2) return capability >= 89;
+#if CUDART_VERSION >= 12080
+      return quantized && capability >= 100;
+#else
+      return false;
+#endif
+    }
     default: return false;
   }
 }
@@ -312,6 +322,59 @@ void CudaBackend::impl_scale(const Tensor& x, float factor) { cuda_kernels::scal
 void CudaBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                              const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) {
   cuda_kernels::adamw(param, grad, m, v, compute_copy, grad_norm_sq, args, stream_);
+}
+
+// ---- precision recipes --------------------------------------------------------------------------
+
+void CudaBackend::impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) {
+  cuda_kernels::amax(x, out, accumulate, hadamard_transposed, stream_);
+}
+
+void CudaBackend::impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                                const QuantizedTensor& columnwise, const Tensor& amax) {
+  // The block kernels store whole 8- and 16-byte groups of codes.
+  auto aligned = [](const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0; };
+  for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
+    MXTRAIN_ASSERT(!copy->data.defined() || aligned(copy->data), "quantize: %s must be 16-byte aligned",
+                   copy->data.describe().c_str());
+  }
+  cuda_kernels::quantize(x, scale, rowwise, columnwise, amax, stream_);
+}
+
+void CudaBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {
+  cuda_kernels::dequantize(q, out, stream_);
+}
+
+void CudaBackend::impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
+                                        const Tensor& bias, const Tensor& out, bool accumulate) {
+  const DType format = a.spec.mode == ScalingMode::per_tensor ? DType::e4m3
+                       : a.spec.mode == ScalingMode::mxfp8   ? DType::e8m0
+                                                              : DType::e2m1;
+  if (!supports(OpKind::linear_forward, format))
+    throw Error(ErrorKind::unsupported,
+                strf("%s has no %s quantized GEMM (compute capability %d)", properties_.name.c_str(),
+                     scaling_mode_name(a.spec.mode), properties_.compute_capability),
+                "the precision recipe emulates this GEMM where supports() says no; this call is a bug");
+  MXTRAIN_ASSERT(a.spec.mode == ScalingMode::per_tensor || (a.spec.swizzled_scales && b.spec.swizzled_scales),
+                 "block-scaled GEMMs read swizzled scales");
+  MXTRAIN_ASSERT(!bias.defined() || bias.dtype == out.dtype, "linear_quantized: bias %s for out %s",
+                 bias.describe().c_str(), out.describe().c_str());
+  if (a.spec.mode != ScalingMode::nvfp4) {
+    gemm_->linear_quantized(role, a, b, bias, out, accumulate, nullptr, stream_);
+    return;
+  }
+  Buffer scalars = allocate("gemm.nvfp4_scalars", Shape{2}, DType::f32, Lifetime::scratch);
+  cuda_kernels::nvfp4_gemm_scalars(a.amax, b.amax, accumulate ? 1.0f : 0.0f, scalars.tensor().ptr<float>(), stream_);
+  gemm_->linear_quantized(role, a, b, bias, out, accumulate, scalars.tensor().ptr<float>(), stream_);
+}
+
+void CudaBackend::impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                                        const ScaleUpdateArgs& args) {
+  cuda_kernels::fp8_scale_update(history, scale, scale_inverse, args, stream_);
+}
+
+void CudaBackend::impl_column_sum(const Tensor& x, const Tensor& out) {
+  cuda_kernels::column_sum_accumulate(*this, x, out, stream_);
 }
 
 }  // namespace mxtrain

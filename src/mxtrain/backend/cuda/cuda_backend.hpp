@@ -10,6 +10,11 @@
 //   reduction.partials  4 KiB (kSumMaxBlocks f32), once, when the backend is created
 //   cudnn.workspace     the largest size any cached SDPA plan asks for, grown on first use
 //   rope.table.*        f32 [2, seq, head_dim/2] per (seq, head_dim, theta), on first use
+//   gemm.nvfp4_scalars  f32 [2] (Lifetime::scratch) around each NVFP4 GEMM (sm_100+ only)
+//
+// Quantized GEMMs: per-tensor FP8 through cuBLASLt on sm_89+ (Hopper is TN-only, so the recipe
+// hands over transposed copies); MXFP8 and NVFP4 block-scaled GEMMs on sm_100+ when this
+// cuBLAS has the block-scaling modes (CUDA >= 12.8). supports() answers exactly that.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -99,6 +104,15 @@ class CudaBackend final : public Backend {
   void impl_scale(const Tensor& x, float factor) override;
   void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) override;
+  void impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) override;
+  void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                     const QuantizedTensor& columnwise, const Tensor& amax) override;
+  void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
+  void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                             const Tensor& out, bool accumulate) override;
+  void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                             const ScaleUpdateArgs& args) override;
+  void impl_column_sum(const Tensor& x, const Tensor& out) override;
 
  private:
   // f32 [2, seq, head_dim/2]: cos then sin, built with the CPU oracle's formula.

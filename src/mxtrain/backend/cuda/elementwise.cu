@@ -224,7 +224,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t strea
 
 void gelu_forward(const Tensor& x, const Tensor& out, cudaStream_t stream) {
   require_same_dtype("gelu_forward", {&x, &out});
-  dispatch_float(out.dtype, "gelu_forward", [&](auto tag) {
+  dispatch_float<true>(out.dtype, "gelu_forward", [&](auto tag) {
     using T = decltype(tag);
     launch_unary<T, T>(x, out, GeluForward{}, stream);
   });
@@ -232,7 +232,7 @@ void gelu_forward(const Tensor& x, const Tensor& out, cudaStream_t stream) {
 
 void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, cudaStream_t stream) {
   require_same_dtype("gelu_backward", {&dout, &x, &dx});
-  dispatch_float(dx.dtype, "gelu_backward", [&](auto tag) {
+  dispatch_float<true>(dx.dtype, "gelu_backward", [&](auto tag) {
     using T = decltype(tag);
     launch_binary<T>(dout, x, dx, GeluBackward{}, stream);
   });
@@ -242,7 +242,7 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out, cudaStream_t strea
   require_same_dtype("swiglu_forward", {&gate_up, &out});
   const int64_t ffn = out.cols(), n = out.numel();
   if (n == 0) return;
-  dispatch_float(out.dtype, "swiglu_forward", [&](auto tag) {
+  dispatch_float<true>(out.dtype, "swiglu_forward", [&](auto tag) {
     using T = decltype(tag);
     auto* in = static_cast<const T*>(gate_up.data);
     auto* o = static_cast<T*>(out.data);
@@ -259,7 +259,7 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dg
   require_same_dtype("swiglu_backward", {&dout, &gate_up, &dgate_up});
   const int64_t ffn = dout.cols(), n = dout.numel();
   if (n == 0) return;
-  dispatch_float(dout.dtype, "swiglu_backward", [&](auto tag) {
+  dispatch_float<true>(dout.dtype, "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
     auto* d = static_cast<const T*>(dout.data);
     auto* in = static_cast<const T*>(gate_up.data);

@@ -117,9 +117,9 @@ void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Te
                  "position table %s shorter than seq_len %lld", position_table.describe().c_str(),
                  static_cast<long long>(seq_len));
   const bool vector = cols % 8 == 0 && aligned16(out) && aligned16(token_table) && aligned16(position_table);
-  dispatch_float(out.dtype, "embedding_forward", [&](auto tag) {
+  dispatch_float<true>(out.dtype, "embedding_forward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_float(token_table.dtype, "embedding_forward (table)", [&](auto table_tag) {
+    dispatch_float<true>(token_table.dtype, "embedding_forward (table)", [&](auto table_tag) {
       using Wt = decltype(table_tag);
       const int32_t* ids = static_cast<const int32_t*>(tokens.data);
       const Wt* table = static_cast<const Wt*>(token_table.data);
@@ -168,9 +168,9 @@ void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& do
   MXTRAIN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.tensor().data, temp_bytes, keys_in, keys_out, rows_in,
                                                      rows_out, static_cast<int>(n), 0, bits, stream));
 
-  dispatch_float(dout.dtype, "embedding_backward", [&](auto tag) {
+  dispatch_float<true>(dout.dtype, "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_float(dtoken_table.dtype, "embedding_backward (gradient)", [&](auto grad_tag) {
+    dispatch_float<true>(dtoken_table.dtype, "embedding_backward (gradient)", [&](auto grad_tag) {
       using G = decltype(grad_tag);
       const T* d = static_cast<const T*>(dout.data);
       if (vector) {

@@ -32,6 +32,7 @@ cudaDataType_t cuda_type(DType dtype) {
     case DType::f16: return CUDA_R_16F;
     case DType::e4m3: return CUDA_R_8F_E4M3;
     case DType::e5m2: return CUDA_R_8F_E5M2;
+    case DType::e2m1: return CUDA_R_4F_E2M1;
     default:
       throw Error(ErrorKind::unsupported,
                   strf("cuBLASLt GEMMs take f32, bf16, f16 or fp8 operands, not %s", std::string(dtype_name(dtype)).c_str()),
@@ -78,7 +79,8 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
           static_cast<int64_t>(call.a_type), static_cast<int64_t>(call.b_type), static_cast<int64_t>(call.d_type),
           static_cast<int64_t>(call.epilogue == Epilogue::none ? DType::f32 : call.bias_type),
           static_cast<int64_t>(call.epilogue), call.beta != 0.0f, tf32, alignment_bytes(call.a),
-          alignment_bytes(call.b), alignment_bytes(call.d)};
+          alignment_bytes(call.b), alignment_bytes(call.d), call.scaled ? 1 + static_cast<int64_t>(call.scaling) : 0,
+          call.fast_accumulation, call.device_scalars != nullptr, 0};
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
 
@@ -101,6 +103,7 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
                                                         sizeof call.bias));
   }
+  if (call.scaled) configure_scaling(plan->desc, call);
   MXTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(call.a_type), call.transpose_a ? call.k : call.m,
                                                   call.transpose_a ? call.m : call.k, call.lda));
   MXTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(call.b_type), call.transpose_b ? call.n : call.k,
@@ -134,7 +137,10 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
                      std::string(dtype_name(call.a_type)).c_str(), std::string(dtype_name(call.b_type)).c_str(),
                      std::string(dtype_name(call.d_type)).c_str(), epilogue_name(static_cast<int>(call.epilogue)),
                      align_a, align_b, align_d, cublasGetStatusString(status)),
-                "use model dimensions that are multiples of 8 and bf16 or f32 operands");
+                call.scaled ? "quantized GEMMs need every dimension (hidden, FFN, tokens per micro-batch) a multiple of "
+                              "16 (32 for MXFP8); keep such layers in BF16 (precision.bf16_first_layers / "
+                              "bf16_last_layers) or use --precision bf16"
+                            : "use model dimensions that are multiples of 8 and bf16 or f32 operands");
   }
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
@@ -148,10 +154,74 @@ bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
                                                         sizeof call.bias));
   }
+  if (call.scaled) {
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.a_scale,
+                                                        sizeof call.a_scale));
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &call.b_scale,
+                                                        sizeof call.b_scale));
+  }
   const float alpha = 1.0f, beta = call.beta;
-  MXTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->desc, &alpha, call.a, plan->a, call.b, plan->b, &beta, call.d,
-                                      plan->d, call.d, plan->d, &plan->algo, workspace_, workspace_bytes_, stream));
+  const void* alpha_pointer = call.device_scalars ? static_cast<const void*>(call.device_scalars) : &alpha;
+  const void* beta_pointer = call.device_scalars ? static_cast<const void*>(call.device_scalars + 1) : &beta;
+  MXTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->desc, alpha_pointer, call.a, plan->a, call.b, plan->b,
+                                      beta_pointer, call.d, plan->d, call.d, plan->d, &plan->algo, workspace_,
+                                      workspace_bytes_, stream));
   return true;
+}
+
+void CublasLtGemm::configure_scaling(cublasLtMatmulDesc_t desc, const Call& call) {
+  if (call.scaling == ScalingMode::per_tensor) {
+    const int8_t fast = call.fast_accumulation ? 1 : 0;
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  } else {
+    // Blackwell block scaling (cuBLAS >= 12.8); scales in the 128x4 swizzled layout.
+    const int32_t mode = call.scaling == ScalingMode::mxfp8 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
+                                                            : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+  }
+  if (call.device_scalars != nullptr) {
+    const cublasLtPointerMode_t pointer_mode = CUBLASLT_POINTER_MODE_DEVICE;
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pointer_mode,
+                                                        sizeof pointer_mode));
+  }
+}
+
+void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
+                                    const Tensor& bias, const Tensor& out, bool accumulate,
+                                    const float* device_scalars, cudaStream_t stream) {
+  require_contiguous(out, "linear_quantized");
+  const int64_t rows = a.rows(), features = b.rows(), k = a.k();
+  if (rows == 0 || features == 0) return;
+  // Row-major out[N, M] is column-major [M, N] = op(A)[M, K] · op(B)[K, N] with A = b's data
+  // (row-major [M, K] read transposed: the T of TN) and B = a's data.
+  Call call;
+  call.transpose_a = true;
+  call.m = features;
+  call.n = rows;
+  call.k = k;
+  call.a = b.data.data;
+  call.a_type = b.data.dtype;
+  call.lda = k;
+  call.b = a.data.data;
+  call.b_type = a.data.dtype;
+  call.ldb = k;
+  call.d = out.data;
+  call.d_type = out.dtype;
+  call.ldd = features;
+  call.beta = accumulate ? 1.0f : 0.0f;
+  call.scaled = true;
+  call.scaling = a.spec.mode;
+  call.a_scale = b.scale_inverse.data;
+  call.b_scale = a.scale_inverse.data;
+  call.fast_accumulation = a.spec.mode == ScalingMode::per_tensor && role == GemmRole::forward;
+  call.device_scalars = device_scalars;
+  if (bias.defined()) {
+    call.epilogue = Epilogue::bias;
+    call.bias = bias.data;
+    call.bias_type = bias.dtype;
+  }
+  run(call, stream, false);
 }
 
 void CublasLtGemm::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,

@@ -42,6 +42,13 @@ class CublasLtGemm {
   // column-sum kernel instead).
   bool linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, float* bias_sum,
                               bool accumulate, cudaStream_t stream);
+  // out[N,M] (+)= deq(a)[N,K] · deq(b)[M,K]ᵀ (+ bias[M]) from two quantized copies (TN, the only
+  // FP8 layout Hopper has). Per-tensor FP8: the copies' FP32 decode scales as the A/B scale
+  // pointers, fast accumulation for the forward role only (TE's defaults). MXFP8/NVFP4 (sm_100+):
+  // swizzled block scales with the VEC32_UE8M0 / VEC16_UE4M3 scale modes; NVFP4 reads alpha and
+  // beta from device_scalars (alpha = the operands' global decode scales).
+  void linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                        const Tensor& out, bool accumulate, const float* device_scalars, cudaStream_t stream);
 
  private:
   enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2 };
@@ -61,13 +68,20 @@ class CublasLtGemm {
     Epilogue epilogue = Epilogue::none;
     void* bias = nullptr;  // input for bias, output for bias_gradient_b
     DType bias_type = DType::f32;
+    ScalingMode scaling = ScalingMode::per_tensor;
+    bool scaled = false;                   // A and B carry decode scales (quantized operands)
+    const void* a_scale = nullptr;         // cuBLAS's A and B (the row-major mapping swaps them)
+    const void* b_scale = nullptr;
+    bool fast_accumulation = false;        // CUBLASLT_MATMUL_DESC_FAST_ACCUM (per-tensor FP8)
+    const float* device_scalars = nullptr; // alpha, beta on the device
   };
   struct Plan;
-  using Key = std::array<int64_t, 18>;
+  using Key = std::array<int64_t, 22>;
 
   // Runs the call; returns false only when `optional` and no algorithm exists for it.
   bool run(const Call& call, cudaStream_t stream, bool optional);
   Plan* plan_for(const Call& call, bool optional);
+  static void configure_scaling(cublasLtMatmulDesc_t desc, const Call& call);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_;

@@ -56,6 +56,18 @@ void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& do
 void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
                    float grad_scale, cudaStream_t stream);
 
+// ---- quantize.cu ----------------------------------------------------------------------------
+// The precision recipes' kernels (backend.hpp states the contracts); bit-identical to numerics/.
+void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream);
+void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
+              const Tensor& amax, cudaStream_t stream);
+void dequantize(const QuantizedTensor& q, const Tensor& out, cudaStream_t stream);
+void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                      const ScaleUpdateArgs& args, cudaStream_t stream);
+// scalars[0] = the NVFP4 GEMM's alpha (product of the operands' global decode scales), scalars[1]
+// = beta: cuBLASLt reads both from the device (CUBLASLT_POINTER_MODE_DEVICE).
+void nvfp4_gemm_scalars(const Tensor& amax_a, const Tensor& amax_b, float beta, float* scalars, cudaStream_t stream);
+
 // ---- adamw.cu -------------------------------------------------------------------------------
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
            const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream);

@@ -433,9 +433,9 @@ void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor&
   if (x.numel() == 0) return;
   const bool vector = x.cols() % 8 == 0 && aligned16(x) && aligned16(out) && aligned16(a) && aligned16(b) &&
                       aligned16(weight) && aligned16(bias);
-  dispatch_float(x.dtype, "norm_forward", [&](auto tag) {
+  dispatch_float<true>(x.dtype, "norm_forward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_float(weight.dtype, "norm_forward (weight)", [&](auto weight_tag) {
+    dispatch_float<true>(weight.dtype, "norm_forward (weight)", [&](auto weight_tag) {
       using Wt = decltype(weight_tag);
       launch_forward<T, Wt>(kind, fused_add, vector, a, b, x, weight, bias, out, mean, rstd, eps, stream);
     });
@@ -462,9 +462,9 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
                                        DType::f32, Lifetime::scratch);
     float* partial_weight = partials.tensor().ptr<float>();
     float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
-    dispatch_float(x.dtype, "norm_backward", [&](auto tag) {
+    dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
       using T = decltype(tag);
-      dispatch_float(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
+      dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
         using Wt = decltype(weight_tag);
         launch_backward_fused<T, Wt>(kind, vector, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
                                      accumulate_dx, partial_weight, partial_bias, chunks, stream);
@@ -474,9 +474,9 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, stream);
     return;
   }
-  dispatch_float(x.dtype, "norm_backward", [&](auto tag) {
+  dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_float(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
+    dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
       using Wt = decltype(weight_tag);
       launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, stream);
     });
@@ -487,7 +487,7 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
                                      DType::f32, Lifetime::scratch);
   float* partial_weight = partials.tensor().ptr<float>();
   float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
-  dispatch_float(x.dtype, "norm_backward", [&](auto tag) {
+  dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
     using T = decltype(tag);
     launch_backward_partials<T>(kind, vector, with_bias, dout, x, mean, rstd, partial_weight, partial_bias, chunks,
                                 stream);

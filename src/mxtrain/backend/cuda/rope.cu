@@ -55,7 +55,7 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bo
   // 16-byte vectors need 8 pairs per chunk and 16-byte aligned rows/heads.
   const bool vector = half % 8 == 0 && aligned16(qkv) && (qkv.cols() * dtype_bits(qkv.dtype) / 8) % 16 == 0 &&
                       aligned16(cos_table) && aligned16(sin_table);
-  dispatch_float(qkv.dtype, "rope", [&](auto tag) {
+  dispatch_float<true>(qkv.dtype, "rope", [&](auto tag) {
     using T = decltype(tag);
     T* data = static_cast<T*>(qkv.data);
     if (vector) {

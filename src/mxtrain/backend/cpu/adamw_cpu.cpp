@@ -1,0 +1,76 @@
+// AdamW on a flat f32 master tensor, matching torch.optim.AdamW's single-tensor path
+// (foreach=False, fused=False) operation by operation: the scalars are formed in double as
+// Python forms them and rounded to f32 where torch hands them to an f32 kernel, and each tensor
+// op keeps torch's CPU kernel's order of operations:
+//   p *= (1 - lr·wd)                       (elements [0, decay_count) only)
+//   m = lerp(m, g, 1 - β1)                 (torch's lerp: m + w·(g - m) for w < 0.5)
+//   v = v·β2 + ((1 - β2)·g)·g              (mul_, then addcmul_)
+//   p = p + (-lr/bc1 · m) / (sqrt(v)/sqrt(bc2) + eps)   (addcdiv_)
+// g = grad · grad_multiplier · clip with clip as torch.nn.utils.clip_grad_norm_ computes it in
+// f32: min(1, max_norm / (sqrt(norm²) + 1e-6)). Elementwise, so any split over threads is exact.
+#include <cmath>
+
+#include "mxtrain/backend/cpu/cpu_backend.hpp"
+#include "mxtrain/backend/cpu/cpu_internal.hpp"
+
+namespace mxtrain {
+namespace {
+
+// torch's scalar lerp (aten/src/ATen/native/Lerp.h).
+inline float lerp(float start, float end, float weight) {
+  return std::fabs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+}
+
+}  // namespace
+
+void CpuBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                            const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) {
+  if (!cpu::is_float_storage(grad.dtype)) cpu::throw_unsupported("adamw", grad.dtype);
+  if (compute_copy.defined() && !cpu::is_float_storage(compute_copy.dtype))
+    cpu::throw_unsupported("adamw", compute_copy.dtype);
+  cpu::require_f32("adamw", {&param, &m, &v, &grad_norm_sq});
+  MXTRAIN_ASSERT(args.step >= 1, "adamw: step %lld must be >= 1", static_cast<long long>(args.step));
+
+  float clip = 1.0f;
+  if (args.max_grad_norm > 0) {
+    const float norm = std::sqrt(grad_norm_sq.ptr<float>()[0]);
+    const float coefficient = args.max_grad_norm / (norm + 1e-6f);
+    clip = coefficient < 1.0f ? coefficient : 1.0f;
+  }
+  const double lr = args.learning_rate, beta1 = args.beta1, beta2 = args.beta2;
+  const float decay_factor = static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay));
+  const float m_weight = static_cast<float>(1.0 - beta1);
+  const float beta2_f = args.beta2;
+  const float v_weight = static_cast<float>(1.0 - beta2);
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(args.step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(args.step));
+  const float negative_step_size = static_cast<float>(-(lr / bias_correction1));
+  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float epsilon = args.epsilon;
+  const float multiplier = args.grad_multiplier;
+
+  float* p = param.ptr<float>();
+  float* first = m.ptr<float>();
+  float* second = v.ptr<float>();
+  const int64_t decay_count = args.decay_count;
+  cpu::parallel_blocks(threads_, param.numel(), cpu::kElementBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = cpu::load_as_float(grad.data, grad.dtype, i) * multiplier * clip;
+      float weight = p[i];
+      if (i < decay_count) weight *= decay_factor;
+      first[i] = lerp(first[i], g, m_weight);
+      second[i] = second[i] * beta2_f + v_weight * g * g;
+      const float denominator = std::sqrt(second[i]) / bias_correction2_sqrt + epsilon;
+      weight = weight + negative_step_size * first[i] / denominator;
+      p[i] = weight;
+      if (!compute_copy.defined()) continue;
+      switch (compute_copy.dtype) {
+        case DType::bf16: compute_copy.ptr<uint16_t>()[i] = float_to_bf16(weight); break;
+        case DType::f16: compute_copy.ptr<uint16_t>()[i] = float_to_f16(weight); break;
+        default: compute_copy.ptr<float>()[i] = weight; break;
+      }
+    }
+  });
+}
+
+}  // namespace mxtrain

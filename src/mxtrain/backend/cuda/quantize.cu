@@ -1,0 +1,490 @@
+// Quantization kernels of the precision recipes: amax, per-tensor FP8 cast (+ transpose), MXFP8
+// and NVFP4 block quantizers, dequantization, and the FP8 scale update. Every value goes through
+// the very MXTRAIN_HD functions of numerics/ that the CPU reference uses (float_to_fp8, mx_scale,
+// nvfp4_block_scale, random_hadamard_transform16, philox_random_word, ...), in the same order, so
+// the GPU's bits are the reference's bits; the tests check that on large random tensors.
+//
+// Layout: a copy is a row-major [rows, K] matrix, the rowwise copy of x [R, C] being x and the
+// columnwise copy xᵀ [C, R] (the TN-GEMM operand). Amaxes are non-negative (sign cleared), so
+// the max over their FP32 bit patterns is the NaN-propagating max (any NaN pattern exceeds
+// +inf's) and one atomicMax on the bits combines blocks in any order, deterministically.
+#include "mxtrain/backend/cuda/device_common.cuh"
+#include "mxtrain/backend/cuda/kernels.hpp"
+#include "mxtrain/numerics/fp8.hpp"
+#include "mxtrain/numerics/hadamard.hpp"
+#include "mxtrain/numerics/philox.hpp"
+#include "mxtrain/numerics/scale_layout.hpp"
+#include "mxtrain/numerics/scale_rules.hpp"
+
+namespace mxtrain::cuda_kernels {
+namespace {
+
+namespace nm = mxtrain::numerics;
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ unsigned block_max_bits(unsigned bits) {
+  __shared__ unsigned partial[32];
+  bits = __reduce_max_sync(0xffffffffu, bits);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) partial[warp] = bits;
+  __syncthreads();
+  unsigned result = 0;
+  if (warp == 0) {
+    result = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0u;
+    result = __reduce_max_sync(0xffffffffu, result);
+  }
+  return result;  // valid in thread 0
+}
+
+__device__ __forceinline__ void publish_amax(float amax, unsigned* out_bits) {
+  const unsigned bits = block_max_bits(nm::float_to_bits(amax));
+  if (threadIdx.x == 0 && out_bits != nullptr) atomicMax(out_bits, bits);
+}
+
+// ---- amax ------------------------------------------------------------------------------------
+
+template <int W, typename T>
+__global__ void amax_kernel(const T* x, int64_t vectors, unsigned* out_bits) {
+  float amax = 0.0f;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float e[W];
+    load<W>(x + v * W, e);
+#pragma unroll
+    for (int i = 0; i < W; ++i) amax = nm::nan_propagating_max(amax, nm::abs_value(e[i]));
+  }
+  publish_amax(amax, out_bits);
+}
+
+// amax of xᵀ after the RHT of each 16-element chunk of its rows (16 rows of x at one column).
+template <typename T>
+__global__ void amax_hadamard_transposed_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out_bits) {
+  float amax = 0.0f;
+  const int64_t chunks = rows / 16 * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t col = i % cols, first_row = i / cols * 16;
+    float chunk[16], rotated[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) chunk[j] = to_float<T>(x[(first_row + j) * cols + col]);
+    nm::random_hadamard_transform16(chunk, rotated);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) amax = nm::nan_propagating_max(amax, nm::abs_value(rotated[j]));
+  }
+  publish_amax(amax, out_bits);
+}
+
+// ---- per-tensor FP8: cast and transpose in one pass -------------------------------------------
+// A block owns a 64x64 tile: it reads the tile once (16-byte loads), writes the rowwise codes
+// (8-byte stores) and, through shared memory, the transposed codes (16-byte stores).
+constexpr int kTile = 64;
+constexpr int kTilePitch = kTile + 4;  // bytes: breaks the power-of-two stride of the transpose
+
+template <typename T>
+__global__ void fp8_cast_transpose_kernel(const T* x, int64_t rows, int64_t cols, const float* scale_pointer,
+                                          nm::Fp8Format format, uint8_t* rowwise, uint8_t* columnwise,
+                                          float* rowwise_inverse, float* columnwise_inverse, unsigned* amax_bits,
+                                          bool vector_in, bool vector_rowwise, bool vector_columnwise) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTilePitch];
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const float scale = scale_pointer[0];
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    // Each copy carries its decode scale, as the reference's 1 / scale.
+    if (rowwise_inverse != nullptr) rowwise_inverse[0] = nm::div_rn(1.0f, scale);
+    if (columnwise_inverse != nullptr) columnwise_inverse[0] = nm::div_rn(1.0f, scale);
+  }
+  float amax = 0.0f;
+  for (int v = threadIdx.x; v < kTile * kTile / 8; v += blockDim.x) {
+    const int r = v / 8, c = (v % 8) * 8;
+    const int64_t gr = row0 + r, gc = col0 + c;
+    const bool full = gr < rows && gc + 8 <= cols;
+    float e[8];
+    if (full && vector_in) {
+      load<8>(x + gr * cols + gc, e);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = (gr < rows && gc + i < cols) ? to_float<T>(x[gr * cols + gc + i]) : 0.0f;
+    }
+    uint8_t q[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      amax = nm::nan_propagating_max(amax, nm::abs_value(e[i]));
+      q[i] = nm::float_to_fp8(nm::mul_rn(e[i], scale), format);
+    }
+    if (rowwise != nullptr) {
+      if (full && vector_rowwise) {
+        uint2 packed;
+        uint8_t* bytes = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bytes[i] = q[i];
+        *reinterpret_cast<uint2*>(rowwise + gr * cols + gc) = packed;
+      } else {
+        for (int i = 0; i < 8; ++i)
+          if (gr < rows && gc + i < cols) rowwise[gr * cols + gc + i] = q[i];
+      }
+    }
+    if (columnwise != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) tile[c + i][r] = q[i];
+    }
+  }
+  if (columnwise != nullptr) {
+    __syncthreads();
+    // Row c of the transposed tile: 64 bytes, 4 threads of 16 bytes each.
+    for (int v = threadIdx.x; v < kTile * kTile / 16; v += blockDim.x) {
+      const int c = v / 4, r = (v % 4) * 16;
+      const int64_t gc = col0 + c, gr = row0 + r;
+      if (gc >= cols) continue;
+      if (gr + 16 <= rows && vector_columnwise) {
+        uint4 packed;
+        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) words[w] = *reinterpret_cast<const uint32_t*>(&tile[c][r + 4 * w]);
+        *reinterpret_cast<uint4*>(columnwise + gc * rows + gr) = packed;
+      } else {
+        for (int i = 0; i < 16; ++i)
+          if (gr + i < rows) columnwise[gc * rows + gr + i] = tile[c][r + i];
+      }
+    }
+  }
+  publish_amax(amax, amax_bits);
+}
+
+// ---- block quantizers: one thread per block of the copy ---------------------------------------
+// Thread t quantizes block (row = t % rows, block = t / rows) of the [rows, K] copy, so 16
+// consecutive threads hold the 16 rows of one 16x16 NVFP4 tile (rows % 16 == 0) and, for a
+// columnwise copy, adjacent threads read adjacent columns of x (coalesced).
+struct CopyGeometry {
+  int64_t rows = 0, k = 0;  // of the copy
+  int64_t x_cols = 0;       // row length of x
+  bool transposed = false;
+  bool swizzled = false;
+};
+
+template <typename T, int kBlock>
+__device__ __forceinline__ void load_block(const T* x, const CopyGeometry& g, int64_t row, int64_t first_k,
+                                           float (&values)[kBlock]) {
+  if (!g.transposed) {
+    const T* p = x + row * g.x_cols + first_k;
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) values[i] = to_float<T>(p[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) values[i] = to_float<T>(x[(first_k + i) * g.x_cols + row]);
+  }
+}
+
+__device__ __forceinline__ int64_t scale_index(const CopyGeometry& g, int64_t row, int64_t block, int64_t blocks) {
+  return g.swizzled ? nm::swizzled_scale_offset(row, block, blocks) : row * blocks + block;
+}
+
+template <typename T>
+__global__ void mxfp8_quantize_kernel(const T* x, CopyGeometry g, nm::Fp8Format format, nm::E8m0Rounding rounding,
+                                      uint8_t* data, uint8_t* scales) {
+  const int64_t blocks = g.k / 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= g.rows * blocks) return;
+  const int64_t row = t % g.rows, block = t / g.rows;
+  float values[32];
+  load_block<T, 32>(x, g, row, block * 32, values);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = nm::nan_propagating_max(amax, nm::abs_value(values[i]));
+  const uint8_t scale = nm::mx_scale(amax, format, rounding);
+  const float multiplier = nm::mx_element_multiplier(scale);
+  uint4 packed[2];
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(packed);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) bytes[i] = nm::float_to_fp8(nm::mul_rn(values[i], multiplier), format);
+  uint4* out = reinterpret_cast<uint4*>(data + row * g.k + block * 32);
+  out[0] = packed[0];
+  out[1] = packed[1];
+  scales[scale_index(g, row, block, blocks)] = scale;
+}
+
+struct Nvfp4KernelOptions {
+  bool tiles = false, hadamard = false, stochastic = false;
+  uint64_t seed = 0, offset = 0;
+};
+
+template <typename T>
+__global__ void nvfp4_quantize_kernel(const T* x, CopyGeometry g, Nvfp4KernelOptions o, const float* tensor_amax,
+                                      uint8_t* data, uint8_t* scales) {
+  const int64_t blocks = g.k / 16;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // A 16-lane tile group must stay whole for the shuffles: rows * blocks is a multiple of 16
+  // whenever tiles are on (rows % 16 == 0), so lanes past the end only occur in whole groups.
+  const bool active = t < g.rows * blocks;
+  const int64_t row = active ? t % g.rows : 0, block = active ? t / g.rows : 0;
+  float values[16];
+  if (active) {
+    load_block<T, 16>(x, g, row, block * 16, values);
+    if (o.hadamard) {
+      float rotated[16];
+      nm::random_hadamard_transform16(values, rotated);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) values[i] = rotated[i];
+    }
+  }
+  float amax = 0.0f;
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = nm::nan_propagating_max(amax, nm::abs_value(values[i]));
+  }
+  if (o.tiles) {
+    // The 16 rows of a tile are 16 consecutive lanes; the max of the bit patterns is the
+    // NaN-propagating max of these non-negative amaxes.
+    unsigned bits = nm::float_to_bits(amax);
+#pragma unroll
+    for (int offset = 1; offset < 16; offset <<= 1) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+    amax = nm::bits_to_float(bits);
+  }
+  if (!active) return;
+  const float encode = nm::nvfp4_global_encode_scale(tensor_amax[0]);
+  const float decode = nm::nvfp4_global_decode_scale(tensor_amax[0]);
+  const uint8_t scale = nm::nvfp4_block_scale(amax, encode);
+  const float multiplier = nm::nvfp4_element_multiplier(scale, decode);
+  uint2 packed;
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(&packed);
+  const uint64_t first = static_cast<uint64_t>(row * g.k + block * 16);
+#pragma unroll
+  for (int i = 0; i < 16; i += 2) {
+    uint8_t code[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float scaled = nm::mul_rn(values[i + j], multiplier);
+      code[j] = o.stochastic ? nm::float_to_e2m1_stochastic(scaled, nm::philox_random_word(o.seed, o.offset, first + i + j))
+                             : nm::float_to_e2m1(scaled);
+    }
+    bytes[i / 2] = static_cast<uint8_t>(code[0] | code[1] << 4);
+  }
+  *reinterpret_cast<uint2*>(data + (row * g.k + block * 16) / 2) = packed;
+  scales[scale_index(g, row, block, blocks)] = scale;
+}
+
+// ---- dequantize --------------------------------------------------------------------------------
+struct DecodeArgs {
+  ScalingMode mode;
+  nm::Fp8Format format;
+  const uint8_t* data;
+  const void* scales;  // f32 [1] (per-tensor) or block scales
+  const float* tensor_amax;
+  int64_t rows, k;     // of the copy
+  bool swizzled;
+};
+
+__device__ __forceinline__ float decode(const DecodeArgs& d, int64_t row, int64_t col) {
+  const int64_t index = row * d.k + col;
+  switch (d.mode) {
+    case ScalingMode::per_tensor:
+      return nm::mul_rn(nm::fp8_to_float(d.data[index], d.format), static_cast<const float*>(d.scales)[0]);
+    case ScalingMode::mxfp8: {
+      const int64_t blocks = d.k / 32;
+      const int64_t at = d.swizzled ? nm::swizzled_scale_offset(row, col / 32, blocks) : row * blocks + col / 32;
+      const uint8_t scale = static_cast<const uint8_t*>(d.scales)[at];
+      return nm::mul_rn(nm::fp8_to_float(d.data[index], d.format), nm::e8m0_to_float(scale));
+    }
+    case ScalingMode::nvfp4: {
+      const int64_t blocks = d.k / 16;
+      const int64_t at = d.swizzled ? nm::swizzled_scale_offset(row, col / 16, blocks) : row * blocks + col / 16;
+      const uint8_t scale = static_cast<const uint8_t*>(d.scales)[at];
+      const uint8_t byte = d.data[index / 2];
+      const uint8_t code = (index % 2 == 0) ? (byte & 0x0fu) : (byte >> 4);
+      return nm::mul_rn(nm::e2m1_to_float(code),
+                        nm::nvfp4_block_decode_factor(scale, nm::nvfp4_global_decode_scale(d.tensor_amax[0])));
+    }
+  }
+  return 0.0f;
+}
+
+// 32x32 tiles, 32x8 threads: reads the copy row by row, writes out in x's layout (transposing
+// through shared memory for a columnwise copy), both coalesced.
+template <typename O, bool kTransposed>
+__global__ void dequantize_kernel(DecodeArgs d, O* out) {
+  __shared__ float tile[32][33];
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 32, col0 = static_cast<int64_t>(blockIdx.x) * 32;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t row = row0 + r, col = col0 + threadIdx.x;
+    if (row < d.rows && col < d.k) tile[r][threadIdx.x] = decode(d, row, col);
+  }
+  if constexpr (!kTransposed) {
+    for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+      const int64_t row = row0 + r, col = col0 + threadIdx.x;
+      if (row < d.rows && col < d.k) out[row * d.k + col] = from_float<O>(tile[r][threadIdx.x]);
+    }
+  } else {
+    __syncthreads();
+    // out [k, rows]: out row = copy column.
+    for (int c = threadIdx.y; c < 32; c += blockDim.y) {
+      const int64_t out_row = col0 + c, out_col = row0 + threadIdx.x;
+      if (out_row < d.k && out_col < d.rows) out[out_row * d.rows + out_col] = from_float<O>(tile[threadIdx.x][c]);
+    }
+  }
+}
+
+// ---- FP8 scale update --------------------------------------------------------------------------
+__global__ void fp8_scale_update_kernel(float* history, float* scale, float* scale_inverse, int64_t length,
+                                        int64_t tensors, ScaleUpdateArgs args) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= tensors) return;
+  if (args.rule == ScaleUpdateArgs::Rule::current) {
+    scale[t] = nm::current_scale_from_amax(history[t], args.scaled_max, args.epsilon, args.power_of_2_scales);
+  } else {
+    float window = history[t];
+    if (!args.most_recent)
+      for (int64_t slot = 1; slot < length; ++slot) window = nm::nan_propagating_max(window, history[slot * tensors + t]);
+    scale[t] = nm::delayed_scale_from_amax(window, args.scaled_max, scale[t]);
+    for (int64_t slot = length - 1; slot >= 1; --slot) history[slot * tensors + t] = history[(slot - 1) * tensors + t];
+    history[t] = 0.0f;
+  }
+  scale_inverse[t] = nm::div_rn(1.0f, scale[t]);
+}
+
+__global__ void nvfp4_gemm_scalars_kernel(const float* amax_a, const float* amax_b, float beta, float* scalars) {
+  scalars[0] = nm::nvfp4_gemm_alpha(amax_a[0], amax_b[0]);
+  scalars[1] = beta;
+}
+
+nm::Fp8Format fp8_format(DType element) {
+  return element == DType::e5m2 ? nm::Fp8Format::e5m2 : nm::Fp8Format::e4m3;
+}
+
+unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 4096) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, (work + per_block - 1) / per_block)));
+}
+
+CopyGeometry geometry(const Tensor& x, const QuantizedTensor& q) {
+  CopyGeometry g;
+  g.rows = q.rows();
+  g.k = q.k();
+  g.x_cols = x.cols();
+  g.transposed = q.transposed;
+  g.swizzled = q.spec.swizzled_scales;
+  return g;
+}
+
+template <typename T>
+void quantize_block_copy(const T* x, const Tensor& x_tensor, const QuantizedTensor& q, cudaStream_t stream) {
+  const CopyGeometry g = geometry(x_tensor, q);
+  uint8_t* data = static_cast<uint8_t*>(q.data.data);
+  uint8_t* scales = static_cast<uint8_t*>(q.scale_inverse.data);
+  if (q.spec.swizzled_scales) {
+    // The padding of the 128x4 tiles must read as zero scales.
+    MXTRAIN_CUDA_CHECK(cudaMemsetAsync(scales, 0, q.scale_inverse.bytes(), stream));
+  }
+  if (q.spec.mode == ScalingMode::mxfp8) {
+    const int64_t threads = g.rows * (g.k / 32);
+    mxfp8_quantize_kernel<T><<<blocks_for(threads, kThreads), kThreads, 0, stream>>>(
+        x, g, fp8_format(q.spec.element),
+        q.spec.mx_round_up ? nm::E8m0Rounding::round_up : nm::E8m0Rounding::floor, data, scales);
+  } else {
+    Nvfp4KernelOptions o;
+    o.tiles = q.spec.nvfp4_tiles;
+    o.hadamard = q.spec.hadamard;
+    o.stochastic = q.spec.stochastic_rounding;
+    o.seed = q.spec.seed;
+    o.offset = q.spec.offset;
+    const int64_t threads = g.rows * (g.k / 16);
+    nvfp4_quantize_kernel<T><<<blocks_for(threads, kThreads), kThreads, 0, stream>>>(
+        x, g, o, static_cast<const float*>(q.amax.data), data, scales);
+  }
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream) {
+  unsigned* bits = static_cast<unsigned*>(out.data);
+  if (!accumulate) MXTRAIN_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(float), stream));
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float<true>(x.dtype, "amax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(x.data);
+    if (hadamard_transposed) {
+      const int64_t chunks = x.rows() / 16 * x.cols();
+      amax_hadamard_transposed_kernel<T><<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(data, x.rows(), x.cols(),
+                                                                                            bits);
+    } else if (n % 8 == 0 && aligned16(x)) {
+      amax_kernel<8, T><<<grid_for(n / 8, kThreads * 4), kThreads, 0, stream>>>(data, n / 8, bits);
+    } else {
+      amax_kernel<1, T><<<grid_for(n, kThreads * 4), kThreads, 0, stream>>>(data, n, bits);
+    }
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
+              const Tensor& amax_out, cudaStream_t stream) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  const QuantizedTensor& any = rowwise.data.defined() ? rowwise : columnwise;
+  dispatch_float<true>(x.dtype, "quantize", [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(x.data);
+    if (any.spec.mode == ScalingMode::per_tensor) {
+      MXTRAIN_ASSERT(!rowwise.data.defined() || !columnwise.data.defined() ||
+                         rowwise.spec.element == columnwise.spec.element,
+                     "quantize: the two per-tensor FP8 copies share one format");
+      uint8_t* row_out = rowwise.data.defined() ? static_cast<uint8_t*>(rowwise.data.data) : nullptr;
+      uint8_t* col_out = columnwise.data.defined() ? static_cast<uint8_t*>(columnwise.data.data) : nullptr;
+      if (rows == 0 || cols == 0) return;
+      const bool vector_in = cols % 8 == 0 && aligned16(x);
+      const bool vector_rowwise = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(row_out) & 7u) == 0;
+      const bool vector_columnwise = rows % 16 == 0 && aligned16(col_out);
+      dim3 grid(blocks_for(cols, kTile), blocks_for(rows, kTile));
+      float* row_inverse = rowwise.data.defined() ? static_cast<float*>(rowwise.scale_inverse.data) : nullptr;
+      float* col_inverse = columnwise.data.defined() ? static_cast<float*>(columnwise.scale_inverse.data) : nullptr;
+      fp8_cast_transpose_kernel<T><<<grid, kThreads, 0, stream>>>(
+          data, rows, cols, static_cast<const float*>(scale.data), fp8_format(any.spec.element), row_out, col_out,
+          row_inverse, col_inverse, amax_out.defined() ? static_cast<unsigned*>(amax_out.data) : nullptr, vector_in,
+          vector_rowwise, vector_columnwise);
+      MXTRAIN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    if (rowwise.data.defined()) quantize_block_copy<T>(data, x, rowwise, stream);
+    if (columnwise.data.defined()) quantize_block_copy<T>(data, x, columnwise, stream);
+    if (amax_out.defined()) {
+      amax(x, amax_out, true, false, stream);
+    }
+  });
+}
+
+void dequantize(const QuantizedTensor& q, const Tensor& out, cudaStream_t stream) {
+  DecodeArgs d;
+  d.mode = q.spec.mode;
+  d.format = fp8_format(q.spec.element);
+  d.data = static_cast<const uint8_t*>(q.data.data);
+  d.scales = q.scale_inverse.data;
+  d.tensor_amax = q.amax.defined() ? static_cast<const float*>(q.amax.data) : nullptr;
+  d.rows = q.rows();
+  d.k = q.k();
+  d.swizzled = q.spec.swizzled_scales;
+  if (d.rows == 0 || d.k == 0) return;
+  dim3 grid(blocks_for(d.k, 32), blocks_for(d.rows, 32));
+  dim3 block(32, 8);
+  dispatch_float<true>(out.dtype, "dequantize", [&](auto tag) {
+    using O = decltype(tag);
+    if (q.transposed) dequantize_kernel<O, true><<<grid, block, 0, stream>>>(d, static_cast<O*>(out.data));
+    else dequantize_kernel<O, false><<<grid, block, 0, stream>>>(d, static_cast<O*>(out.data));
+    MXTRAIN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
+                      const ScaleUpdateArgs& args, cudaStream_t stream) {
+  const int64_t tensors = scale.numel();
+  if (tensors == 0) return;
+  fp8_scale_update_kernel<<<blocks_for(tensors, kThreads), kThreads, 0, stream>>>(
+      static_cast<float*>(history.data), static_cast<float*>(scale.data), static_cast<float*>(scale_inverse.data),
+      history.rows(), tensors, args);
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void nvfp4_gemm_scalars(const Tensor& amax_a, const Tensor& amax_b, float beta, float* scalars, cudaStream_t stream) {
+  nvfp4_gemm_scalars_kernel<<<1, 1, 0, stream>>>(static_cast<const float*>(amax_a.data),
+                                                 static_cast<const float*>(amax_b.data), beta, scalars);
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mxtrain::cuda_kernels

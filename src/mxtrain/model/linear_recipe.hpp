@@ -1,0 +1,134 @@
+// LinearRecipe: the one place that decides how each linear layer's three GEMMs run — in the
+// activation dtype, in per-tensor FP8 (delayed or current scaling), in MXFP8 or in NVFP4 — and
+// that owns the scaling state they need. The Transformer calls it instead of the backend's three
+// linear ops, so the block diagram stays the same for every precision.
+//
+// Per GEMM (TransformerEngine's roles, reference/precision_recipes.md §2):
+//   forward         out  = x · Wᵀ        x rowwise,  W rowwise      (E4M3 x E4M3 under HYBRID)
+//   backward_input  dx   = dy · W        dy rowwise, W columnwise   (E5M2 x E4M3)
+//   backward_weight dW  += dyᵀ · x       dy columnwise, x columnwise (E5M2 x E4M3, FP32 accumulate)
+// A columnwise copy is the transposed matrix quantized along its rows, so every quantized GEMM is
+// TN (the only FP8 layout Hopper has). Where the backend has the quantized GEMM (supports()) it
+// runs natively; elsewhere the operands are quantized, dequantized and multiplied by the
+// high-precision linear ops ("emulated"), which the start-up line says.
+//
+// Memory: operands are quantized when used, into scratch, and freed after their GEMM; nothing
+// quantized is kept across ops but the gradient's rowwise copy between backward_weight and
+// backward_input of the same layer (one cast-transpose pass makes both copies). The saved
+// activation x is re-quantized in backward (TE's save_original_input). Weights are quantized
+// from whatever the store hands over: the bf16 compute copy, or with quantized_weights the FP32
+// master (no bf16 copy exists then). Delayed-scaling state lives in device buffers allocated
+// through the backend (Lifetime::parameter), so the planner sees its bytes.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "mxtrain/backend/backend.hpp"
+#include "mxtrain/numerics/scaling.hpp"
+
+namespace mxtrain {
+
+enum class LinearFormat : uint8_t { high_precision, fp8_delayed, fp8_current, mxfp8, nvfp4 };
+const char* linear_format_name(LinearFormat format);
+
+enum class LinearKind : uint8_t { qkv, out, up, down };
+constexpr int kLinearKinds = 4;
+const char* linear_kind_name(LinearKind kind);  // "attn.qkv", "attn.out", "mlp.up", "mlp.down"
+
+// Element formats of FP8 tensors: HYBRID (E4M3 forward, E5M2 gradients) or E4M3 everywhere.
+// auto = HYBRID for per-tensor FP8, E4M3 for MXFP8 (TransformerEngine's defaults).
+enum class Fp8Formats : uint8_t { automatic, hybrid, e4m3 };
+
+struct LinearRecipeOptions {
+  LinearFormat format = LinearFormat::high_precision;
+  Fp8Formats fp8_formats = Fp8Formats::automatic;
+  int amax_history_length = 1024;  // delayed scaling
+  numerics::AmaxAlgorithm amax_algorithm = numerics::AmaxAlgorithm::max;
+  int margin = 0;
+  bool mx_round_up = true;  // MXFP8 scales: RCEIL (TE, cuBLAS) or OCP floor
+  bool nvfp4_hadamard = true, nvfp4_stochastic_rounding = true, nvfp4_weight_tiles = true;
+  int64_t bf16_first_layers = 0, bf16_last_layers = 0;  // kept in the activation dtype
+  uint64_t seed = 0;        // NVFP4 stochastic rounding streams
+  bool allow_native = true; // false: emulate even where the backend has the quantized GEMM
+
+  // Whether block `layer` of `layers` runs its linear GEMMs quantized.
+  bool quantized(int64_t layer, int64_t layers) const;
+};
+
+// The start-up line, e.g. "Using FP8 recipe: DelayedScaling(format=HYBRID, amax_history_len=32,
+// amax_compute_algo=max, margin=0) ..." or "MXFP8 enabled (block 32, E8M0 scales, emulated on
+// sm_90: ...)". Empty for high_precision.
+std::string describe_linear_recipe(const LinearRecipeOptions& options, const Backend& backend, int64_t layers,
+                                   DType activation);
+
+class LinearRecipe {
+ public:
+  // Checks that the backend has every op the recipe needs (Error(unsupported) naming the op and
+  // dtype otherwise) and allocates the scaling state.
+  LinearRecipe(const LinearRecipeOptions& options, Backend& backend, int64_t layers);
+  ~LinearRecipe();
+  LinearRecipe(const LinearRecipe&) = delete;
+  LinearRecipe& operator=(const LinearRecipe&) = delete;
+
+  // The three GEMMs of linear `kind` of block `layer`; contracts as Backend::linear_forward,
+  // linear_backward_weight and linear_backward_input.
+  void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
+               const Tensor& out);
+  void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                       const Tensor& dbias);
+  void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
+                      bool accumulate);
+
+  // After the optimizer step: delayed scaling computes the next step's scales from the amax
+  // histories and rolls them (§2.1); the stochastic-rounding streams move on.
+  void finish_step();
+
+  // Error(unsupported) with the fix when a quantized layer's GEMM shapes (rows = tokens per
+  // micro-batch) do not meet the format's divisibility; called before step 1.
+  void check_shapes(int64_t rows, int64_t in_features, int64_t out_features, LinearKind kind) const;
+
+  bool quantized(int64_t layer) const { return options_.quantized(layer, layers_); }
+  bool native() const { return native_; }
+  const LinearRecipeOptions& options() const { return options_; }
+  int64_t steps() const { return steps_; }
+
+  // Delayed-scaling state (tests and checkpoints): slot-major [history, 2·linears] for inputs and
+  // weights (tensor 2i = input, 2i+1 = weight of linear i = layer·4 + kind), [history, linears]
+  // for output gradients; scales likewise. Undefined for other formats.
+  const Tensor& forward_history() const { return forward_history_.tensor(); }
+  const Tensor& backward_history() const { return backward_history_.tensor(); }
+  const Tensor& forward_scale() const { return forward_scale_.tensor(); }
+  const Tensor& backward_scale() const { return backward_scale_.tensor(); }
+
+ private:
+  enum class Role : uint8_t { input, weight, gradient };
+  struct Operand;  // the quantized copies of one tensor and the scratch behind them
+
+  Operand quantize(const Tensor& x, int64_t linear, Role role, bool rowwise, bool columnwise, const std::string& name);
+  QuantizeSpec spec_for(Role role, bool columnwise);
+  // The per-tensor FP8 scale of this tensor (current scaling computes it here from x's amax) and
+  // where delayed scaling records the cast's amax. (Each quantized copy carries its own decode
+  // scale, written by the cast into a buffer of its own.)
+  void per_tensor_scales(const Tensor& x, int64_t linear, Role role, Tensor* scale, Tensor* amax_record);
+  Buffer dequantized(const QuantizedTensor& q, DType dtype, const std::string& name);
+  Tensor bias_as(const Tensor& bias, DType dtype, Buffer& storage);
+  std::string name_of(int64_t layer, LinearKind kind) const;
+
+  LinearRecipeOptions options_;
+  Backend& backend_;
+  int64_t layers_;
+  bool native_ = false;
+  DType forward_element_ = DType::e4m3, gradient_element_ = DType::e5m2;
+  int64_t steps_ = 0;
+  uint64_t stochastic_streams_ = 0;  // NVFP4 SR: one Philox offset per quantized gradient copy
+  // Delayed scaling.
+  Buffer forward_history_, forward_scale_, forward_scale_inverse_;
+  Buffer backward_history_, backward_scale_, backward_scale_inverse_;
+  // Current scaling: amax [1, 3·linears], scale, scale_inverse [3·linears] (input, weight, gradient).
+  Buffer current_amax_, current_scale_, current_scale_inverse_;
+  // The gradient's quantized copies between backward_weight and backward_input.
+  struct GradientStash;
+  std::unique_ptr<GradientStash> stash_;
+};
+
+}  // namespace mxtrain

@@ -1,0 +1,86 @@
+// How close real kernels get to a GPU's datasheet peaks, and what the allocator does not see:
+// the planner's calibration, as committed data (configs/plan/calibration.json) rather than
+// constants in code. Each GPU's entry overrides the "default" entry field by field, so a GPU
+// without measurements uses the default factors, which are fractions of its own peaks.
+//
+// Files are layered: the committed file, then the --calibration overlay (`mxtrain tune` writes
+// one), which overrides the fields it names.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mxtrain/backend/dryrun/dryrun_backend.hpp"
+#include "mxtrain/plan/gpu_catalog.hpp"
+
+namespace mxtrain {
+
+// One candidate GEMM tile of the library's kernels: output tile m x n and the fraction of the
+// large-GEMM efficiency that kernel reaches.
+struct GemmTile {
+  int64_t m = 128, n = 256;
+  double efficiency = 1.0;
+};
+
+struct GpuCalibration {
+  std::string gpu;     // catalog key
+  std::string source;  // where the numbers come from, in words
+
+  // GEMM time = flops / (peak · gemm_peak_fraction · tile utilisation · k / (k + gemm_k_half)),
+  // tile utilisation = m·n·split / (waves · SMs · tile_m · tile_n) for the best tile and split-K
+  // (splits only while tiles·split <= SMs and k/split >= gemm_split_k_min, at a penalty).
+  double gemm_peak_fraction = 0.8;
+  double gemm_k_half = 128;
+  double gemm_split_k_min = 512;
+  double gemm_split_k_efficiency = 0.85;
+  std::vector<GemmTile> gemm_tiles;
+
+  // Attention time = flops / (peak · fraction · s / (s + seq_half) · d / (d + head_dim_half)).
+  double attention_forward_fraction = 0.7;
+  double attention_backward_fraction = 0.5;
+  double attention_seq_half = 256;
+  double attention_head_dim_half = 32;
+
+  // Memory-bound ops: bytes / (HBM bandwidth · bandwidth_fraction).
+  double bandwidth_fraction = 0.85;
+  double host_to_device_bytes_per_s = 25e9;
+  double launch_overhead_s = 4e-6;  // per op (kernel launch and tail)
+
+  // Collectives: bytes / (link bandwidth · fraction) + latency.
+  double nvlink_fraction = 0.75;
+  double internode_fraction = 0.8;
+  double collective_latency_s = 20e-6;
+
+  // Outside the allocator, per process.
+  double cuda_context_bytes = 0;
+  double nccl_buffer_bytes = 0;  // per NCCL communicator (FSDP creates two or three)
+
+  // Inside the allocator: what backend/cuda allocates in its ops.
+  CudaAllocationModel cuda_allocations;
+
+  // Measured / predicted step time from `mxtrain tune` (1 = uncorrected).
+  double step_time_scale = 1.0;
+};
+
+class Calibration {
+ public:
+  // The committed file, then `extra_path` ("" = none) over it.
+  static Calibration load(const std::string& extra_path = "");
+  // From JSON documents, later ones overriding earlier ones (tests, tune).
+  static Calibration from_json(const std::vector<nlohmann::json>& layers);
+  static std::string committed_path();
+
+  GpuCalibration for_gpu(const GpuSpec& gpu) const;
+  const std::vector<std::string>& sources() const { return sources_; }  // files read, in order
+  const nlohmann::json& merged() const { return merged_; }
+
+ private:
+  nlohmann::json merged_;
+  std::vector<std::string> sources_;
+};
+
+// Recursive merge: objects merge key by key, anything else replaces.
+void merge_json(nlohmann::json& base, const nlohmann::json& overlay);
+
+}  // namespace mxtrain

@@ -1,0 +1,107 @@
+// AdamW on the cpu backend against a double-precision scalar re-implementation of
+// torch.optim.AdamW (plus clip_grad_norm_ and the grad multiplier) over several steps: weight
+// decay only on [0, decay_count), clipping active and inactive, bf16 gradients, and the
+// compute copy equal to the rounded new master weights bit for bit.
+#include <cmath>
+
+#include "backend/cpu_op_checks.hpp"
+
+namespace mxtrain::test {
+namespace {
+
+struct AdamWCase {
+  const char* name;
+  int64_t count, decay_count;
+  float learning_rate, weight_decay, epsilon;
+  float grad_multiplier, max_grad_norm;  // max_grad_norm 0 = no clipping
+  DType grad_dtype;
+  DType compute_dtype;  // f32 = no compute copy
+  int steps;
+};
+
+// Gradients are uniform in [-1, 1], so the norm of `count` of them is about sqrt(count/3):
+// max_grad_norm 1 clips hard, 1000 never does.
+const AdamWCase kAdamWCases[] = {
+    {"clip_decay_split_bf16_copy", 1000, 600, 1e-2f, 0.1f, 1e-8f, 0.5f, 1.0f, DType::f32, DType::bf16, 5},
+    {"clip_inactive_all_decay_f16_copy", 300, 300, 3e-3f, 0.01f, 1e-8f, 1.0f, 1000.0f, DType::f32, DType::f16, 4},
+    {"no_clip_no_decay_large_eps", 257, 0, 1e-2f, 0.1f, 1e-3f, 2.0f, 0.0f, DType::f32, DType::f32, 3},
+    {"bf16_grads_clipped", 500, 250, 5e-3f, 0.05f, 1e-8f, 1.0f, 2.0f, DType::bf16, DType::f32, 3},
+};
+
+// Tolerances. Each f32 step rounds p, m and v a few times (a few ulps of O(1) weights, 1e-7);
+// after `steps` steps the master weights are within 2e-6 of the double run, m and v within 1e-5
+// relative L2. A wrong decay split, clip factor, bias correction or eps placement moves p by
+// 1e-4 or more and m/v by 1e-2 or more.
+constexpr double kParamTolerance = 2e-6;
+constexpr double kMomentTolerance = 1e-5;
+
+class CpuAdamW : public testing::TestWithParam<AdamWCase> {};
+
+TEST_P(CpuAdamW, MatchesScalarReferenceOverSteps) {
+  const AdamWCase& c = GetParam();
+  CpuBackend backend(2);
+  const size_t n = static_cast<size_t>(c.count);
+  std::vector<float> initial = random_vector(n, 91);
+  std::vector<double> p(initial.begin(), initial.end()), m(n, 0.0), v(n, 0.0);
+
+  Buffer param = upload(backend, initial, Shape{c.count});
+  Buffer first = zeros(backend, Shape{c.count}), second = zeros(backend, Shape{c.count});
+  Buffer copy = c.compute_dtype != DType::f32 ? backend.allocate("copy", Shape{c.count}, c.compute_dtype, Lifetime::parameter)
+                                              : Buffer();
+  Buffer norm_sq = zeros(backend, Shape{1});
+  const double beta1 = 0.9, beta2 = 0.95;
+
+  for (int step = 1; step <= c.steps; ++step) {
+    std::vector<float> grad = random_vector(n, 100 + static_cast<uint64_t>(step));
+    if (c.grad_dtype == DType::bf16)
+      for (float& g : grad) g = round_to_bf16(g);  // what the op will read
+    double norm_squared = 0;
+    for (float g : grad) norm_squared += static_cast<double>(g * c.grad_multiplier) * (g * c.grad_multiplier);
+    const float norm_sq_value = static_cast<float>(norm_squared);
+    backend.copy_from_host(&norm_sq_value, norm_sq);
+    Buffer tgrad = upload(backend, grad, Shape{c.count}, c.grad_dtype);
+
+    AdamWArgs args;
+    args.learning_rate = c.learning_rate;
+    args.beta1 = static_cast<float>(beta1);
+    args.beta2 = static_cast<float>(beta2);
+    args.epsilon = c.epsilon;
+    args.weight_decay = c.weight_decay;
+    args.step = step;
+    args.decay_count = c.decay_count;
+    args.grad_multiplier = c.grad_multiplier;
+    args.max_grad_norm = c.max_grad_norm;
+    backend.adamw(param, tgrad, first, second, copy.defined() ? copy.tensor() : Tensor(), norm_sq, args);
+
+    // The reference, in double, with the coefficients as the args carry them (f32 values).
+    const double lr = c.learning_rate, wd = c.weight_decay, eps = c.epsilon, b1 = args.beta1, b2 = args.beta2;
+    double clip = 1;
+    if (c.max_grad_norm > 0) clip = std::min(1.0, c.max_grad_norm / (std::sqrt(static_cast<double>(norm_sq_value)) + 1e-6));
+    const double correction1 = 1 - std::pow(b1, step), correction2 = 1 - std::pow(b2, step);
+    for (size_t i = 0; i < n; ++i) {
+      const double g = static_cast<double>(grad[i]) * c.grad_multiplier * clip;
+      if (static_cast<int64_t>(i) < c.decay_count) p[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * g;
+      v[i] = b2 * v[i] + (1 - b2) * g * g;
+      p[i] -= lr / correction1 * m[i] / (std::sqrt(v[i]) / std::sqrt(correction2) + eps);
+    }
+
+    const std::vector<float> got = download(backend, param);
+    ASSERT_LE(max_abs_error(got, p), kParamTolerance) << "step " << step;
+    ASSERT_LE(relative_l2_error(download(backend, first), to_float(m)), kMomentTolerance) << "step " << step;
+    ASSERT_LE(relative_l2_error(download(backend, second), to_float(v)), kMomentTolerance) << "step " << step;
+    if (copy.defined()) {
+      std::vector<uint16_t> bits(n);
+      backend.copy_to_host(copy, bits.data());
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t expected = c.compute_dtype == DType::bf16 ? float_to_bf16(got[i]) : float_to_f16(got[i]);
+        ASSERT_EQ(bits[i], expected) << "element " << i << " of step " << step;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(, CpuAdamW, testing::ValuesIn(kAdamWCases), CaseName());
+
+}  // namespace
+}  // namespace mxtrain::test

@@ -1,0 +1,414 @@
+// The precision recipes on the GPU. Quantizers: the CUDA kernels against the CPU op (which is
+// numerics/, the reference) on large random tensors with special values mixed in — codes, block
+// scales and amaxes must be bit-identical, stochastic rounding included (same seed and offset),
+// and so must dequantization. GEMMs: cuBLASLt's FP8 GEMMs against the FP32 product of the same
+// dequantized operands. Steps: one training step per recipe against the BF16 step.
+//
+// Tolerances (relative L2). FP8 GEMMs: the operands are identical, so only accumulation and
+// output rounding differ: bf16 outputs round each element by up to 2^-9 (about 1.5e-3 relative
+// L2 over a matrix), fast accumulation adds about 1e-4; an FP32 output with split accumulation
+// differs by FP32 rounding only. A wrong scale or operand layout is an O(1) error.
+//   forward (bf16, fast accumulation)     6e-3
+//   dgrad (bf16, split accumulation)      6e-3
+//   wgrad (FP32 accumulate, split)        1e-4
+// Steps against bf16: per-element quantization error is ~3.6% RMS for E4M3, ~7% for E5M2, ~14%
+// for E2M1; gradients are sums of many such products, so their relative errors stay well below
+// the per-element ones. Loss: the forward alone, small.
+//   fp8 (second pass), fp8-current, mxfp8: loss 2e-2, every gradient 0.25; nvfp4: loss 5e-2,
+//   gradients 0.6
+#include <cstring>
+
+#include "cuda/cuda_test_support.hpp"
+#include "mxtrain/config/loader.hpp"
+#include "mxtrain/model/local_parameters.hpp"
+#include "mxtrain/model/transformer.hpp"
+#include "mxtrain/numerics/host_device.hpp"
+#include "mxtrain/train/precision.hpp"
+#include "mxtrain/train/session.hpp"
+
+namespace mxtrain::test {
+namespace {
+
+std::vector<uint8_t> raw_bytes(Backend& backend, const Tensor& tensor) {
+  std::vector<uint8_t> host(tensor.bytes());
+  const Tensor raw(tensor.data, Shape{static_cast<int64_t>(tensor.bytes())}, DType::u8, tensor.device);
+  backend.copy_to_host(raw, host.data());
+  return host;
+}
+
+void upload_bytes(Backend& backend, const std::vector<uint8_t>& bytes, const Tensor& tensor) {
+  const Tensor raw(tensor.data, Shape{static_cast<int64_t>(tensor.bytes())}, DType::u8, tensor.device);
+  backend.copy_from_host(bytes.data(), raw);
+}
+
+// Random values with special ones in the first rows: ±0, FP32 subnormals, huge and tiny
+// magnitudes, and (when `nonfinite`) ±inf and NaN.
+std::vector<float> inputs(int64_t rows, int64_t cols, uint64_t seed, bool nonfinite) {
+  std::vector<float> values = random_vector(static_cast<size_t>(rows * cols), seed, -3.0f, 3.0f);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -3e-39f, 1e5f, -7e4f, 1e-8f, 448.0f, 57344.0f, 6.0f, -6.5f};
+  for (size_t i = 0; i < sizeof specials / sizeof specials[0]; ++i) values[i * 37 % values.size()] = specials[i];
+  for (size_t i = 0; i < static_cast<size_t>(cols); i += 7) values[i] *= 1e-6f;  // a tiny block in row 0
+  if (nonfinite) {
+    values[static_cast<size_t>(cols + 3)] = INFINITY;
+    values[static_cast<size_t>(2 * cols + 40)] = -INFINITY;
+    values[static_cast<size_t>(3 * cols + 77)] = NAN;
+  }
+  return values;
+}
+
+struct Copy {
+  Buffer data, scales, amax;
+  QuantizedTensor q;
+};
+
+Copy allocate_copy(Backend& backend, const QuantizeSpec& spec, bool transposed, int64_t rows, int64_t cols) {
+  Copy copy;
+  copy.q.spec = spec;
+  copy.q.transposed = transposed;
+  const int64_t r = transposed ? cols : rows, k = transposed ? rows : cols;
+  copy.data = backend.allocate("q", Shape{r, k}, spec.element, Lifetime::scratch);
+  copy.q.data = copy.data;
+  copy.scales = backend.allocate("s", block_scale_shape(spec, r, k), block_scale_dtype(spec.mode), Lifetime::scratch);
+  copy.q.scale_inverse = copy.scales;
+  copy.amax = backend.allocate("a", Shape{1}, DType::f32, Lifetime::scratch);
+  copy.q.amax = copy.amax;
+  return copy;
+}
+
+struct QuantizeCase {
+  const char* name;
+  QuantizeSpec spec;
+  bool transposed;
+  DType input;
+  bool nonfinite;
+};
+
+QuantizeSpec spec_of(ScalingMode mode, DType element) {
+  QuantizeSpec spec;
+  spec.mode = mode;
+  spec.element = element;
+  return spec;
+}
+
+std::vector<QuantizeCase> quantize_cases() {
+  std::vector<QuantizeCase> cases;
+  for (DType input : {DType::bf16, DType::f32}) {
+    cases.push_back({"fp8_e4m3", spec_of(ScalingMode::per_tensor, DType::e4m3), false, input, true});
+    cases.push_back({"fp8_e5m2", spec_of(ScalingMode::per_tensor, DType::e5m2), false, input, true});
+    cases.push_back({"mxfp8_e4m3_rows", spec_of(ScalingMode::mxfp8, DType::e4m3), false, input, true});
+    cases.push_back({"mxfp8_e4m3_columns", spec_of(ScalingMode::mxfp8, DType::e4m3), true, input, true});
+    QuantizeSpec floor = spec_of(ScalingMode::mxfp8, DType::e5m2);
+    floor.mx_round_up = false;
+    cases.push_back({"mxfp8_e5m2_floor_columns", floor, true, input, true});
+    QuantizeSpec swizzled = spec_of(ScalingMode::mxfp8, DType::e4m3);
+    swizzled.swizzled_scales = true;
+    cases.push_back({"mxfp8_swizzled_columns", swizzled, true, input, false});
+    cases.push_back({"nvfp4_rows", spec_of(ScalingMode::nvfp4, DType::e2m1), false, input, false});
+    QuantizeSpec tiles = spec_of(ScalingMode::nvfp4, DType::e2m1);
+    tiles.nvfp4_tiles = true;
+    cases.push_back({"nvfp4_tiles_columns", tiles, true, input, false});
+    QuantizeSpec gradient = spec_of(ScalingMode::nvfp4, DType::e2m1);
+    gradient.hadamard = true;
+    gradient.stochastic_rounding = true;
+    gradient.seed = 1234;
+    gradient.offset = 99;
+    gradient.swizzled_scales = true;
+    cases.push_back({"nvfp4_rht_sr_swizzled_columns", gradient, true, input, false});
+    QuantizeSpec sr_rows = gradient;
+    sr_rows.hadamard = false;
+    sr_rows.swizzled_scales = false;
+    cases.push_back({"nvfp4_sr_rows", sr_rows, false, input, false});
+  }
+  return cases;
+}
+
+class CudaQuantize : public CudaTest {};
+
+TEST_F(CudaQuantize, KernelsAreBitIdenticalToTheReference) {
+  const int64_t rows = 768, cols = 1536;  // 1.2M elements per case
+  for (const QuantizeCase& c : quantize_cases()) {
+    const std::string name = std::string(c.name) + "_" + dtype_text(c.input);
+    const std::vector<float> values = rounded(inputs(rows, cols, 7, c.nonfinite), c.input);
+    Buffer x_cpu = upload(cpu(), values, Shape{rows, cols}, DType::f32);
+    Buffer x_gpu = upload(cuda(), values, Shape{rows, cols}, c.input);
+    const float finite_amax = 1e5f;
+    Buffer scale_cpu = upload(cpu(), {448.0f / finite_amax}, Shape{1});
+    Buffer scale_gpu = upload(cuda(), {448.0f / finite_amax}, Shape{1});
+    Copy a = allocate_copy(cpu(), c.spec, c.transposed, rows, cols);
+    Copy b = allocate_copy(cuda(), c.spec, c.transposed, rows, cols);
+    Buffer amax_cpu = upload(cpu(), {0.0f}, Shape{1});
+    Buffer amax_gpu = upload(cuda(), {0.0f}, Shape{1});
+    if (c.spec.mode == ScalingMode::nvfp4) {
+      const bool rht = c.transposed && c.spec.hadamard;
+      cpu().amax(x_cpu, a.amax, false, rht);
+      cuda().amax(x_gpu, b.amax, false, rht);
+    }
+    const QuantizedTensor none;
+    cpu().quantize(x_cpu, scale_cpu, c.transposed ? none : a.q, c.transposed ? a.q : none, amax_cpu);
+    cuda().quantize(x_gpu, scale_gpu, c.transposed ? none : b.q, c.transposed ? b.q : none, amax_gpu);
+    const std::vector<uint8_t> want = raw_bytes(cpu(), a.data), got = raw_bytes(cuda(), b.data);
+    size_t differing = 0;
+    for (size_t i = 0; i < want.size(); ++i) differing += want[i] != got[i];
+    std::printf("[ info ] quantize %-40s %zu of %zu code bytes differ\n", name.c_str(), differing, want.size());
+    EXPECT_EQ(differing, 0u) << name;
+    // Block scales, or the per-tensor decode scale each copy carries.
+    EXPECT_EQ(raw_bytes(cpu(), a.scales), raw_bytes(cuda(), b.scales)) << name;
+    std::vector<std::pair<Buffer*, Buffer*>> amaxes{{&amax_cpu, &amax_gpu}};
+    if (c.spec.mode == ScalingMode::nvfp4) amaxes.push_back({&a.amax, &b.amax});
+    for (const auto& [left, right] : amaxes) {
+      const float l = download(cpu(), *left)[0], r = download(cuda(), *right)[0];
+      EXPECT_TRUE(numerics::is_nan(l) ? numerics::is_nan(r) : l == r) << name << ": amax " << l << " vs " << r;
+    }
+    // Dequantization, in x's layout, from the same codes: the same bits, except that the GPU's
+    // NaNs carry the canonical payload.
+    Buffer back_cpu = cpu().allocate("back", Shape{rows, cols}, DType::f32, Lifetime::scratch);
+    Buffer back_gpu = cuda().allocate("back", Shape{rows, cols}, DType::f32, Lifetime::scratch);
+    cpu().dequantize(a.q, back_cpu);
+    cuda().dequantize(b.q, back_gpu);
+    const std::vector<float> want_values = download(cpu(), back_cpu), got_values = download(cuda(), back_gpu);
+    size_t mismatched = 0;
+    for (size_t i = 0; i < want_values.size(); ++i) {
+      const bool nan = numerics::is_nan(want_values[i]);
+      mismatched += nan ? !numerics::is_nan(got_values[i])
+                        : numerics::float_to_bits(want_values[i]) != numerics::float_to_bits(got_values[i]);
+    }
+    EXPECT_EQ(mismatched, 0u) << name << ": dequantized values differ";
+  }
+}
+
+TEST_F(CudaQuantize, CastTransposeWritesBothCopiesInOnePass) {
+  const int64_t rows = 1000, cols = 264;  // not multiples of the 64x64 tile
+  const std::vector<float> values = rounded(inputs(rows, cols, 3, true), DType::bf16);
+  Buffer x_cpu = upload(cpu(), values, Shape{rows, cols}, DType::f32);
+  Buffer x_gpu = upload(cuda(), values, Shape{rows, cols}, DType::bf16);
+  Buffer scale_cpu = upload(cpu(), {0.004f}, Shape{1});
+  Buffer scale_gpu = upload(cuda(), {0.004f}, Shape{1});
+  const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, DType::e5m2);
+  Copy ra = allocate_copy(cpu(), spec, false, rows, cols), ca = allocate_copy(cpu(), spec, true, rows, cols);
+  Copy rb = allocate_copy(cuda(), spec, false, rows, cols), cb = allocate_copy(cuda(), spec, true, rows, cols);
+  Buffer amax_cpu = upload(cpu(), {0.0f}, Shape{1});
+  Buffer amax_gpu = upload(cuda(), {0.0f}, Shape{1});
+  cpu().quantize(x_cpu, scale_cpu, ra.q, ca.q, amax_cpu);
+  cuda().quantize(x_gpu, scale_gpu, rb.q, cb.q, amax_gpu);
+  EXPECT_EQ(raw_bytes(cpu(), ra.data), raw_bytes(cuda(), rb.data));
+  EXPECT_EQ(raw_bytes(cpu(), ca.data), raw_bytes(cuda(), cb.data));
+  EXPECT_TRUE(numerics::is_nan(download(cuda(), amax_gpu)[0]));
+}
+
+TEST_F(CudaQuantize, ScaleUpdatesMatchTheReference) {
+  const int64_t length = 16, tensors = 300;
+  std::vector<float> history = random_vector(static_cast<size_t>(length * tensors), 5, 0.0f, 100.0f);
+  history[3] = NAN;
+  for (int64_t slot = 0; slot < length; ++slot) history[static_cast<size_t>(slot * tensors + 7)] = 0.0f;
+  history[11] = INFINITY;
+  const std::vector<float> scales = random_vector(static_cast<size_t>(tensors), 6, 0.5f, 2.0f);
+  for (int rule = 0; rule < 3; ++rule) {
+    ScaleUpdateArgs args;
+    args.rule = rule == 2 ? ScaleUpdateArgs::Rule::current : ScaleUpdateArgs::Rule::delayed;
+    args.most_recent = rule == 1;
+    args.scaled_max = rule == 2 ? 57344.0f : 112.0f;  // 448 · 2^-2 (margin 2)
+    args.power_of_2_scales = rule == 2;
+    const int64_t slots = rule == 2 ? 1 : length;
+    const std::vector<float> h(history.begin(), history.begin() + slots * tensors);
+    Buffer hc = upload(cpu(), h, Shape{slots, tensors}), hg = upload(cuda(), h, Shape{slots, tensors});
+    Buffer sc = upload(cpu(), scales, Shape{tensors}), sg = upload(cuda(), scales, Shape{tensors});
+    Buffer ic = upload(cpu(), scales, Shape{tensors}), ig = upload(cuda(), scales, Shape{tensors});
+    cpu().fp8_scale_update(hc, sc, ic, args);
+    cuda().fp8_scale_update(hg, sg, ig, args);
+    EXPECT_EQ(raw_bytes(cpu(), hc), raw_bytes(cuda(), hg)) << "rule " << rule;
+    EXPECT_EQ(raw_bytes(cpu(), sc), raw_bytes(cuda(), sg)) << "rule " << rule;
+    EXPECT_EQ(raw_bytes(cpu(), ic), raw_bytes(cuda(), ig)) << "rule " << rule;
+  }
+}
+
+// cuBLASLt FP8 GEMMs on quantized operands against the CPU's FP32 product of the same values.
+TEST_F(CudaQuantize, Fp8GemmsMatchTheDequantizedProduct) {
+  if (!cuda().supports(OpKind::linear_forward, DType::e4m3)) GTEST_SKIP() << "no FP8 tensor cores";
+  const int64_t n = 512, k = 1024, m = 768;
+  auto quantize_both = [&](const std::vector<float>& values, int64_t rows, int64_t cols, DType element, bool transposed,
+                           float scale, Copy& on_cpu, Copy& on_gpu) {
+    const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, element);
+    on_gpu = allocate_copy(cuda(), spec, transposed, rows, cols);
+    on_cpu = allocate_copy(cpu(), spec, transposed, rows, cols);
+    Buffer x = upload(cuda(), values, Shape{rows, cols}, DType::bf16);
+    Buffer s = upload(cuda(), {scale}, Shape{1});
+    const QuantizedTensor none;
+    cuda().quantize(x, s, transposed ? none : on_gpu.q, transposed ? on_gpu.q : none, Tensor());
+    EXPECT_EQ(download(cuda(), on_gpu.scales)[0], 1.0f / scale);  // the cast wrote the decode scale
+    upload_bytes(cpu(), raw_bytes(cuda(), on_gpu.data), on_cpu.data);
+    upload_bytes(cpu(), raw_bytes(cuda(), on_gpu.scales), on_cpu.scales);
+  };
+  const std::vector<float> x = rounded(random_vector(static_cast<size_t>(n * k), 11, -2.0f, 2.0f), DType::bf16);
+  const std::vector<float> w = rounded(random_vector(static_cast<size_t>(m * k), 12, -0.05f, 0.05f), DType::bf16);
+  const std::vector<float> dy = rounded(random_vector(static_cast<size_t>(n * m), 13, -1e-4f, 1e-4f), DType::bf16);
+  const std::vector<float> bias = rounded(random_vector(static_cast<size_t>(m), 14, -1.0f, 1.0f), DType::bf16);
+  Copy xr_c, xr_g, xc_c, xc_g, wr_c, wr_g, wc_c, wc_g, dr_c, dr_g, dc_c, dc_g;
+  quantize_both(x, n, k, DType::e4m3, false, 200.0f, xr_c, xr_g);
+  quantize_both(x, n, k, DType::e4m3, true, 200.0f, xc_c, xc_g);
+  quantize_both(w, m, k, DType::e4m3, false, 8000.0f, wr_c, wr_g);
+  quantize_both(w, m, k, DType::e4m3, true, 8000.0f, wc_c, wc_g);
+  quantize_both(dy, n, m, DType::e5m2, false, 4e8f, dr_c, dr_g);
+  quantize_both(dy, n, m, DType::e5m2, true, 4e8f, dc_c, dc_g);
+
+  // forward: out[n, m] = x · wᵀ + bias (bf16 on the GPU)
+  Buffer bias_cpu = upload(cpu(), bias, Shape{m}), bias_gpu = upload(cuda(), bias, Shape{m}, DType::bf16);
+  Buffer out_cpu = cpu().allocate("out", Shape{n, m}, DType::f32, Lifetime::scratch);
+  Buffer out_gpu = cuda().allocate("out", Shape{n, m}, DType::bf16, Lifetime::scratch);
+  cpu().linear_quantized(GemmRole::forward, xr_c.q, wr_c.q, bias_cpu, out_cpu, false);
+  cuda().linear_quantized(GemmRole::forward, xr_g.q, wr_g.q, bias_gpu, out_gpu, false);
+  EXPECT_LE(report_error("fp8 gemm forward e4m3 x e4m3 (fast accumulation)", download(cuda(), out_gpu),
+                         download(cpu(), out_cpu)),
+            6e-3);
+  // dgrad: dx[n, k] = dy · w = dy rowwise with wᵀ (w's columnwise copy)
+  Buffer dx_cpu = cpu().allocate("dx", Shape{n, k}, DType::f32, Lifetime::scratch);
+  Buffer dx_gpu = cuda().allocate("dx", Shape{n, k}, DType::bf16, Lifetime::scratch);
+  cpu().linear_quantized(GemmRole::backward_input, dr_c.q, wc_c.q, Tensor(), dx_cpu, false);
+  cuda().linear_quantized(GemmRole::backward_input, dr_g.q, wc_g.q, Tensor(), dx_gpu, false);
+  EXPECT_LE(report_error("fp8 gemm dgrad e5m2 x e4m3", download(cuda(), dx_gpu), download(cpu(), dx_cpu)), 6e-3);
+  // wgrad: dw[m, k] += dyᵀ · x from the two columnwise copies, FP32 accumulation into dw
+  const std::vector<float> start = random_vector(static_cast<size_t>(m * k), 15, -1e-3f, 1e-3f);
+  Buffer dw_cpu = upload(cpu(), start, Shape{m, k}), dw_gpu = upload(cuda(), start, Shape{m, k});
+  cpu().linear_quantized(GemmRole::backward_weight, dc_c.q, xc_c.q, Tensor(), dw_cpu, true);
+  cuda().linear_quantized(GemmRole::backward_weight, dc_g.q, xc_g.q, Tensor(), dw_gpu, true);
+  EXPECT_LE(report_error("fp8 gemm wgrad e5m2 x e4m3 (f32 accumulate)", download(cuda(), dw_gpu), download(cpu(), dw_cpu)),
+            1e-4);
+  // Why every copy owns its decode scale: a scale pointer inside a larger array (4-byte aligned).
+  Buffer packed = upload(cuda(), {0.0f, 1.0f / 200.0f, 0.0f, 0.0f}, Shape{4});
+  QuantizedTensor offset = xr_g.q;
+  offset.scale_inverse = packed.tensor().slice_flat(1, Shape{1});
+  try {
+    cuda().linear_quantized(GemmRole::forward, offset, wr_g.q, Tensor(), out_gpu, false);
+    cuda().synchronize();
+    std::printf("[ info ] fp8 gemm with a 4-byte-aligned scale pointer: runs\n");
+  } catch (const Error& error) {
+    std::printf("[ info ] fp8 gemm with a 4-byte-aligned scale pointer: %s\n", error.what());
+  }
+}
+
+// ---- whole steps ------------------------------------------------------------------------------
+
+struct Gradients {
+  double loss = 0;
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values;
+};
+
+Gradients step(Backend& backend, const ModelConfig& config, const LinearRecipeOptions& linear) {
+  LocalParameterStore store(backend, config, DType::bf16, DType::f32);
+  store.initialize(11);
+  TransformerOptions options;
+  options.activation_dtype = DType::bf16;
+  options.linear = linear;
+  Transformer model(config, options, backend, store);
+  const int64_t batch = 2, seq = 64, rows = batch * seq;
+  model.check_batch(rows);
+  std::vector<int32_t> tokens(static_cast<size_t>(rows)), targets(static_cast<size_t>(rows));
+  const std::vector<float> noise = random_vector(static_cast<size_t>(2 * rows), 99, 0.0f, 1.0f);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(noise[i] * static_cast<float>(config.vocab_size)) % config.vocab_size;
+    targets[i] = static_cast<int32_t>(noise[rows + i] * static_cast<float>(config.vocab_size)) % config.vocab_size;
+  }
+  Buffer t = upload_i32(backend, tokens, Shape{rows}, "tokens");
+  Buffer y = upload_i32(backend, targets, Shape{rows}, "targets");
+  Buffer loss = backend.allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
+  if (linear.format == LinearFormat::fp8_delayed) {
+    // Delayed scaling's first pass casts with scale 1 and only fills the amax history; compare
+    // the pass after the scale update (no optimizer step in between: the same weights).
+    backend.fill(loss, 0);
+    model.forward_backward(t, y, batch, seq, 1.0f / static_cast<float>(rows), loss);
+    model.linears().finish_step();
+    store.zero_grads();
+  }
+  backend.fill(loss, 0);
+  model.forward_backward(t, y, batch, seq, 1.0f / static_cast<float>(rows), loss);
+  Gradients result;
+  result.loss = backend.read_scalar(loss) / static_cast<double>(rows);
+  const ModelLayout& layout = store.layout();
+  for (size_t g = 0; g < layout.groups.size(); ++g)
+    for (size_t p = 0; p < layout.groups[g].params.size(); ++p) {
+      result.names.push_back(layout.groups[g].params[p].name);
+      result.values.push_back(download(backend, store.grad(static_cast<int>(g), static_cast<int>(p))));
+    }
+  return result;
+}
+
+TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
+  const ModelConfig config = model_preset("tiny");
+  const Gradients reference = step(cuda(), config, LinearRecipeOptions{});
+  struct Case {
+    LinearFormat format;
+    double loss, gradient;
+  };
+  for (const Case& c : {Case{LinearFormat::mxfp8, 2e-2, 0.25}, Case{LinearFormat::nvfp4, 5e-2, 0.6},
+                        Case{LinearFormat::fp8_current, 2e-2, 0.25}, Case{LinearFormat::fp8_delayed, 2e-2, 0.25}}) {
+    LinearRecipeOptions linear;
+    linear.format = c.format;
+    linear.seed = 5;
+    const Gradients got = step(cuda(), config, linear);
+    std::printf("[ error ] step %s: loss %.6f vs bf16 %.6f\n", linear_format_name(c.format), got.loss, reference.loss);
+    EXPECT_NEAR(got.loss, reference.loss, c.loss) << linear_format_name(c.format);
+    double worst = 0;
+    for (size_t i = 0; i < got.values.size(); ++i) {
+      const double error = relative_l2_error(got.values[i], reference.values[i]);
+      worst = std::max(worst, error);
+      EXPECT_LE(error, c.gradient) << linear_format_name(c.format) << " " << got.names[i];
+    }
+    std::printf("[ error ] step %s: worst gradient rel L2 %.3e\n", linear_format_name(c.format), worst);
+  }
+}
+
+TEST_F(CudaQuantize, StartupLinesSayHowTheGpuRunsEachRecipe) {
+  ConfigSources sources;
+  sources.read_environment = false;
+  sources.overrides = {{"train.precision", "mxfp8"}, {"precision.amax_history_len", "32"}};
+  RunConfig config = load_config(sources);
+  const bool hopper = cuda().properties().compute_capability < 100;
+  const std::string mx = resolve_precision(config, cuda()).startup_line;
+  std::printf("[ info ] %s\n", mx.c_str());
+  EXPECT_EQ(mx.rfind("MXFP8 enabled (block 32, E8M0 scales", 0), 0u) << mx;
+  if (hopper) EXPECT_NE(mx.find("emulated on sm_90"), std::string::npos) << mx;
+  config.train.precision = "fp8";
+  const std::string fp8 = resolve_precision(config, cuda()).startup_line;
+  std::printf("[ info ] %s\n", fp8.c_str());
+  EXPECT_EQ(fp8.rfind("Using FP8 recipe: DelayedScaling(format=HYBRID, amax_history_len=32, amax_compute_algo=max, "
+                      "margin=0); FP8 GEMMs through cuBLASLt",
+                      0),
+            0u)
+      << fp8;
+}
+
+TEST_F(CudaQuantize, Fp16StepsScaleTheLossAndSkipOnOverflow) {
+  ConfigSources sources;
+  sources.read_environment = false;
+  sources.overrides = {{"train.precision", "fp16"}, {"train.seq_len", "64"}, {"train.micro_batch_size", "2"},
+                       {"train.device", "cuda"}};
+  RunConfig config = load_config(sources);
+  std::vector<int32_t> tokens(128), targets(128);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(i * 7 % 256);
+    targets[i] = static_cast<int32_t>(i * 11 % 256);
+  }
+  const std::vector<TokenBatch> batch(1, TokenBatch{tokens.data(), targets.data(), 2, 64});
+  for (double initial : {65536.0, 4294967296.0}) {
+    config.precision.loss_scale_init = initial;
+    const PrecisionPlan plan = resolve_precision(config, cuda());
+    TrainingSession session(config, cuda(), plan, make_parameter_store(cuda(), config, plan, nullptr, 1));
+    const StepResult first = session.step(batch, 128, 1e-3, 1);
+    const StepResult second = session.step(batch, 128, 1e-3, 2);
+    std::printf("[ info ] fp16 initial scale %g: loss %.4f / %.4f, scale %g / %g, skipped %d / %d\n", initial, first.loss,
+                second.loss, first.loss_scale, second.loss_scale, first.skipped, second.skipped);
+    EXPECT_TRUE(std::isfinite(first.loss));
+    if (initial == 65536.0) {
+      EXPECT_FALSE(first.skipped);
+      EXPECT_EQ(second.loss_scale, 65536.0);
+      EXPECT_LT(second.loss, first.loss);
+    } else {
+      // 2^32 / 128 tokens overflows FP16's 65504 in the logits' gradient: skip and back off.
+      EXPECT_TRUE(first.skipped);
+      EXPECT_EQ(second.loss_scale, initial / 2);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxtrain::test

@@ -1,0 +1,103 @@
+// Stop safety of a real multi-process job under mpirun: SIGTERM to one rank (as Slurm or
+// SageMaker deliver it) stops every rank at the same step with a checkpoint and exit 0, and the
+// continuation equals an uninterrupted run; SIGKILL of rank 0 while a checkpoint is half written
+// leaves the previous checkpoint as the one that loads.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dist/process_helpers.hpp"
+#include "mxtrain/core/error.hpp"
+#include "support/test_support.hpp"
+
+namespace mxtrain {
+namespace {
+
+// The rank processes mpirun started (its children), by their OMPI_COMM_WORLD_RANK.
+std::map<int, pid_t> ranks_of(pid_t mpirun) {
+  std::map<int, pid_t> result;
+  std::ifstream children(strf("/proc/%d/task/%d/children", mpirun, mpirun));
+  pid_t child = 0;
+  while (children >> child) {
+    std::ifstream environ_file(strf("/proc/%d/environ", child), std::ios::binary);
+    std::string entry;
+    while (std::getline(environ_file, entry, '\0'))
+      if (entry.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) result[std::stoi(entry.substr(21))] = child;
+  }
+  return result;
+}
+
+class MpiStopSafety : public ::testing::Test {
+ protected:
+  void SetUp() override { corpus_ = test::make_test_corpus(dir_.file("corpus")); }
+  std::string job(const std::string& run_dir, int64_t steps, const std::string& extra = "") const {
+    return std::string(MXTRAIN_MPIRUN) + " -np 2 " + extra + " " + test::binary_path() + " train " +
+           test::tiny_train_flags(corpus_, run_dir) + " --steps " + std::to_string(steps);
+  }
+  void expect_same_losses(const std::string& run_dir, const std::string& reference_dir, int64_t steps) const {
+    std::map<int64_t, double> got = test::step_losses(run_dir), expected = test::step_losses(reference_dir);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(got.size(), static_cast<size_t>(steps));
+    for (int64_t step = 1; step <= steps; ++step) EXPECT_EQ(got[step], expected[step]) << "step " << step;
+  }
+  test::TempDir dir_;
+  std::string corpus_;
+};
+
+TEST_F(MpiStopSafety, SigtermToOneRankStopsTheJobWithACheckpoint) {
+  const std::string run = dir_.file("run");
+  test::BackgroundProcess mpirun(job(run, 1000000), dir_.file("job.txt"));
+  test::wait_until([&] { return test::step_losses(run).size() >= 3 || mpirun.wait(0).has_value(); }, 180);
+  ASSERT_FALSE(mpirun.wait(0).has_value()) << "the job ended early:\n" << mpirun.output();
+  ASSERT_GE(test::step_losses(run).size(), 3u) << mpirun.output();
+  std::map<int, pid_t> ranks = ranks_of(mpirun.pid());
+  ASSERT_EQ(ranks.size(), 2u) << "cannot find the rank processes of mpirun " << mpirun.pid();
+  ::kill(ranks[1], SIGTERM);
+  std::optional<int> status = mpirun.wait(100);
+  ASSERT_TRUE(status.has_value()) << mpirun.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << mpirun.output();
+  EXPECT_NE(mpirun.output().find("another rank received a stop signal"), std::string::npos) << mpirun.output();
+  std::vector<std::string> saved = test::complete_checkpoints(run);
+  ASSERT_EQ(saved.size(), 1u) << mpirun.output();
+  const int64_t stopped_at = test::checkpoint_step(saved.back());
+  EXPECT_EQ(static_cast<int64_t>(test::step_losses(run).size()), stopped_at);
+
+  std::string output;
+  ASSERT_EQ(test::run_command(job(run, stopped_at + 2), &output), 0) << output;
+  EXPECT_NE(output.find(strf("resumed from %s at step %lld", saved.back().c_str(), static_cast<long long>(stopped_at))),
+            std::string::npos)
+      << output;
+  ASSERT_EQ(test::run_command(job(dir_.file("reference"), stopped_at + 2), &output), 0) << output;
+  expect_same_losses(run, dir_.file("reference"), stopped_at + 2);
+}
+
+TEST_F(MpiStopSafety, SigkillOfRankZeroDuringACheckpointKeepsThePreviousOne) {
+  const std::string run = dir_.file("run");
+  test::BackgroundProcess mpirun(job(run, 6, "-x MXT_TEST_CHECKPOINT_PAUSE=4:60") + " --set checkpoint.every=2",
+                                 dir_.file("job.txt"));
+  test::wait_until([&] { return mpirun.output().find("pausing") != std::string::npos || mpirun.wait(0); }, 180);
+  ASSERT_NE(mpirun.output().find("pausing"), std::string::npos) << mpirun.output();
+  std::map<int, pid_t> ranks = ranks_of(mpirun.pid());
+  ASSERT_EQ(ranks.count(0), 1u);
+  ::kill(ranks[0], SIGKILL);
+  std::optional<int> status = mpirun.wait(60);
+  ASSERT_TRUE(status.has_value()) << "mpirun did not end the job after rank 0 died:\n" << mpirun.output();
+  EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_TRUE(std::filesystem::exists(run + "/checkpoints/step_00000004.tmp/rank_00001.bin"));
+  EXPECT_FALSE(std::filesystem::exists(run + "/checkpoints/step_00000004"));
+  std::vector<std::string> saved = test::complete_checkpoints(run);
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(test::checkpoint_step(saved.back()), 2);
+
+  std::string output;
+  ASSERT_EQ(test::run_command(job(run, 6) + " --set checkpoint.every=2", &output), 0) << output;
+  EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000002 at step 2"), std::string::npos) << output;
+  ASSERT_EQ(test::run_command(job(dir_.file("reference"), 6) + " --set checkpoint.every=2", &output), 0) << output;
+  expect_same_losses(run, dir_.file("reference"), 6);
+}
+
+}  // namespace
+}  // namespace mxtrain

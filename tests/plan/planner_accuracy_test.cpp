@@ -1,0 +1,50 @@
+// The planner against the GPU: bench/results/planner_accuracy.json holds, for each config of
+// bench/planner_accuracy_configs.json, the peak (allocator peak live bytes) and step time that
+// `mxtrain bench` measured on an H200 (written by bench/planner_accuracy.sh on the GPU machine).
+// This test re-plans every config on the CPU with the committed calibration and checks the
+// planned peak within 3% and the planned step time within 15% of the measurements (TARGETS.md).
+// The file must exist: until the GPU run is committed this test fails, saying how to make it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "mxtrain/plan/accuracy.hpp"
+#include "mxtrain/plan/planner.hpp"
+#include "support/test_support.hpp"
+
+namespace mxtrain {
+namespace {
+
+TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements) {
+  const std::string path = test::source_dir() + "/bench/results/planner_accuracy.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path << " is missing: on the GPU machine run `bench/planner_accuracy.sh` (it writes the file), "
+                  << "then commit it";
+  const nlohmann::json report = nlohmann::json::parse(in);
+  ASSERT_TRUE(report.value("measured", false)) << path << " holds predictions only; rerun the harness with the GPU";
+  const std::string gpu = report.at("gpu").get<std::string>();
+  PlanOptions options;
+  options.steps = report.at("plan_steps").get<int>();
+  options.detailed = false;
+  const Calibration calibration = Calibration::load();
+  int checked = 0;
+  for (const nlohmann::json& entry : report.at("entries")) {
+    const std::string name = entry.at("name").get<std::string>();
+    SCOPED_TRACE(name);
+    const nlohmann::json& measured = entry.at("measured");
+    ASSERT_TRUE(measured.at("fits").get<bool>()) << "the harness lists only configs that fit one " << gpu;
+    const Plan plan = make_plan(accuracy_entry_config(entry), PlanTarget{gpu, 1, 1}, calibration, options);
+    const double measured_peak = measured.at("peak_bytes").get<double>();
+    const double measured_ms = measured.at("step_ms").get<double>();
+    EXPECT_LE(std::fabs(static_cast<double>(plan.memory.peak_live) / measured_peak - 1.0), 0.03)
+        << "planned peak " << plan.memory.peak_live << " bytes, measured " << measured_peak;
+    EXPECT_LE(std::fabs(1e3 * plan.time.total_s / measured_ms - 1.0), 0.15)
+        << "planned step " << 1e3 * plan.time.total_s << " ms, measured " << measured_ms << " ms";
+    ++checked;
+  }
+  EXPECT_GE(checked, 12) << "the acceptance needs at least 12 configs";
+}
+
+}  // namespace
+}  // namespace mxtrain

@@ -1,0 +1,267 @@
+// Precision recipes at the run level, on the CPU (the oracle emulates every format) and the
+// dryrun backend (which counts bytes): the FP16 loss scaler's skip/backoff/growth rule, the
+// precision names and start-up lines, quantized_weights (no compute copy of quantized blocks, FP32
+// masters kept, less memory than bf16), a few training steps per format, and
+// `mxtrain compare-precision` writing its CSV, JSON and SVG.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "mxtrain/backend/cpu/cpu_backend.hpp"
+#include "mxtrain/backend/dryrun/dryrun_backend.hpp"
+#include "mxtrain/config/loader.hpp"
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/train/loss_scaler.hpp"
+#include "mxtrain/train/precision.hpp"
+#include "mxtrain/train/precision_comparison.hpp"
+#include "mxtrain/train/session.hpp"
+#include "support/test_support.hpp"
+
+namespace mxtrain {
+namespace {
+
+TEST(LossScaler, BacksOffAndSkipsOnOverflowAndGrowsAfterTheInterval) {
+  LossScalerOptions options;
+  options.initial_scale = 1024;
+  options.growth_interval = 3;
+  LossScaler scaler(options);
+  EXPECT_EQ(scaler.scale(), 1024.0f);
+  EXPECT_TRUE(scaler.update(false, 1));
+  EXPECT_TRUE(scaler.update(false, 2));
+  EXPECT_EQ(scaler.scale(), 1024.0f);
+  EXPECT_TRUE(scaler.update(false, 3));  // third clean step: x2
+  EXPECT_EQ(scaler.scale(), 2048.0f);
+  EXPECT_TRUE(scaler.update(false, 4));
+  EXPECT_FALSE(scaler.update(true, 5));  // overflow: skip, x0.5, the clean count restarts
+  EXPECT_EQ(scaler.scale(), 1024.0f);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  EXPECT_EQ(scaler.clean_steps(), 0);
+  EXPECT_TRUE(scaler.update(false, 6));
+  EXPECT_TRUE(scaler.update(false, 7));
+  EXPECT_EQ(scaler.scale(), 1024.0f);  // only two clean steps since the backoff
+  EXPECT_TRUE(scaler.update(false, 8));
+  EXPECT_EQ(scaler.scale(), 2048.0f);
+}
+
+TEST(LossScaler, DefaultsArePytorchsAndDivergenceEndsTheRun) {
+  const LossScalerOptions defaults = loss_scaler_options(PrecisionConfig{});
+  EXPECT_EQ(defaults.initial_scale, 65536.0);
+  EXPECT_EQ(defaults.growth_interval, 2000);
+  EXPECT_EQ(defaults.backoff_factor, 0.5);
+  EXPECT_EQ(defaults.growth_factor, 2.0);
+  LossScaler scaler(defaults);
+  int step = 0;
+  try {
+    while (step < 100) scaler.update(true, ++step);
+    FAIL() << "the scaler never gave up";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::numerics);
+    EXPECT_NE(error.full_message().find("fix:"), std::string::npos);
+  }
+  EXPECT_EQ(step, 41);  // 2^16 halved 41 times falls below 2^-24
+}
+
+RunConfig tiny(const std::string& precision) {
+  ConfigSources sources;
+  sources.read_environment = false;
+  sources.overrides = {{"model.hidden", "64"},      {"model.heads", "2"},      {"model.kv_heads", "1"},
+                       {"model.layers", "2"},       {"model.ffn_hidden", "128"}, {"train.seq_len", "32"},
+                       {"train.micro_batch_size", "4"}, {"train.device", "cpu"}, {"train.precision", precision},
+                       {"schedule.warmup_steps", "2"}};
+  return load_config(sources);
+}
+
+TEST(Precision, NamesStartupLinesAndErrors) {
+  CpuBackend cpu(1);
+  RunConfig config = tiny("fp8");
+  config.precision.amax_history_len = 32;
+  const PrecisionPlan fp8 = resolve_precision(config, cpu);
+  EXPECT_EQ(fp8.linear, LinearFormat::fp8_delayed);
+  EXPECT_EQ(fp8.activation, DType::f32);
+  EXPECT_EQ(fp8.startup_line.rfind("Using FP8 recipe: DelayedScaling(format=HYBRID, amax_history_len=32, "
+                                   "amax_compute_algo=max, margin=0)",
+                                   0),
+            0u)
+      << fp8.startup_line;
+  config.train.precision = "fp8-current";
+  EXPECT_NE(resolve_precision(config, cpu).startup_line.find("Float8CurrentScaling(format=HYBRID)"), std::string::npos);
+  config.train.precision = "mxfp8";
+  const std::string mx = resolve_precision(config, cpu).startup_line;
+  EXPECT_EQ(mx.rfind("MXFP8 enabled (block 32, E8M0 scales, RCEIL rounding", 0), 0u) << mx;
+  config.train.precision = "nvfp4";
+  config.model.layers = 22;
+  const std::string nv = resolve_precision(config, cpu).startup_line;
+  EXPECT_NE(nv.find("18 of 22 blocks quantized (first 0 and last 4 in FP32)"), std::string::npos) << nv;
+  // auto keeps min(4, layers / 4) blocks of an NVFP4 model in high precision, nothing for the others.
+  EXPECT_EQ(linear_recipe_options(config, resolve_precision(config, cpu)).bf16_last_layers, 4);
+  config.model.layers = 8;
+  EXPECT_EQ(linear_recipe_options(config, resolve_precision(config, cpu)).bf16_last_layers, 2);
+  config.train.precision = "fp8";
+  EXPECT_EQ(linear_recipe_options(config, resolve_precision(config, cpu)).bf16_last_layers, 0);
+  config.precision.bf16_last_layers = "3";
+  EXPECT_EQ(linear_recipe_options(config, resolve_precision(config, cpu)).bf16_last_layers, 3);
+
+  EXPECT_EQ(resolve_precision("fp16", "cuda", false).activation, DType::f16);
+  EXPECT_TRUE(resolve_precision("fp16", "cuda", false).loss_scaling);
+  EXPECT_EQ(resolve_precision("fp8", "cuda", false).activation, DType::bf16);
+  EXPECT_THROW(resolve_precision("fp16", "cpu", false), Error);  // the cpu computes in FP32
+  EXPECT_THROW(resolve_precision("fp7", "cuda", false), Error);
+  std::set<std::string> names(precision_names().begin(), precision_names().end());
+  for (const char* name : {"fp32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"}) EXPECT_TRUE(names.count(name));
+}
+
+TEST(Precision, ConfigKeysValidate) {
+  RunConfig config = tiny("bf16");
+  std::vector<Field> list = fields(config);
+  auto set = [&](const std::string& key, const std::string& value) {
+    for (Field& field : list)
+      if (field.key == key) return field.set(value);
+    FAIL() << "no key " << key;
+  };
+  set("precision.bf16_last_layers", "2");
+  EXPECT_EQ(config.precision.bf16_last_layers, "2");
+  EXPECT_THROW(set("precision.bf16_last_layers", "-1"), Error);
+  EXPECT_THROW(set("precision.bf16_first_layers", "two"), Error);
+  EXPECT_THROW(set("precision.mx_scale_rounding", "nearest"), Error);
+  EXPECT_THROW(set("precision.margin", "101"), Error);
+  set("precision.quantized_weights", "true");
+  EXPECT_THROW(validate(config), Error);  // bf16 has nothing to quantize
+  config.train.precision = "fp8";
+  EXPECT_NO_THROW(validate(config));
+}
+
+// Collects the names of allocations.
+class AllocationLog final : public TraceObserver {
+ public:
+  void on_op(const OpRecord&) override {}
+  void on_allocation(const AllocationEvent& event) override {
+    if (!event.is_free) names.insert(event.name);
+  }
+  std::set<std::string> names;
+};
+
+// The peak bytes of one dryrun step (bf16 activations, as on a GPU).
+size_t dryrun_peak(const RunConfig& config, AllocationLog* log = nullptr) {
+  DryrunBackend backend(0, "h200");
+  backend.set_native_quantized_gemms({DType::e4m3});  // Hopper: real FP8 GEMMs
+  if (log) backend.set_observer(log);
+  const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
+  TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+  const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size, config.train.seq_len});
+  session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
+  backend.set_observer(nullptr);
+  return backend.memory_stats().peak_live_bytes;
+}
+
+TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
+  ConfigSources sources;
+  sources.read_environment = false;
+  // Weights dominate (a short micro-batch), as in quantized_weights' intended use.
+  sources.overrides = {{"model.preset", "tiny"}, {"train.seq_len", "64"}, {"train.micro_batch_size", "1"},
+                       {"train.precision", "fp8"}};
+  RunConfig fp8 = load_config(sources);
+  RunConfig bf16 = fp8;
+  bf16.train.precision = "bf16";
+  RunConfig quantized = fp8;
+  quantized.precision.quantized_weights = true;
+  quantized.precision.bf16_last_layers = "1";
+  AllocationLog plain, dropped;
+  const size_t bf16_peak = dryrun_peak(bf16);
+  dryrun_peak(fp8, &plain);
+  const size_t quantized_peak = dryrun_peak(quantized, &dropped);
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string copy = "layers." + std::to_string(layer) + ".weight";
+    EXPECT_TRUE(plain.names.count(copy)) << copy;
+    // The last block stays in bf16 and keeps its copy; the quantized ones have only masters.
+    EXPECT_EQ(dropped.names.count(copy), layer == 3 ? 1u : 0u) << copy;
+    EXPECT_TRUE(dropped.names.count("layers." + std::to_string(layer) + ".master")) << layer;
+  }
+  EXPECT_TRUE(dropped.names.count("embed.weight"));
+  const size_t layer_copy_bytes = 3 * 2 * static_cast<size_t>(build_layout(fp8.model).groups[1].numel);
+  EXPECT_LT(quantized_peak + layer_copy_bytes / 2, bf16_peak)
+      << "peak " << quantized_peak << " with quantized weights, " << bf16_peak << " in bf16";
+
+  // The model reads the FP32 masters of quantized blocks, the bf16 copy of the others.
+  DryrunBackend backend(0, "h200");
+  const PrecisionPlan plan = resolve_precision("fp8", "cuda", false);
+  auto store = make_parameter_store(backend, quantized, plan, nullptr, 1);
+  const ModelLayout& layout = store->layout();
+  EXPECT_EQ(store->weight(layout.layer_group(0), layout.layer.qkv_weight).dtype, DType::f32);
+  EXPECT_EQ(store->weight(layout.layer_group(3), layout.layer.qkv_weight).dtype, DType::bf16);
+  EXPECT_EQ(store->weight(layout.embed_group, layout.token_table).dtype, DType::bf16);
+}
+
+// A few steps per format on the test corpus: every recipe trains, and the quantized ones really
+// quantize (their losses differ from FP32's, but stay close).
+class PrecisionTraining : public ::testing::Test {
+ protected:
+  void SetUp() override { corpus_ = test::make_test_corpus(dir_.file("corpus")); }
+  RunConfig config(const std::string& precision, int64_t steps) {
+    RunConfig c = tiny(precision);
+    c.data.train = corpus_ + "/train_*.bin";
+    c.data.val = "";
+    c.train.steps = steps;
+    c.checkpoint.dir = dir_.file("out");
+    return c;
+  }
+  test::TempDir dir_;
+  std::string corpus_;
+};
+
+TEST_F(PrecisionTraining, CompareRunsEveryFormatOnTheSameBatches) {
+  PrecisionComparisonOptions options;
+  options.formats = parse_precision_list("fp32,fp8,fp8-current,mxfp8,nvfp4");
+  options.output_dir = dir_.file("compare");
+  options.log_every = 100;
+  const PrecisionComparison comparison = compare_precisions(config("fp32", 6), options);
+  ASSERT_EQ(comparison.curves.size(), 5u);
+  EXPECT_EQ(comparison.baseline, "fp32");
+  const FormatCurve& baseline = comparison.curves[0];
+  EXPECT_EQ(baseline.gap, 0.0);
+  for (const FormatCurve& curve : comparison.curves) {
+    ASSERT_EQ(curve.losses.size(), 6u) << curve.format;
+    // Same initial weights and first batch: step 1's loss is the same up to quantization.
+    EXPECT_NEAR(curve.losses[0], baseline.losses[0], 0.05) << curve.format;
+    EXPECT_LT(curve.losses[5], curve.losses[0]) << curve.format << " did not learn";
+    EXPECT_LT(std::fabs(curve.gap), 0.05) << curve.format;
+    if (curve.format != "fp32") EXPECT_NE(curve.losses[5], baseline.losses[5]) << curve.format << " did not quantize";
+  }
+  std::ifstream csv(comparison.csv_path);
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,fp32,fp8,fp8-current,mxfp8,nvfp4");
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(comparison.json_path));
+  EXPECT_EQ(json["baseline"], "fp32");
+  EXPECT_EQ(json["formats"].size(), 5u);
+  std::stringstream svg;
+  svg << std::ifstream(comparison.svg_path).rdbuf();
+  size_t polylines = 0;
+  for (size_t at = svg.str().find("<polyline"); at != std::string::npos; at = svg.str().find("<polyline", at + 1))
+    ++polylines;
+  EXPECT_EQ(polylines, 5u);
+  EXPECT_THROW(parse_precision_list("fp32,fp9"), Error);
+  EXPECT_THROW(parse_precision_list("fp8,fp8"), Error);
+}
+
+TEST_F(PrecisionTraining, CommandLineWritesTheCurves) {
+  const std::string out = dir_.file("cli");
+  std::string output;
+  const std::string command = test::binary_path() +
+                              " compare-precision --formats fp32,fp8 --steps 2 -d cpu -b 4 -s 32 -o " + out +
+                              " --set model.hidden=64 --set model.heads=2 --set model.kv_heads=1 --set model.layers=2"
+                              " --set model.ffn_hidden=128 --set data.val= --set data.train=" +
+                              corpus_ + "/train_*.bin";
+  ASSERT_EQ(test::run_command(command, &output), 0) << output;
+  EXPECT_NE(output.find("Using FP8 recipe: DelayedScaling"), std::string::npos) << output;
+  EXPECT_NE(output.find("vs fp32"), std::string::npos) << output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/loss_curves.svg"));
+  EXPECT_NE(test::run_command(test::binary_path() + " compare-precision --formats fp32,int3 -d cpu", &output), 0);
+  EXPECT_NE(output.find("int3"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace mxtrain
