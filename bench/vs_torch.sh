@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # mxtrain beside the PyTorch baseline, in one command, on one GPU (TARGETS.md's protocol).
 # Usage: bench/vs_torch.sh OUT.jsonl SET...   with SET one of
-#   bf16    gpt2-124m 64x1024, gpt2-1.5b 16x1024, llama-1b 8x2048 (vs torch.compile)
+#   gpt2    gpt2-124m 64x1024 (vs PyTorch eager and torch.compile)
+#   gpt2xl  gpt2-1.5b 16x1024 (vs eager and torch.compile)
+#   llama   llama-1b 8x2048 (vs eager and torch.compile)
 #   long    llama-1b at 8192 tokens: 1x8192 none, 1x8192 full, 16x8192 full (vs PyTorch eager)
 # Every line of OUT.jsonl is one measurement; mxtrain's carry "engine": "mxtrain", PyTorch's do
 # not. bench/summarize.py turns the file into the README table.
 set -euo pipefail
 out=${1:?usage: bench/vs_torch.sh OUT.jsonl SET...}; shift
-bin=${MXTRAIN_BIN:-build/cuda/mxtrain}
+bin=${BIN:-build/cuda/mxtrain}
 here=$(cd "$(dirname "$0")" && pwd)
 mx() { "$bin" bench --warmup 3 --timed 10 --json "$out" "$@" >/dev/null || echo "mxtrain bench $* failed" >&2; }
 torch_set() { python3 "$here/torch_baseline.py" "$1" | grep '"kind": "train"' >> "$out" || echo "torch $1 failed" >&2; }
 for set in "$@"; do
   case $set in
-    bf16)
+    gpt2)
       mx -m gpt2-124m -b 64 -s 1024 -p bf16
+      torch_set gpt2
+      ;;
+    gpt2xl)
       mx -m gpt2-1.5b -b 16 -s 1024 -p bf16
+      torch_set gpt2xl
+      ;;
+    llama)
       mx -m llama-1b -b 8 -s 2048 -p bf16
-      torch_set gpt2; torch_set gpt2xl
       python3 - "$here" "$out" <<'PY'
-import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, json, io, contextlib
+import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, io, contextlib
 tl = dict(arch="llama", vocab=32000, d=2048, L=22, h=32, kv=4, ffn=5632)
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):

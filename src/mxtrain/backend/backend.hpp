@@ -248,8 +248,10 @@ class Backend {
   // columnwise NVFP4 copy of a wgrad operand).
   void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed = false);
   // Quantizes x [R, C] (f32/bf16/f16) into its rowwise copy (x) and/or columnwise copy (xᵀ);
-  // an undefined copy's data is skipped. per_tensor: codes = fp8(x · scale[0]), scale f32 [1];
-  // amax (optional, f32 [1]) max= max |x| (delayed scaling records it during the cast).
+  // an undefined copy's data is skipped. per_tensor: codes = fp8(x · scale[0]), scale f32 [1],
+  // and each copy's own scale_inverse[0] = 1 / scale[0] (a 16-byte-aligned buffer of its own:
+  // cuBLAS 13 rejects FP8 scale pointers inside arrays); amax (optional, f32 [1]) max= max |x|
+  // (delayed scaling records it during the cast).
   // mxfp8: block scales computed here. nvfp4: each copy's amax must already hold its matrix's
   // amax (the amax op). Both copies use one read of x where the backend can.
   void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
