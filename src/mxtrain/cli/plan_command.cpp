@@ -51,6 +51,7 @@ void run_plan(const PlanArguments& arguments) {
     AccuracyOptions options;
     options.measure = arguments.measure;
     options.steps = arguments.options.steps;
+    options.progress_path = arguments.output_path;
     const nlohmann::json report = run_accuracy_harness(arguments.accuracy_configs, arguments.target.gpu, calibration,
                                                        options);
     emit(arguments, format_accuracy(report), report);

@@ -1,5 +1,6 @@
 #include "mxtrain/model/layout.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "mxtrain/core/error.hpp"
@@ -149,25 +150,49 @@ uint64_t hash_name(const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+double init_std(const ModelConfig& config, const ParamSpec& spec) {
+  double std = config.init_std;
+  if (spec.init == InitKind::normal_residual) std /= std::sqrt(2.0 * static_cast<double>(config.layers));
+  return std;
+}
+
+// Box-Muller on two uniforms drawn from a counter-based hash of (seed, name, index); `name_key`
+// is splitmix64(seed ^ hash_name(name)).
+float normal_value(uint64_t name_key, double std, int64_t index) {
+  const uint64_t key = name_key ^ static_cast<uint64_t>(index) * 0xd1342543de82ef95ull;
+  const uint64_t r1 = splitmix64(key);
+  const uint64_t r2 = splitmix64(r1 ^ 0x5851f42d4c957f2dull);
+  const double u1 = (static_cast<double>(r1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(r2 >> 11) * 0x1.0p-53;          // [0, 1)
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return static_cast<float>(z * std);
+}
+
+}  // namespace
+
 float initial_value(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t index) {
   switch (spec.init) {
     case InitKind::ones: return 1.0f;
     case InitKind::zeros: return 0.0f;
     case InitKind::normal:
-    case InitKind::normal_residual: {
-      double std = config.init_std;
-      if (spec.init == InitKind::normal_residual) std /= std::sqrt(2.0 * static_cast<double>(config.layers));
-      // Box-Muller on two uniforms drawn from a counter-based hash of (seed, name, index).
-      uint64_t key = splitmix64(seed ^ hash_name(spec.name)) ^ static_cast<uint64_t>(index) * 0xd1342543de82ef95ull;
-      uint64_t r1 = splitmix64(key);
-      uint64_t r2 = splitmix64(r1 ^ 0x5851f42d4c957f2dull);
-      double u1 = (static_cast<double>(r1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-      double u2 = static_cast<double>(r2 >> 11) * 0x1.0p-53;          // [0, 1)
-      double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-      return static_cast<float>(z * std);
-    }
+    case InitKind::normal_residual:
+      return normal_value(splitmix64(seed ^ hash_name(spec.name)), init_std(config, spec), index);
   }
   return 0.0f;
+}
+
+void initial_values(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
+                    float* out) {
+  if (spec.init == InitKind::ones || spec.init == InitKind::zeros) {
+    std::fill(out, out + count, spec.init == InitKind::ones ? 1.0f : 0.0f);
+    return;
+  }
+  const uint64_t name_key = splitmix64(seed ^ hash_name(spec.name));
+  const double std = init_std(config, spec);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) out[i] = normal_value(name_key, std, begin + i);
 }
 
 }  // namespace mxtrain

@@ -9,8 +9,7 @@ void initial_group_values(const ModelConfig& config, const ParamGroup& group, ui
   for (const ParamSpec& spec : group.params) {
     int64_t lo = std::max(begin, spec.offset);
     int64_t hi = std::min(begin + count, spec.offset + spec.numel());
-#pragma omp parallel for schedule(static)
-    for (int64_t i = lo; i < hi; ++i) out[i - begin] = initial_value(config, spec, seed, i - spec.offset);
+    if (hi > lo) initial_values(config, spec, seed, lo - spec.offset, hi - lo, out + (lo - begin));
   }
 }
 

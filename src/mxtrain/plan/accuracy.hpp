@@ -16,6 +16,9 @@ namespace mxtrain {
 struct AccuracyOptions {
   bool measure = false;  // run each config on this machine's GPU too
   int steps = 0;         // dryrun steps; 0 = the list's warmup + timed steps (bench's peak window)
+  // When set, the report so far is rewritten here after every measured entry, so a run cut
+  // short (a time limit on the GPU machine) still leaves every finished measurement.
+  std::string progress_path;
 };
 
 // The config of one list entry: the defaults with the entry's "set" keys applied (environment

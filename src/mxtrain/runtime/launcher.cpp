@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +35,18 @@ struct Child {
   bool running = true;
   int status = 0;             // from waitpid, once !running
 };
+
+// Signals reach the loop through a self-pipe written by a handler. A signalfd would need the
+// signals blocked in every thread, and the CUDA driver and OpenBLAS start threads of their own
+// before the launcher runs (a SIGTERM delivered to one of them would kill the launcher).
+int signal_pipe_write = -1;
+
+extern "C" void on_launcher_signal(int signal_number) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] const ssize_t written = ::write(signal_pipe_write, &byte, 1);
+  errno = saved;
+}
 
 void say(const std::string& text) {
   std::fprintf(stderr, "mxtrain launch: %s\n", text.c_str());
@@ -212,13 +223,20 @@ int run_launch(const LaunchOptions& options) {
                 "choose a writable --log-dir");
   const std::string program = options.exec_program ? "" : self_executable();
 
-  // Signals arrive through a signalfd, so the loop below sees them between reads and reaps.
-  sigset_t handled, previous;
-  sigemptyset(&handled);
-  for (int signal_number : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&handled, signal_number);
-  ::sigprocmask(SIG_BLOCK, &handled, &previous);
-  const int signals = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (signals < 0) throw Error(ErrorKind::system, std::string("signalfd: ") + std::strerror(errno), "");
+  int signal_pipe[2];
+  if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error(ErrorKind::system, std::string("pipe: ") + std::strerror(errno), "");
+  signal_pipe_write = signal_pipe[1];
+  const int signals = signal_pipe[0];
+  constexpr int kHandled[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP};
+  struct sigaction previous[4];
+  for (size_t i = 0; i < 4; ++i) {
+    struct sigaction action {};
+    action.sa_handler = on_launcher_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(kHandled[i], &action, &previous[i]);
+  }
 
   const pid_t launcher = ::getpid();
   // Names this launch in every rank's environment (the same job's ranks share it per node).
@@ -308,9 +326,9 @@ int run_launch(const LaunchOptions& options) {
     const int ready = ::poll(fds.data(), fds.size(), 200);
     if (ready < 0 && errno != EINTR) break;
     if (fds[0].revents & POLLIN) {
-      signalfd_siginfo info{};
-      while (::read(signals, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-        const int signal_number = static_cast<int>(info.ssi_signo);
+      unsigned char byte = 0;
+      while (::read(signals, &byte, 1) == 1) {
+        const int signal_number = byte;
         if (signal_number == SIGCHLD) continue;
         say(strf("received %s: forwarding it to %d rank(s) (they save a checkpoint and stop)",
                  strsignal(signal_number), running()));
@@ -327,8 +345,10 @@ int run_launch(const LaunchOptions& options) {
     }
     reap();
   }
+  for (size_t i = 0; i < 4; ++i) ::sigaction(kHandled[i], &previous[i], nullptr);
   ::close(signals);
-  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  ::close(signal_pipe[1]);
+  signal_pipe_write = -1;
   for (Child& child : children) {
     if (child.output >= 0) ::close(child.output);
     std::fclose(child.log);
