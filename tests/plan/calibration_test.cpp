@@ -10,17 +10,22 @@
 namespace mxtrain {
 namespace {
 
-TEST(Calibration, CommittedH200FactorsReproduceTheMeasuredCeilings) {
+// The committed H200 factors are a least-squares fit to whole training steps (the accuracy
+// harness). They must stay consistent with the ceilings measured on the same GPU (TARGETS.md):
+// the 8192^3 BF16 GEMM within 3% of its measured 773 TFLOP/s, and memory-bound ops no faster
+// than the measured 4.26 TB/s device-to-device copy.
+TEST(Calibration, CommittedH200FactorsStayConsistentWithTheMeasuredCeilings) {
   const Calibration calibration = Calibration::load();
   const GpuSpec& h200 = require_gpu("h200");
   const GpuCalibration c = calibration.for_gpu(h200);
   OpRecord gemm{OpKind::linear_forward, Phase::forward, DType::bf16, 2.0 * 8192 * 8192 * 8192, 3.0 * 8192 * 8192 * 2};
   gemm.m = gemm.n = gemm.k = 8192;
   const double seconds = op_seconds(gemm, h200, c, false) - c.launch_overhead_s;
-  EXPECT_NEAR(gemm.flops / seconds / 1e12, 773.0, 0.5);
+  EXPECT_NEAR(gemm.flops / seconds / 1e12, 773.0, 0.03 * 773.0);
   OpRecord copy{OpKind::copy, Phase::other, DType::bf16, 0, 2.0 * 1e9};
   const double copy_seconds = op_seconds(copy, h200, c, false) - c.launch_overhead_s;
-  EXPECT_NEAR(copy.bytes / copy_seconds / 1e12, 4.26, 0.005);
+  EXPECT_LE(copy.bytes / copy_seconds / 1e12, 4.26);
+  EXPECT_GT(copy.bytes / copy_seconds / 1e12, 1.0);
 }
 
 TEST(Calibration, TileQuantisationAndShortDepthLowerGemmEfficiency) {
