@@ -46,5 +46,16 @@ TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements)
   EXPECT_GE(checked, 12) << "the acceptance needs at least 12 configs";
 }
 
+// Out of sample: every config's step time predicted by a calibration fitted to the other
+// measured configs (leave-one-out) stays within the same 15%.
+TEST(PlannerAccuracy, StepTimesHeldOutOfTheFitStayWithinFifteenPercent) {
+  const std::string path = test::source_dir() + "/bench/results/planner_accuracy.json";
+  ASSERT_TRUE(std::ifstream(path)) << path << " is missing: run bench/planner_accuracy.sh on the GPU machine";
+  const nlohmann::json result = cross_validate_step_times(path, Calibration::load());
+  EXPECT_GE(result.at("configs").get<int>(), 12);
+  for (const nlohmann::json& row : result.at("entries"))
+    EXPECT_LE(std::fabs(row.at("held_out_error").get<double>()), 0.15) << row.dump();
+}
+
 }  // namespace
 }  // namespace mxtrain

@@ -48,8 +48,9 @@ TEST(PlanningDocs, EveryPlanAndTuneExampleRuns) {
       ASSERT_EQ(example.rfind("plan ", 0), 0u) << "only plan and tune examples are expected here";
       ++plans;
     }
-    std::string output;
-    EXPECT_EQ(test::run_command(test::binary_path() + " " + example, &output), 0) << output;
+    std::string output;  // from the repository root, as the page's paths are written
+    EXPECT_EQ(test::run_command("cd '" + test::source_dir() + "' && " + test::binary_path() + " " + example, &output), 0)
+        << output;
   }
   EXPECT_GE(plans, 5);
   EXPECT_GE(tunes, 2);

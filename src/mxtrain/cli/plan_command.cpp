@@ -26,6 +26,7 @@ struct PlanArguments {
   std::string calibration_path;
   std::string output_path;
   std::string accuracy_configs;
+  std::string cross_validate;
   std::string precisions;  // "" = the config's precision
   bool json = false;
   bool summary = false;
@@ -47,6 +48,11 @@ void emit(const PlanArguments& arguments, const std::string& human, const nlohma
 
 void run_plan(const PlanArguments& arguments) {
   const Calibration calibration = Calibration::load(arguments.calibration_path);
+  if (!arguments.cross_validate.empty()) {
+    const nlohmann::json result = cross_validate_step_times(arguments.cross_validate, calibration);
+    emit(arguments, format_cross_validation(result), result);
+    return;
+  }
   if (!arguments.accuracy_configs.empty()) {
     AccuracyOptions options;
     options.measure = arguments.measure;
@@ -124,6 +130,10 @@ void add_plan_command(CLI::App& app) {
   command->add_option("--accuracy-configs", a.accuracy_configs,
                       "plan every config of this JSON list (bench/planner_accuracy_configs.json) for --gpu; with "
                       "--measure also run each with `bench` on this machine's GPU and compare")
+      ->check(CLI::ExistingFile);
+  command->add_option("--cross-validate", a.cross_validate,
+                      "leave-one-out check of the step-time calibration on a measured accuracy report "
+                      "(bench/results/planner_accuracy.json): each config predicted by a fit to the others")
       ->check(CLI::ExistingFile);
   command->add_flag("--measure", a.measure, "with --accuracy-configs: measure on the GPU (needs the cuda backend)");
   command->callback([arguments] { run_plan(*arguments); });

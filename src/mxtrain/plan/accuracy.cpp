@@ -1,5 +1,6 @@
 #include "mxtrain/plan/accuracy.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -20,17 +21,20 @@
 namespace mxtrain {
 namespace {
 
-nlohmann::json read_list(const std::string& path) {
+nlohmann::json read_json(const std::string& path, const std::string& option) {
   std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::config, "cannot read " + path, "check the --accuracy-configs path");
+  if (!in) throw Error(ErrorKind::config, "cannot read " + path, "check the " + option + " path");
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json list;
   try {
-    list = nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& error) {
     throw Error(ErrorKind::config, path + " is not valid JSON: " + error.what(), "fix the file");
   }
+}
+
+nlohmann::json read_list(const std::string& path) {
+  const nlohmann::json list = read_json(path, "--accuracy-configs");
   if (!list.contains("configs") || !list["configs"].is_array() || list["configs"].empty())
     throw Error(ErrorKind::config, path + " has no \"configs\" list",
                 "see bench/planner_accuracy_configs.json for the format: {\"configs\": [{\"name\": ..., \"set\": {key: "
@@ -341,6 +345,93 @@ std::string format_accuracy(const nlohmann::json& report) {
                 100 * report["max_abs_step_time_relative_error"].get<double>());
   if (report.contains("calibration_fit") && !report["calibration_fit"].is_null())
     out += "  calibration fit (report's calibration_fit): " + report["calibration_fit"].dump() + "\n";
+  return out;
+}
+
+nlohmann::json cross_validate_step_times(const std::string& report_path, const Calibration& calibration) {
+  const nlohmann::json report = read_json(report_path, "--cross-validate");
+  if (!report.is_object() || report.value("kind", std::string()) != "planner_accuracy" || !report.contains("entries"))
+    throw Error(ErrorKind::config, report_path + " is not a planner accuracy report",
+                "pass the file the harness writes (bench/results/planner_accuracy.json), not its config list");
+  if (!report.value("measured", false))
+    throw Error(ErrorKind::config, report_path + " holds predictions only",
+                "cross-validate a report written with --measure (bench/results/planner_accuracy.json)");
+  const std::string gpu = report.at("gpu").get<std::string>();
+  PlanOptions options;
+  options.steps = report.value("plan_steps", 7);
+  options.detailed = false;
+  auto plan_entry = [&](const nlohmann::json& entry, const Calibration& with) {
+    return make_plan(accuracy_entry_config(entry), PlanTarget{gpu, 1, 1}, with, options);
+  };
+  // The report's entries with their class times re-planned under `calibration`.
+  nlohmann::json base = report;
+  base["entries"] = nlohmann::json::array();
+  for (const nlohmann::json& entry : report.at("entries")) {
+    if (!entry.contains("measured") || !entry["measured"].value("fits", false)) continue;
+    const Plan plan = plan_entry(entry, calibration);
+    nlohmann::json copy = entry;
+    copy["predicted"] = {{"step_ms", 1e3 * plan.time.total_s},
+                         {"gemm_s", plan.time.gemm_class_s},
+                         {"attention_s", plan.time.attention_class_s},
+                         {"memory_bound_s", plan.time.memory_class_s},
+                         {"op_launches", plan.time.ops},
+                         {"communication_exposed_s", plan.time.communication_exposed_s}};
+    base["entries"].push_back(copy);
+  }
+  const size_t count = base["entries"].size();
+  if (count < 5)
+    throw Error(ErrorKind::config, strf("the report has %zu measured configs", count),
+                "leave-one-out needs at least 5 (4 factors are fitted to the others)");
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<double> held_out_errors;
+  double worst_in_sample = 0;
+  for (size_t held = 0; held < count; ++held) {
+    const nlohmann::json& entry = base["entries"][held];
+    nlohmann::json others = base;
+    others["entries"].erase(others["entries"].begin() + static_cast<std::ptrdiff_t>(held));
+    const nlohmann::json fit = fit_calibration(others, calibration);
+    const Calibration held_out_calibration = Calibration::from_json({calibration.merged(), fit});
+    const double measured_ms = entry["measured"]["step_ms"].get<double>();
+    const double in_sample_ms = entry["predicted"]["step_ms"].get<double>();
+    const double held_out_ms = 1e3 * plan_entry(entry, held_out_calibration).time.total_s;
+    const double error = held_out_ms / measured_ms - 1.0;
+    held_out_errors.push_back(std::fabs(error));
+    worst_in_sample = std::max(worst_in_sample, std::fabs(in_sample_ms / measured_ms - 1.0));
+    rows.push_back({{"name", entry["name"]},
+                    {"measured_ms", measured_ms},
+                    {"predicted_ms", in_sample_ms},
+                    {"predicted_error", in_sample_ms / measured_ms - 1.0},
+                    {"held_out_ms", held_out_ms},
+                    {"held_out_error", error}});
+  }
+  std::vector<double> sorted = held_out_errors;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                          : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  return {{"kind", "planner_cross_validation"},
+          {"gpu", gpu},
+          {"configs", count},
+          {"calibration_sources", calibration.sources()},
+          {"max_abs_predicted_error", worst_in_sample},
+          {"max_abs_held_out_error", sorted.back()},
+          {"median_abs_held_out_error", median},
+          {"entries", rows}};
+}
+
+std::string format_cross_validation(const nlohmann::json& result) {
+  std::string out = strf("step-time cross-validation on %s: %d configs, each predicted by a calibration fitted to "
+                         "the other %d\n",
+                         result["gpu"].get<std::string>().c_str(), result["configs"].get<int>(),
+                         result["configs"].get<int>() - 1);
+  out += strf("  %-36s %10s %16s %16s\n", "config", "measured", "this calibration", "held out");
+  for (const nlohmann::json& row : result["entries"])
+    out += strf("  %-36s %7.1f ms %9.1f ms %+5.1f%% %9.1f ms %+5.1f%%\n", row["name"].get<std::string>().c_str(),
+                row["measured_ms"].get<double>(), row["predicted_ms"].get<double>(),
+                100 * row["predicted_error"].get<double>(), row["held_out_ms"].get<double>(),
+                100 * row["held_out_error"].get<double>());
+  out += strf("  worst: %.1f%% with this calibration, %.1f%% held out (median %.1f%%); target 15%%\n",
+              100 * result["max_abs_predicted_error"].get<double>(), 100 * result["max_abs_held_out_error"].get<double>(),
+              100 * result["median_abs_held_out_error"].get<double>());
   return out;
 }
 

@@ -43,4 +43,13 @@ std::string format_accuracy(const nlohmann::json& report);
 // no measurable weight keeps its factor — or null when fewer than 4 configs were measured.
 nlohmann::json fit_calibration(const nlohmann::json& report, const Calibration& calibration);
 
+// Leave-one-out check of the step-time calibration on a measured report (a file written by the
+// harness with --measure): every measured config
+// is re-planned here with `calibration` (the class times the fit needs), then, for each config,
+// the calibration is fitted to all the others and the held-out config's step time predicted
+// with that fit. Returns per-entry in-sample and held-out predictions and errors, and the worst
+// and median held-out errors: an out-of-sample figure the in-sample fit alone cannot give.
+nlohmann::json cross_validate_step_times(const std::string& report_path, const Calibration& calibration);
+std::string format_cross_validation(const nlohmann::json& result);
+
 }  // namespace mxtrain

@@ -101,6 +101,7 @@ const std::vector<CalibrationField>& calibration_fields() {
       cuda_number("cuda_allocations.attention_backward_dq_accum_f32",
                   &CudaAllocationModel::attention_backward_dq_accum_f32),
       cuda_number("cuda_allocations.attention_backward_row_f32", &CudaAllocationModel::attention_backward_row_f32),
+      cuda_number("cuda_allocations.attention_backward_gqa_bytes", &CudaAllocationModel::attention_backward_gqa_bytes),
       cuda_number("cuda_allocations.attention_backward_engine_bytes",
                   &CudaAllocationModel::attention_backward_engine_bytes),
       cuda_number("cuda_allocations.embedding_sort_bytes_per_token",

@@ -204,6 +204,7 @@ void DryrunBackend::impl_attention_backward(const Tensor& dout, const Tensor& qk
     bytes += 4.0 * cuda_.attention_backward_dq_accum_f32 * rows * static_cast<double>(shape.head_dim);
   }
   bytes += 4.0 * cuda_.attention_backward_row_f32 * rows;
+  if (shape.kv_heads < shape.heads) bytes += cuda_.attention_backward_gqa_bytes * rows * static_cast<double>(shape.head_dim);
   grow_attention_workspace(static_cast<size_t>(bytes));
 }
 

@@ -26,10 +26,13 @@ struct CudaAllocationModel {
   int64_t reduction_partials = 1024;  // kernels.hpp kSumMaxBlocks
   // "cudnn.workspace", grown to the largest any SDPA graph asks for (attention.cpp). Backward:
   // cudnn-frontend's SDPA backward node keeps dQ accumulated in f32 [b, h, s, d] and the
-  // softmax sum f32 [b, h, s] in its workspace, plus what the engine itself asks for.
+  // softmax sum f32 [b, h, s] in its workspace, plus what the engine itself asks for. With
+  // grouped-query heads (kv_heads < heads) it also asks for 4 bytes per b·h·s·d (dK and dV
+  // for every query head before they are summed per KV head); measured on the H200.
   int64_t attention_forward_workspace_bytes = 0;
   double attention_backward_dq_accum_f32 = 1;     // f32 elements per b·h·s·d
   double attention_backward_row_f32 = 1;          // f32 elements per b·h·s
+  double attention_backward_gqa_bytes = 4;        // bytes per b·h·s·d when kv_heads < heads
   int64_t attention_backward_engine_bytes = 0;
   bool deterministic_attention = false;  // dP workspace b·h·s64·s128·2 bytes instead of dQ accum
   // embedding_backward: keys, rows i32 [2, n] and cub's radix-sort temp storage (about this many
