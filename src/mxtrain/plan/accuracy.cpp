@@ -22,15 +22,7 @@ namespace mxtrain {
 namespace {
 
 nlohmann::json read_json(const std::string& path, const std::string& option) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::config, "cannot read " + path, "check the " + option + " path");
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& error) {
-    throw Error(ErrorKind::config, path + " is not valid JSON: " + error.what(), "fix the file");
-  }
+  return read_json_file(path, "", "check the " + option + " path", "fix the file");
 }
 
 nlohmann::json read_list(const std::string& path) {

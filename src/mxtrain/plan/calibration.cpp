@@ -21,21 +21,24 @@ void merge_json(nlohmann::json& base, const nlohmann::json& overlay) {
   }
 }
 
-namespace {
-
-nlohmann::json read_json_file(const std::string& path) {
+nlohmann::json read_json_file(const std::string& path, const std::string& what, const std::string& unreadable_fix,
+                              const std::string& invalid_fix) {
   std::ifstream in(path);
-  if (!in)
-    throw Error(ErrorKind::config, "cannot read the calibration file " + path,
-                "check the path given to --calibration");
+  if (!in) throw Error(ErrorKind::config, "cannot read " + what + path, unreadable_fix);
   std::stringstream text;
   text << in.rdbuf();
   try {
     return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& error) {
-    throw Error(ErrorKind::config, "calibration file " + path + " is not valid JSON: " + error.what(),
-                "fix the file, or remove it to use the committed calibration");
+    throw Error(ErrorKind::config, what + path + " is not valid JSON: " + error.what(), invalid_fix);
   }
+}
+
+namespace {
+
+nlohmann::json read_calibration_file(const std::string& path) {
+  return read_json_file(path, "the calibration file ", "check the path given to --calibration",
+                        "fix the file, or remove it to use the committed calibration");
 }
 
 // One field of a GPU entry: its dotted path and how it lands in GpuCalibration.
@@ -161,10 +164,10 @@ Calibration Calibration::load(const std::string& extra_path) {
     throw Error(ErrorKind::config, "the planner's calibration file " + committed + " is missing",
                 "run mxtrain from a build of an intact source tree (configs/plan/calibration.json), or pass "
                 "--calibration FILE with a full calibration");
-  layers.push_back(read_json_file(committed));
+  layers.push_back(read_calibration_file(committed));
   sources.push_back(committed);
   if (!extra_path.empty()) {
-    layers.push_back(read_json_file(extra_path));
+    layers.push_back(read_calibration_file(extra_path));
     sources.push_back(extra_path);
   }
   Calibration calibration = from_json(layers);

@@ -80,6 +80,11 @@ class Calibration {
   std::vector<std::string> sources_;
 };
 
+// Parses a JSON file; a missing or unreadable file and invalid JSON are config errors that name
+// `what` (e.g. "the calibration file ", or "") and the path, with the fix for each case.
+nlohmann::json read_json_file(const std::string& path, const std::string& what, const std::string& unreadable_fix,
+                              const std::string& invalid_fix);
+
 // Recursive merge: objects merge key by key, anything else replaces.
 void merge_json(nlohmann::json& base, const nlohmann::json& overlay);
 
