@@ -59,7 +59,7 @@ class FsdpParameterStore final : public ParameterStore {
                      Communicator& world, const FsdpOptions& options);
   ~FsdpParameterStore() override;
 
-  // Fills this rank's slices from initial_value() (no communication); zeroes the rest.
+  // Fills this rank's slices from initial_values() (no communication); zeroes the rest.
   void initialize(uint64_t seed);
 
   const ModelLayout& layout() const override { return layout_; }

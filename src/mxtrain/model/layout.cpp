@@ -172,17 +172,6 @@ float normal_value(uint64_t name_key, double std, int64_t index) {
 
 }  // namespace
 
-float initial_value(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t index) {
-  switch (spec.init) {
-    case InitKind::ones: return 1.0f;
-    case InitKind::zeros: return 0.0f;
-    case InitKind::normal:
-    case InitKind::normal_residual:
-      return normal_value(splitmix64(seed ^ hash_name(spec.name)), init_std(config, spec), index);
-  }
-  return 0.0f;
-}
-
 void initial_values(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
                     float* out) {
   if (spec.init == InitKind::ones || spec.init == InitKind::zeros) {

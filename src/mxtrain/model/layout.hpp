@@ -53,10 +53,9 @@ struct ModelLayout {
 
 ModelLayout build_layout(const ModelConfig& config);
 
-// The initial value of element `index` of parameter `spec`, a pure function of (seed, name,
-// index): any rank can initialise any shard of any parameter without the others.
-float initial_value(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t index);
-// initial_value() of elements [begin, begin+count) of `spec` into out (multithreaded).
+// The initial values of elements [begin, begin+count) of parameter `spec` into out
+// (multithreaded). Each is a pure function of (seed, name, index): any rank can initialise any
+// shard of any parameter without the others.
 void initial_values(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
                     float* out);
 

@@ -15,7 +15,7 @@ class LocalParameterStore final : public ParameterStore {
   LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype, DType grad_dtype,
                       const std::vector<int64_t>& master_only_layers = {});
 
-  // Fills master (and compute) weights from initial_value(); zeroes gradients and moments.
+  // Fills master (and compute) weights from initial_values(); zeroes gradients and moments.
   void initialize(uint64_t seed);
 
   const ModelLayout& layout() const override { return layout_; }
