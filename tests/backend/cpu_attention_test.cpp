@@ -31,14 +31,7 @@ class CpuAttention : public testing::TestWithParam<AttentionCase> {
  protected:
   AttentionShape shape() const {
     const AttentionCase& c = GetParam();
-    AttentionShape s;
-    s.batch = c.batch;
-    s.seq = c.seq;
-    s.heads = c.heads;
-    s.kv_heads = c.kv_heads;
-    s.head_dim = c.head_dim;
-    s.softmax_scale = c.softmax_scale;
-    return s;
+    return AttentionShape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.softmax_scale};
   }
   int64_t rows() const { return GetParam().batch * GetParam().seq; }
   int64_t out_cols() const { return GetParam().heads * GetParam().head_dim; }

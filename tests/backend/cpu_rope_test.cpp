@@ -28,13 +28,7 @@ class CpuRope : public testing::TestWithParam<RopeCase> {
  protected:
   AttentionShape shape() const {
     const RopeCase& c = GetParam();
-    AttentionShape s;
-    s.batch = c.batch;
-    s.seq = c.seq;
-    s.heads = c.heads;
-    s.kv_heads = c.kv_heads;
-    s.head_dim = c.head_dim;
-    return s;
+    return AttentionShape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim};
   }
   int64_t rows() const { return GetParam().batch * GetParam().seq; }
   std::vector<float> apply(const std::vector<float>& values, bool inverse) {

@@ -2,6 +2,7 @@
 // process with its output in a file, polling with a deadline, and reading a run directory's
 // step losses and checkpoints.
 #pragma once
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "support/test_support.hpp"
 
 namespace mxtrain::test {
 
@@ -112,6 +115,34 @@ inline std::vector<std::string> complete_checkpoints(const std::string& run_dir)
 
 inline int64_t checkpoint_step(const std::string& path) {
   return std::stoll(path.substr(path.rfind("step_") + 5));
+}
+
+// Both runs logged exactly `steps` step losses, and they are equal step by step.
+inline void expect_same_losses(const std::string& run_dir, const std::string& reference_dir, int64_t steps) {
+  std::map<int64_t, double> got = step_losses(run_dir), expected = step_losses(reference_dir);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(got.size(), static_cast<size_t>(steps));
+  for (int64_t step = 1; step <= steps; ++step) EXPECT_EQ(got[step], expected[step]) << "step " << step;
+}
+
+// After a stop signal ended `run_dir`'s job: it holds exactly one complete checkpoint, at the last
+// step its metrics reached; `command(dir, steps)` run again on it resumes from that checkpoint,
+// and `extra_steps` later its losses equal an uninterrupted run of the same length in
+// `reference_dir`. `stop_output` (the stopped job's output) is printed on failure.
+inline void expect_stopped_run_resumes_exactly(const std::string& run_dir, const std::string& reference_dir,
+                                               const std::function<std::string(const std::string&, int64_t)>& command,
+                                               int64_t extra_steps, const std::string& stop_output) {
+  std::vector<std::string> saved = complete_checkpoints(run_dir);
+  ASSERT_EQ(saved.size(), 1u) << stop_output;
+  const int64_t stopped_at = checkpoint_step(saved.back());
+  EXPECT_EQ(static_cast<int64_t>(step_losses(run_dir).size()), stopped_at);
+
+  std::string output;
+  ASSERT_EQ(run_command(command(run_dir, stopped_at + extra_steps), &output), 0) << output;
+  EXPECT_NE(output.find("resumed from " + saved.back() + " at step " + std::to_string(stopped_at)), std::string::npos)
+      << output;
+  ASSERT_EQ(run_command(command(reference_dir, stopped_at + extra_steps), &output), 0) << output;
+  expect_same_losses(run_dir, reference_dir, stopped_at + extra_steps);
 }
 
 }  // namespace mxtrain::test

@@ -37,12 +37,6 @@ class MpiStopSafety : public ::testing::Test {
     return std::string(MXTRAIN_MPIRUN) + " -np 2 " + extra + " " + test::binary_path() + " train " +
            test::tiny_train_flags(corpus_, run_dir) + " --steps " + std::to_string(steps);
   }
-  void expect_same_losses(const std::string& run_dir, const std::string& reference_dir, int64_t steps) const {
-    std::map<int64_t, double> got = test::step_losses(run_dir), expected = test::step_losses(reference_dir);
-    ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
-    ASSERT_EQ(got.size(), static_cast<size_t>(steps));
-    for (int64_t step = 1; step <= steps; ++step) EXPECT_EQ(got[step], expected[step]) << "step " << step;
-  }
   test::TempDir dir_;
   std::string corpus_;
 };
@@ -60,18 +54,9 @@ TEST_F(MpiStopSafety, SigtermToOneRankStopsTheJobWithACheckpoint) {
   ASSERT_TRUE(status.has_value()) << mpirun.output();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << mpirun.output();
   EXPECT_NE(mpirun.output().find("another rank received a stop signal"), std::string::npos) << mpirun.output();
-  std::vector<std::string> saved = test::complete_checkpoints(run);
-  ASSERT_EQ(saved.size(), 1u) << mpirun.output();
-  const int64_t stopped_at = test::checkpoint_step(saved.back());
-  EXPECT_EQ(static_cast<int64_t>(test::step_losses(run).size()), stopped_at);
-
-  std::string output;
-  ASSERT_EQ(test::run_command(job(run, stopped_at + 2), &output), 0) << output;
-  EXPECT_NE(output.find(strf("resumed from %s at step %lld", saved.back().c_str(), static_cast<long long>(stopped_at))),
-            std::string::npos)
-      << output;
-  ASSERT_EQ(test::run_command(job(dir_.file("reference"), stopped_at + 2), &output), 0) << output;
-  expect_same_losses(run, dir_.file("reference"), stopped_at + 2);
+  test::expect_stopped_run_resumes_exactly(
+      run, dir_.file("reference"), [&](const std::string& dir, int64_t steps) { return job(dir, steps); }, 2,
+      mpirun.output());
 }
 
 TEST_F(MpiStopSafety, SigkillOfRankZeroDuringACheckpointKeepsThePreviousOne) {
@@ -96,7 +81,7 @@ TEST_F(MpiStopSafety, SigkillOfRankZeroDuringACheckpointKeepsThePreviousOne) {
   ASSERT_EQ(test::run_command(job(run, 6) + " --set checkpoint.every=2", &output), 0) << output;
   EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000002 at step 2"), std::string::npos) << output;
   ASSERT_EQ(test::run_command(job(dir_.file("reference"), 6) + " --set checkpoint.every=2", &output), 0) << output;
-  expect_same_losses(run, dir_.file("reference"), 6);
+  test::expect_same_losses(run, dir_.file("reference"), 6);
 }
 
 }  // namespace
