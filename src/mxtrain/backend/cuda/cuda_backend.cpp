@@ -140,7 +140,15 @@ size_t CudaBackend::attention_workspace_bytes() const { return attention_->works
 
 // ---- data movement ------------------------------------------------------------------------------
 
-void CudaBackend::impl_fill(const Tensor& out, float value) { cuda_kernels::fill(out, value, stream_); }
+void CudaBackend::impl_fill(const Tensor& out, float value) {
+  // Zero is all-zero bits in every float dtype: the copy engine's memset writes it at full
+  // bandwidth (the fill kernel reached about half of it on gradient buffers).
+  if (value == 0.0f && !std::signbit(value) && out.is_contiguous()) {
+    MXTRAIN_CUDA_CHECK(cudaMemsetAsync(out.data, 0, out.bytes(), stream_));
+    return;
+  }
+  cuda_kernels::fill(out, value, stream_);
+}
 
 void CudaBackend::impl_copy(const Tensor& source, const Tensor& out) {
   if (source.dtype == out.dtype) {
@@ -206,6 +214,46 @@ void CudaBackend::impl_linear_forward(const Tensor& x, const Tensor& weight, con
 void CudaBackend::impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
                                              bool accumulate) {
   gemm_->linear_backward_input(dout, weight, dx, accumulate, stream_);
+}
+
+void CudaBackend::log_unfused(int which, const char* what) {
+  if (logged_unfused_[static_cast<size_t>(which)]) return;
+  logged_unfused_[static_cast<size_t>(which)] = true;
+  log::info(strf("cuda: cuBLASLt has no algorithm for the %s epilogue at this shape; the GEMM and a separate kernel "
+                 "run instead",
+                 what));
+}
+
+void CudaBackend::impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                               const Tensor& residual, const Tensor& out) {
+  if (gemm_->linear_forward_residual(x, weight, bias, residual, out, stream_)) return;
+  log_unfused(0, "residual-add (beta = 1)");
+  Backend::impl_linear_forward_residual(x, weight, bias, residual, out);
+}
+
+void CudaBackend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                           const Tensor& pre, const Tensor& out) {
+  if (gemm_->linear_forward_gelu(x, weight, bias, pre, out, stream_)) return;
+  log_unfused(1, "GELU_AUX");
+  Backend::impl_linear_forward_gelu(x, weight, bias, pre, out);
+}
+
+void CudaBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                                  const Tensor& dx, const Tensor& dbias) {
+  // The bias gradient comes out of the epilogue as f32 column sums, then is added to dbias
+  // (whatever its dtype) by one small kernel, as the BGRADB path does.
+  Buffer column_sums;
+  float* sums = nullptr;
+  if (dbias.defined()) {
+    column_sums = allocate("linear.bias_grad", Shape{dx.cols()}, DType::f32, Lifetime::scratch);
+    sums = column_sums.tensor().ptr<float>();
+  }
+  if (gemm_->linear_backward_input_dgelu(dout, weight, pre, dx, sums, stream_)) {
+    if (sums != nullptr) cuda_kernels::accumulate_f32(sums, dbias, stream_);
+    return;
+  }
+  log_unfused(2, dbias.defined() ? "DGELU_BGRAD" : "DGELU");
+  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx, dbias);
 }
 
 void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,

@@ -53,9 +53,15 @@ const char* epilogue_name(int epilogue) {
   switch (epilogue) {
     case 1: return "bias";
     case 2: return "bias-gradient";
+    case 3: return "gelu-aux";
+    case 4: return "gelu-aux-bias";
+    case 5: return "dgelu";
+    case 6: return "dgelu-bias-gradient";
     default: return "none";
   }
 }
+
+bool has_bias_pointer(int epilogue) { return epilogue == 1 || epilogue == 2 || epilogue == 4 || epilogue == 6; }
 
 void require_contiguous(const Tensor& tensor, const char* op) {
   MXTRAIN_ASSERT(tensor.is_contiguous(), "%s: %s must be contiguous", op, tensor.describe().c_str());
@@ -80,7 +86,8 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
           static_cast<int64_t>(call.epilogue == Epilogue::none ? DType::f32 : call.bias_type),
           static_cast<int64_t>(call.epilogue), call.beta != 0.0f, tf32, alignment_bytes(call.a),
           alignment_bytes(call.b), alignment_bytes(call.d), call.scaled ? 1 + static_cast<int64_t>(call.scaling) : 0,
-          call.fast_accumulation, call.device_scalars != nullptr, 0};
+          call.fast_accumulation, call.device_scalars != nullptr, call.c ? alignment_bytes(call.c) : 0,
+          call.aux ? alignment_bytes(call.aux) : 0, call.aux_ld, call.aux ? static_cast<int64_t>(call.aux_type) : -1};
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
 
@@ -94,9 +101,23 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   if (call.epilogue == Epilogue::bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
   if (call.epilogue == Epilogue::bias_gradient_b) epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  if (call.epilogue == Epilogue::gelu_aux) epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+  if (call.epilogue == Epilogue::gelu_aux_bias) epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (call.epilogue == Epilogue::dgelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
+  if (call.epilogue == Epilogue::dgelu_bias_gradient) epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
   MXTRAIN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  if (call.epilogue != Epilogue::none) {
+  if (call.aux != nullptr) {
+    const cudaDataType_t aux_type = cuda_type(call.aux_type);
+    const int64_t aux_ld = call.aux_ld;
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                                        &aux_type, sizeof aux_type));
+    MXTRAIN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                        &call.aux, sizeof call.aux));
+  }
+  if (has_bias_pointer(static_cast<int>(call.epilogue))) {
     const cudaDataType_t bias_type = cuda_type(call.bias_type);
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                         sizeof bias_type));
@@ -114,11 +135,12 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
   MXTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   const uint64_t workspace_bytes = workspace_bytes_;
   const uint32_t align_a = alignment_bytes(call.a), align_b = alignment_bytes(call.b), align_d = alignment_bytes(call.d);
+  const uint32_t align_c = call.c ? alignment_bytes(call.c) : align_d;
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                        sizeof workspace_bytes);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b);
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d);
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
@@ -150,9 +172,13 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
 bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
   Plan* plan = plan_for(call, optional);
   if (!plan->available) return false;
-  if (call.epilogue != Epilogue::none) {
+  if (has_bias_pointer(static_cast<int>(call.epilogue))) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
                                                         sizeof call.bias));
+  }
+  if (call.aux != nullptr) {
+    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                        &call.aux, sizeof call.aux));
   }
   if (call.scaled) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.a_scale,
@@ -164,7 +190,7 @@ bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
   const void* alpha_pointer = call.device_scalars ? static_cast<const void*>(call.device_scalars) : &alpha;
   const void* beta_pointer = call.device_scalars ? static_cast<const void*>(call.device_scalars + 1) : &beta;
   MXTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->desc, alpha_pointer, call.a, plan->a, call.b, plan->b,
-                                      beta_pointer, call.d, plan->d, call.d, plan->d, &plan->algo, workspace_,
+                                      beta_pointer, call.c ? call.c : call.d, plan->d, call.d, plan->d, &plan->algo, workspace_,
                                       workspace_bytes_, stream));
   return true;
 }
@@ -224,13 +250,13 @@ void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, con
   run(call, stream, false);
 }
 
-void CublasLtGemm::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
-                                  cudaStream_t stream) {
+CublasLtGemm::Call CublasLtGemm::forward_call(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                              const Tensor& out) {
   require_contiguous(x, "linear_forward");
   require_contiguous(weight, "linear_forward");
   require_contiguous(out, "linear_forward");
+  // Row-major out[N, M] is column-major [M, N] = weight[M, K] (read transposed) · x.
   const int64_t rows = x.rows(), in = x.cols(), features = weight.size(0);
-  if (rows == 0) return;
   Call call;
   call.transpose_a = true;
   call.m = features;
@@ -250,16 +276,15 @@ void CublasLtGemm::linear_forward(const Tensor& x, const Tensor& weight, const T
     call.bias = bias.data;
     call.bias_type = bias.dtype;
   }
-  run(call, stream, false);
+  return call;
 }
 
-void CublasLtGemm::linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate,
-                                         cudaStream_t stream) {
+CublasLtGemm::Call CublasLtGemm::backward_input_call(const Tensor& dout, const Tensor& weight, const Tensor& dx,
+                                                     bool accumulate) {
   require_contiguous(dout, "linear_backward_input");
   require_contiguous(weight, "linear_backward_input");
   require_contiguous(dx, "linear_backward_input");
   const int64_t rows = dout.rows(), features = weight.size(0), in = weight.size(1);
-  if (rows == 0) return;
   Call call;
   call.m = in;
   call.n = rows;
@@ -274,7 +299,55 @@ void CublasLtGemm::linear_backward_input(const Tensor& dout, const Tensor& weigh
   call.d_type = dx.dtype;
   call.ldd = in;
   call.beta = accumulate ? 1.0f : 0.0f;
-  run(call, stream, false);
+  return call;
+}
+
+void CublasLtGemm::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                                  cudaStream_t stream) {
+  if (x.rows() == 0) return;
+  run(forward_call(x, weight, bias, out), stream, false);
+}
+
+bool CublasLtGemm::linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                           const Tensor& residual, const Tensor& out, cudaStream_t stream) {
+  require_contiguous(residual, "linear_forward_residual");
+  if (x.rows() == 0) return true;
+  Call call = forward_call(x, weight, bias, out);
+  call.c = residual.data;
+  call.beta = 1.0f;
+  return run(call, stream, true);
+}
+
+bool CublasLtGemm::linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                                       const Tensor& out, cudaStream_t stream) {
+  require_contiguous(pre, "linear_forward_gelu");
+  if (x.rows() == 0) return true;
+  Call call = forward_call(x, weight, bias, out);
+  call.epilogue = bias.defined() ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux;
+  call.aux = pre.data;
+  call.aux_type = pre.dtype;
+  call.aux_ld = pre.cols();
+  return run(call, stream, true);
+}
+
+bool CublasLtGemm::linear_backward_input_dgelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                               const Tensor& dx, float* bias_sum, cudaStream_t stream) {
+  require_contiguous(pre, "linear_backward_input_gelu");
+  if (dout.rows() == 0) return true;
+  Call call = backward_input_call(dout, weight, dx, false);
+  call.epilogue = bias_sum != nullptr ? Epilogue::dgelu_bias_gradient : Epilogue::dgelu;
+  call.bias = bias_sum;
+  call.bias_type = DType::f32;
+  call.aux = pre.data;
+  call.aux_type = pre.dtype;
+  call.aux_ld = pre.cols();
+  return run(call, stream, true);
+}
+
+void CublasLtGemm::linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate,
+                                         cudaStream_t stream) {
+  if (dout.rows() == 0) return;
+  run(backward_input_call(dout, weight, dx, accumulate), stream, false);
 }
 
 bool CublasLtGemm::linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, float* bias_sum,
