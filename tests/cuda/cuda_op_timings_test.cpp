@@ -130,22 +130,6 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
       cuda().add(y, x, out);
     });
     time("linear_forward_residual mlp down", [&] { cuda().linear_forward_residual(act, wdown, bias, x, out); });
-    if (!s.llama) {
-      Buffer bup = random(Shape{s.ffn}, bf, 39), dbup = random(Shape{s.ffn}, DType::f32, 40);
-      time("linear_forward mlp up + bias, then gelu", [&] {
-        cuda().linear_forward(out, wup, bup, up);
-        cuda().gelu_forward(up, act);
-      });
-      time("linear_forward_gelu mlp up + bias", [&] { cuda().linear_forward_gelu(out, wup, bup, up, act); });
-      time("linear_backward_input down, gelu_backward, column sums", [&] {
-        cuda().linear_backward_input(x, wdown, act, false);
-        cuda().gelu_backward(act, up, dup);
-        cuda().column_sum(dup, dbup);
-      });
-      time("linear_backward_input_gelu down + up bias grad", [&] {
-        cuda().linear_backward_input_gelu(x, wdown, up, dup, dbup);
-      });
-    }
 
     // The loss: one logits chunk of 8192 rows.
     const int64_t chunk = std::min<int64_t>(8192, R);

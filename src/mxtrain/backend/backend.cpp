@@ -230,59 +230,10 @@ void Backend::linear_forward_residual(const Tensor& x, const Tensor& weight, con
   impl_linear_forward_residual(x, weight, bias, residual, out);
 }
 
-void Backend::linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                  const Tensor& out) {
-  MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && pre.cols() == weight.size(0) &&
-                     pre.rows() == x.rows(),
-                 "linear_forward_gelu: x %s, weight %s, pre %s", x.describe().c_str(), weight.describe().c_str(),
-                 pre.describe().c_str());
-  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == weight.size(0), "linear_forward_gelu: bias shape");
-  require_same_shape(pre, out, "linear_forward_gelu");
-  OpRecord op{OpKind::linear_forward, phase_, x.dtype, 2.0 * n(out) * static_cast<double>(x.cols()),
-              b(x) + b(weight) + b(pre) + b(out) + b(bias)};
-  if (bias.defined()) op.flops += n(out);
-  op.m = out.rows();
-  op.n = out.cols();
-  op.k = x.cols();
-  record(op);
-  impl_linear_forward_gelu(x, weight, bias, pre, out);
-}
-
-void Backend::linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
-                                         const Tensor& dbias) {
-  MXTRAIN_ASSERT(weight.rank() == 2 && dout.cols() == weight.size(0) && dx.cols() == weight.size(1) &&
-                     dx.rows() == dout.rows(),
-                 "linear_backward_input_gelu: dout %s, weight %s, dx %s", dout.describe().c_str(),
-                 weight.describe().c_str(), dx.describe().c_str());
-  require_same_shape(pre, dx, "linear_backward_input_gelu");
-  MXTRAIN_ASSERT(!dbias.defined() || dbias.numel() == dx.cols(), "linear_backward_input_gelu: dbias shape");
-  OpRecord op{OpKind::linear_backward_input, phase_, dout.dtype,
-              2.0 * n(dx) * static_cast<double>(dout.cols()) + (dbias.defined() ? n(dx) : 0),
-              b(dout) + b(weight) + b(pre) + b(dx) + 2 * b(dbias)};
-  op.m = dx.rows();
-  op.n = dx.cols();
-  op.k = dout.cols();
-  record(op);
-  impl_linear_backward_input_gelu(dout, weight, pre, dx, dbias);
-}
-
 void Backend::impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                            const Tensor& residual, const Tensor& out) {
   impl_linear_forward(x, weight, bias, out);
   impl_add(out, residual, out);
-}
-
-void Backend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                       const Tensor& out) {
-  impl_linear_forward(x, weight, bias, pre);
-  impl_gelu_forward(pre, out);
-}
-
-void Backend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                              const Tensor& dx, const Tensor& dbias) {
-  impl_linear_backward_input(dout, weight, dx, false);
-  impl_gelu_backward(dx, pre, dx);
-  if (dbias.defined()) impl_column_sum(dx, dbias);
 }
 
 void Backend::linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias) {

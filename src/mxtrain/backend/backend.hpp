@@ -8,8 +8,8 @@
 // Conventions: activations are row-major [rows, cols] with rows = batch * seq (token-major).
 // "accumulate" outputs are added to (+=); other outputs are overwritten. Ops run in order on the
 // backend's stream; host-visible results need synchronize() or read_scalar().
-// Interface version 3 (2: the quantization ops of the precision recipes; 3: linear ops with fused
-// residual add, GELU and GELU backward + bias gradient).
+// Interface version 3 (2: the quantization ops of the precision recipes; 3: the linear op with a
+// fused residual add).
 #pragma once
 #include <memory>
 #include <string>
@@ -211,18 +211,8 @@ class Backend {
   // GEMM (cuda: beta = 1 with C = residual), one rounding. Recorded as linear_forward.
   void linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                                const Tensor& out);
-  // pre[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]); out = gelu(pre) (tanh approximation): the
-  // activation rides on the GEMM (cuda: the GELU_AUX epilogue writes both). Recorded as
-  // linear_forward.
-  void linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                           const Tensor& out);
   // dx[N,K] (+)= dout[N,M] · weight[M,K].
   void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
-  // dx[N,K] = gelu'(pre[N,K]) ⊙ (dout[N,M] · weight[M,K]) and, when dbias is defined, dbias[K] +=
-  // column sums of dx: the GELU backward and the bias gradient of the layer that produced pre
-  // ride on the GEMM (cuda: the DGELU_BGRAD epilogue). Recorded as linear_backward_input.
-  void linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
-                                  const Tensor& dbias);
   // dweight[M,K] += dout[N,M]ᵀ · x[N,K]; dbias[M] += column sums of dout (when defined).
   void linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias);
   // Rotary embedding in place on the q and k parts of qkv [batch*seq, (heads+2*kv_heads)*head_dim],
@@ -318,14 +308,9 @@ class Backend {
   virtual void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) = 0;
   virtual void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
                                           bool accumulate) = 0;
-  // Defaults: the GEMM, then the separate op (add, gelu, column sum) in place on the output.
-  // Backends with fused epilogues override them.
+  // Default: the GEMM, then add in place on the output. Backends with a fused epilogue override it.
   virtual void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                             const Tensor& residual, const Tensor& out);
-  virtual void impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                        const Tensor& out);
-  virtual void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                               const Tensor& dx, const Tensor& dbias);
   virtual void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                            const Tensor& dbias) = 0;
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) = 0;

@@ -406,27 +406,6 @@ void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor
   backend_.add(out, residual, out);
 }
 
-void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
-                                const Tensor& bias, const Tensor& pre, const Tensor& out) {
-  if (!quantized(layer)) {
-    backend_.linear_forward_gelu(x, weight, bias, pre, out);
-    return;
-  }
-  forward(layer, kind, x, weight, bias, pre);
-  backend_.gelu_forward(pre, out);
-}
-
-void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
-                                       const Tensor& pre, const Tensor& dx, const Tensor& dbias) {
-  if (!quantized(layer)) {
-    backend_.linear_backward_input_gelu(dout, weight, pre, dx, dbias);
-    return;
-  }
-  backward_input(layer, kind, dout, weight, dx, false);
-  backend_.gelu_backward(dx, pre, dx);
-  if (dbias.defined()) backend_.column_sum(dx, dbias);
-}
-
 void LinearRecipe::finish_step() {
   stash_.reset();
   if (options_.format == LinearFormat::fp8_delayed) {

@@ -78,16 +78,10 @@ class LinearRecipe {
                        const Tensor& dbias);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
                       bool accumulate);
-  // The fused forms (contracts as Backend::linear_forward_residual, linear_forward_gelu and
-  // linear_backward_input_gelu). A layer in the activation dtype runs the backend's fused op;
-  // a quantized layer runs its GEMM as above, then the add, GELU or GELU backward + column sum.
+  // out = x · Wᵀ (+ bias) + residual (contract as Backend::linear_forward_residual): a layer in
+  // the activation dtype runs the backend's fused op; a quantized layer its GEMM, then the add.
   void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const Tensor& residual, const Tensor& out);
-  void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Tensor& pre, const Tensor& out);
-  // dx = gelu'(pre) ⊙ (dout · weight); dbias (of the layer that produced pre) += column sums of dx.
-  void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                           const Tensor& dx, const Tensor& dbias);
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1); the stochastic-rounding streams move on.

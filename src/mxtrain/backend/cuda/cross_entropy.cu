@@ -7,6 +7,11 @@
 // there: device memory sees one read and one write of the logits. Rows too long for shared
 // memory read device memory twice instead; both paths compute the same values.
 //
+// Exponentials use the hardware ex2 (__expf), a third of the accurate expf's instructions: the
+// kernel moved only 2.2 TB/s on GPT-2's 8192x50304 chunk on an H200 with expf, two of them per
+// element. The approximation's error (a few ulp, growing with |x|) stays far inside the op's
+// 1e-5 tolerance against the CPU oracle.
+//
 // The target logit is read before the block's first barrier, so the in-place gradient cannot
 // overwrite it first. A target outside [0, valid_vocab) is a data bug (the CPU oracle asserts);
 // here it makes that row's loss NaN, which the trainer's NaN-loss check turns into an error.
@@ -42,12 +47,12 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, float* l
     const float new_max = fmaxf(running_max, local_max);
     float local_sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < W; ++i) local_sum += expf(v[i] - new_max);
-    running_sum = running_sum * expf(running_max - new_max) + local_sum;
+    for (int i = 0; i < W; ++i) local_sum += __expf(v[i] - new_max);
+    running_sum = running_sum * __expf(running_max - new_max) + local_sum;
     running_max = new_max;
   }
   const float row_max = block_max(running_max);
-  const float scaled = running_max == -INFINITY ? 0.0f : running_sum * expf(running_max - row_max);
+  const float scaled = running_max == -INFINITY ? 0.0f : running_sum * __expf(running_max - row_max);
   const float row_sum = block_sum(scaled);  // its barriers also publish target_logit
   const float log_sum_exp = row_max + logf(row_sum);
   if (threadIdx.x == 0) losses[row] = log_sum_exp - target_logit;
@@ -63,7 +68,7 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, float* l
 #pragma unroll
     for (int i = 0; i < W; ++i) {
       const int64_t column = c + i;
-      const float probability = column < valid_vocab ? expf(v[i] - log_sum_exp) : 0.0f;
+      const float probability = column < valid_vocab ? __expf(v[i] - log_sum_exp) : 0.0f;
       g[i] = grad_scale * (column == target ? probability - 1.0f : probability);
     }
     store<W>(row_logits + c, g);

@@ -216,44 +216,14 @@ void CudaBackend::impl_linear_backward_input(const Tensor& dout, const Tensor& w
   gemm_->linear_backward_input(dout, weight, dx, accumulate, stream_);
 }
 
-void CudaBackend::log_unfused(int which, const char* what) {
-  if (logged_unfused_[static_cast<size_t>(which)]) return;
-  logged_unfused_[static_cast<size_t>(which)] = true;
-  log::info(strf("cuda: cuBLASLt has no algorithm for the %s epilogue at this shape; the GEMM and a separate kernel "
-                 "run instead",
-                 what));
-}
-
 void CudaBackend::impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                                const Tensor& residual, const Tensor& out) {
   if (gemm_->linear_forward_residual(x, weight, bias, residual, out, stream_)) return;
-  log_unfused(0, "residual-add (beta = 1)");
+  if (!logged_unfused_residual_) {
+    logged_unfused_residual_ = true;
+    log::info("cuda: cuBLASLt has no beta = 1 algorithm for a residual GEMM at this shape; the GEMM and an add run");
+  }
   Backend::impl_linear_forward_residual(x, weight, bias, residual, out);
-}
-
-void CudaBackend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                           const Tensor& pre, const Tensor& out) {
-  if (gemm_->linear_forward_gelu(x, weight, bias, pre, out, stream_)) return;
-  log_unfused(1, "GELU_AUX");
-  Backend::impl_linear_forward_gelu(x, weight, bias, pre, out);
-}
-
-void CudaBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                                  const Tensor& dx, const Tensor& dbias) {
-  // The bias gradient comes out of the epilogue as f32 column sums, then is added to dbias
-  // (whatever its dtype) by one small kernel, as the BGRADB path does.
-  Buffer column_sums;
-  float* sums = nullptr;
-  if (dbias.defined()) {
-    column_sums = allocate("linear.bias_grad", Shape{dx.cols()}, DType::f32, Lifetime::scratch);
-    sums = column_sums.tensor().ptr<float>();
-  }
-  if (gemm_->linear_backward_input_dgelu(dout, weight, pre, dx, sums, stream_)) {
-    if (sums != nullptr) cuda_kernels::accumulate_f32(sums, dbias, stream_);
-    return;
-  }
-  log_unfused(2, dbias.defined() ? "DGELU_BGRAD" : "DGELU");
-  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx, dbias);
 }
 
 void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,

@@ -90,10 +90,7 @@ class CudaBackend final : public Backend {
                                    const Tensor& dbias) override;
   void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                                     const Tensor& out) override;
-  void impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                const Tensor& out) override;
-  void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
-                                       const Tensor& dbias) override;
+
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;
@@ -136,10 +133,7 @@ class CudaBackend final : public Backend {
   uint64_t next_timestamp_ = 0;
   bool fused_bias_gradient_ = false;
   bool logged_bias_gradient_path_ = false;
-  // One log line per fused epilogue that cuBLASLt had no algorithm for (then the GEMM and the
-  // separate kernel run): residual, gelu, dgelu.
-  std::array<bool, 3> logged_unfused_{};
-  void log_unfused(int which, const char* what);
+  bool logged_unfused_residual_ = false;  // cuBLASLt had no beta = 1 algorithm: GEMM + add ran
 };
 
 }  // namespace mxtrain

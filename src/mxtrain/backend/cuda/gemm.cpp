@@ -53,15 +53,10 @@ const char* epilogue_name(int epilogue) {
   switch (epilogue) {
     case 1: return "bias";
     case 2: return "bias-gradient";
-    case 3: return "gelu-aux";
-    case 4: return "gelu-aux-bias";
-    case 5: return "dgelu";
-    case 6: return "dgelu-bias-gradient";
+
     default: return "none";
   }
 }
-
-bool has_bias_pointer(int epilogue) { return epilogue == 1 || epilogue == 2 || epilogue == 4 || epilogue == 6; }
 
 void require_contiguous(const Tensor& tensor, const char* op) {
   MXTRAIN_ASSERT(tensor.is_contiguous(), "%s: %s must be contiguous", op, tensor.describe().c_str());
@@ -86,8 +81,7 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
           static_cast<int64_t>(call.epilogue == Epilogue::none ? DType::f32 : call.bias_type),
           static_cast<int64_t>(call.epilogue), call.beta != 0.0f, tf32, alignment_bytes(call.a),
           alignment_bytes(call.b), alignment_bytes(call.d), call.scaled ? 1 + static_cast<int64_t>(call.scaling) : 0,
-          call.fast_accumulation, call.device_scalars != nullptr, call.c ? alignment_bytes(call.c) : 0,
-          call.aux ? alignment_bytes(call.aux) : 0, call.aux_ld, call.aux ? static_cast<int64_t>(call.aux_type) : -1};
+          call.fast_accumulation, call.device_scalars != nullptr, call.c ? alignment_bytes(call.c) : 0};
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
 
@@ -101,23 +95,9 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   if (call.epilogue == Epilogue::bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
   if (call.epilogue == Epilogue::bias_gradient_b) epilogue = CUBLASLT_EPILOGUE_BGRADB;
-  if (call.epilogue == Epilogue::gelu_aux) epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
-  if (call.epilogue == Epilogue::gelu_aux_bias) epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  if (call.epilogue == Epilogue::dgelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
-  if (call.epilogue == Epilogue::dgelu_bias_gradient) epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
   MXTRAIN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  if (call.aux != nullptr) {
-    const cudaDataType_t aux_type = cuda_type(call.aux_type);
-    const int64_t aux_ld = call.aux_ld;
-    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
-                                                        &aux_type, sizeof aux_type));
-    MXTRAIN_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                        &call.aux, sizeof call.aux));
-  }
-  if (has_bias_pointer(static_cast<int>(call.epilogue))) {
+  if (call.epilogue != Epilogue::none) {
     const cudaDataType_t bias_type = cuda_type(call.bias_type);
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                         sizeof bias_type));
@@ -172,13 +152,9 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
 bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
   Plan* plan = plan_for(call, optional);
   if (!plan->available) return false;
-  if (has_bias_pointer(static_cast<int>(call.epilogue))) {
+  if (call.epilogue != Epilogue::none) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
                                                         sizeof call.bias));
-  }
-  if (call.aux != nullptr) {
-    MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                        &call.aux, sizeof call.aux));
   }
   if (call.scaled) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.a_scale,
@@ -315,32 +291,6 @@ bool CublasLtGemm::linear_forward_residual(const Tensor& x, const Tensor& weight
   Call call = forward_call(x, weight, bias, out);
   call.c = residual.data;
   call.beta = 1.0f;
-  return run(call, stream, true);
-}
-
-bool CublasLtGemm::linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                       const Tensor& out, cudaStream_t stream) {
-  require_contiguous(pre, "linear_forward_gelu");
-  if (x.rows() == 0) return true;
-  Call call = forward_call(x, weight, bias, out);
-  call.epilogue = bias.defined() ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux;
-  call.aux = pre.data;
-  call.aux_type = pre.dtype;
-  call.aux_ld = pre.cols();
-  return run(call, stream, true);
-}
-
-bool CublasLtGemm::linear_backward_input_dgelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                               const Tensor& dx, float* bias_sum, cudaStream_t stream) {
-  require_contiguous(pre, "linear_backward_input_gelu");
-  if (dout.rows() == 0) return true;
-  Call call = backward_input_call(dout, weight, dx, false);
-  call.epilogue = bias_sum != nullptr ? Epilogue::dgelu_bias_gradient : Epilogue::dgelu;
-  call.bias = bias_sum;
-  call.bias_type = DType::f32;
-  call.aux = pre.data;
-  call.aux_type = pre.dtype;
-  call.aux_ld = pre.cols();
   return run(call, stream, true);
 }
 

@@ -37,15 +37,6 @@ class CublasLtGemm {
   // Returns false when cuBLASLt has no algorithm (nothing ran; the caller runs GEMM + add).
   bool linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                                const Tensor& out, cudaStream_t stream);
-  // pre[N,M] = x · weightᵀ (+ bias) and out = gelu(pre) (tanh form) in one pass: the GELU_AUX(_BIAS)
-  // epilogue with pre as the auxiliary output. Returns false when there is no algorithm.
-  bool linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                           const Tensor& out, cudaStream_t stream);
-  // dx[N,K] = gelu'(pre) ⊙ (dout · weight); with bias_sum (f32 [K]) its column sums too: the
-  // DGELU(_BGRAD) epilogue with pre as the auxiliary input. Returns false when there is no
-  // algorithm.
-  bool linear_backward_input_dgelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
-                                   float* bias_sum, cudaStream_t stream);
   // dx[N,K] (+)= dout[N,M] · weight[M,K].
   void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate,
                              cudaStream_t stream);
@@ -64,8 +55,7 @@ class CublasLtGemm {
                         const Tensor& out, bool accumulate, const float* device_scalars, cudaStream_t stream);
 
  private:
-  enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2, gelu_aux = 3, gelu_aux_bias = 4, dgelu = 5,
-                               dgelu_bias_gradient = 6 };
+  enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2 };
   struct Call {
     bool transpose_a = false, transpose_b = false;
     int64_t m = 0, n = 0, k = 0;
@@ -81,11 +71,8 @@ class CublasLtGemm {
     const void* c = nullptr;  // C when it is not D (same type and layout as D); beta must be 1
     float beta = 0;
     Epilogue epilogue = Epilogue::none;
-    void* bias = nullptr;  // input for bias, output for bias_gradient_b and dgelu_bias_gradient
+    void* bias = nullptr;  // input for bias, output for bias_gradient_b
     DType bias_type = DType::f32;
-    void* aux = nullptr;   // gelu_aux*: output (the pre-activation); dgelu*: input
-    DType aux_type = DType::bf16;
-    int64_t aux_ld = 0;
     ScalingMode scaling = ScalingMode::per_tensor;
     bool scaled = false;                   // A and B carry decode scales (quantized operands)
     const void* a_scale = nullptr;         // cuBLAS's A and B (the row-major mapping swaps them)
@@ -94,7 +81,7 @@ class CublasLtGemm {
     const float* device_scalars = nullptr; // alpha, beta on the device
   };
   struct Plan;
-  using Key = std::array<int64_t, 25>;
+  using Key = std::array<int64_t, 22>;
 
   // Runs the call; returns false only when `optional` and no algorithm exists for it.
   bool run(const Call& call, cudaStream_t stream, bool optional);
