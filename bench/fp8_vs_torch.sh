@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# FP8 training throughput beside mxtrain's own BF16 and PyTorch's FP8 (bench/torch_fp8.py:
+# torch._scaled_mm with per-tensor current scaling under torch.compile), in one command, on one
+# GPU. Also the quantized_weights peak against BF16's at the same config.
+# Usage: bench/fp8_vs_torch.sh OUT.jsonl SET...   with SET one of
+#   1b   llama-1b 8x2048: mxtrain bf16, fp8 (delayed), fp8-current, fp8 + quantized_weights;
+#        PyTorch bf16 and fp8 (compiled)
+#   3b   llama-3b 4x2048: mxtrain bf16, fp8, fp8-current; PyTorch fp8 (compiled)
+# mxtrain's lines carry "engine": "mxtrain"; bench/summarize.py reads both kinds.
+set -euo pipefail
+out=${1:?usage: bench/fp8_vs_torch.sh OUT.jsonl SET...}; shift
+bin=${BIN:-build/cuda/mxtrain}
+here=$(cd "$(dirname "$0")" && pwd)
+mx() { "$bin" bench --warmup 3 --timed 10 --json "$out" "$@" >/dev/null || echo "mxtrain bench $* failed" >&2; }
+for set in "$@"; do
+  case $set in
+    1b|3b)
+      if [[ $set == 1b ]]; then shape=(-m llama-1b -b 8 -s 2048); else shape=(-m llama-3b -b 4 -s 2048); fi
+      mx "${shape[@]}" -p bf16
+      mx "${shape[@]}" -p fp8
+      mx "${shape[@]}" -p fp8-current
+      [[ $set == 1b ]] && mx "${shape[@]}" -p fp8 --set precision.quantized_weights=true
+      python3 "$here/torch_fp8.py" "$set" | grep '"tok_s"\|"error"' >> "$out" || echo "torch_fp8 $set failed" >&2
+      ;;
+    *) echo "unknown set $set" >&2; exit 2 ;;
+  esac
+done
