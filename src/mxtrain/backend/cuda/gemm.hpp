@@ -1,6 +1,7 @@
 // cuBLASLt GEMMs for the three linear ops. The row-major -> column-major mapping lives in one
 // place (the three row-major entry points below); everything under them speaks cuBLAS's
-// column-major D[m,n] = op(A)[m,k] · op(B)[k,n] + beta·C with C == D.
+// column-major D[m,n] = op(A)[m,k] · op(B)[k,n] + beta·C, with C == D except for the
+// residual GEMM (C = the residual stream, beta = 1).
 //
 // A matmul descriptor, the four layouts and the heuristic's algorithm are built once per key
 // (shape, transposes, dtypes, compute type, epilogue, beta != 0 and the pointers' alignment)
