@@ -179,19 +179,24 @@ void Backend::norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, 
   impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
 }
 
-void Backend::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+void Backend::check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight,
+                                              const Tensor& bias, const Tensor& out, double extra_bytes) {
   MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && out.cols() == weight.size(0) &&
                      out.rows() == x.rows(),
-                 "linear_forward: x %s, weight %s, out %s", x.describe().c_str(), weight.describe().c_str(),
+                 "%s: x %s, weight %s, out %s", op_name, x.describe().c_str(), weight.describe().c_str(),
                  out.describe().c_str());
-  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == weight.size(0), "linear_forward: bias shape");
+  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == weight.size(0), "%s: bias shape", op_name);
   OpRecord op{OpKind::linear_forward, phase_, x.dtype, 2.0 * n(out) * static_cast<double>(x.cols()),
-              b(x) + b(weight) + b(out) + b(bias)};
+              b(x) + b(weight) + b(out) + b(bias) + extra_bytes};
   if (bias.defined()) op.flops += n(out);
   op.m = out.rows();
   op.n = out.cols();
   op.k = x.cols();
   record(op);
+}
+
+void Backend::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  check_and_record_linear_forward("linear_forward", x, weight, bias, out, 0);
   impl_linear_forward(x, weight, bias, out);
 }
 
@@ -211,22 +216,11 @@ void Backend::linear_backward_input(const Tensor& dout, const Tensor& weight, co
 
 void Backend::linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                       const Tensor& residual, const Tensor& out) {
-  MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && out.cols() == weight.size(0) &&
-                     out.rows() == x.rows(),
-                 "linear_forward_residual: x %s, weight %s, out %s", x.describe().c_str(), weight.describe().c_str(),
-                 out.describe().c_str());
-  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == weight.size(0), "linear_forward_residual: bias shape");
   require_same_shape(residual, out, "linear_forward_residual");
   MXTRAIN_ASSERT(residual.dtype == out.dtype, "linear_forward_residual: residual %s, out %s",
                  residual.describe().c_str(), out.describe().c_str());
-  // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the epilogue's bytes count.
-  OpRecord op{OpKind::linear_forward, phase_, x.dtype, 2.0 * n(out) * static_cast<double>(x.cols()),
-              b(x) + b(weight) + b(out) + b(bias) + b(residual)};
-  if (bias.defined()) op.flops += n(out);
-  op.m = out.rows();
-  op.n = out.cols();
-  op.k = x.cols();
-  record(op);
+  // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the residual's read counts.
+  check_and_record_linear_forward("linear_forward_residual", x, weight, bias, out, b(residual));
   impl_linear_forward_residual(x, weight, bias, residual, out);
 }
 

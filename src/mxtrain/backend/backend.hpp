@@ -342,6 +342,9 @@ class Backend {
                           const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) = 0;
 
  private:
+  // The argument checks and trace record shared by linear_forward and linear_forward_residual.
+  void check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                       const Tensor& out, double extra_bytes);
   std::unique_ptr<CachingAllocator> allocator_;
   TraceObserver* observer_ = nullptr;
   Phase phase_ = Phase::other;

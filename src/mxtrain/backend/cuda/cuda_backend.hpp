@@ -90,7 +90,6 @@ class CudaBackend final : public Backend {
                                    const Tensor& dbias) override;
   void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                                     const Tensor& out) override;
-
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;

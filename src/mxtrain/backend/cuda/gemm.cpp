@@ -53,7 +53,6 @@ const char* epilogue_name(int epilogue) {
   switch (epilogue) {
     case 1: return "bias";
     case 2: return "bias-gradient";
-
     default: return "none";
   }
 }
