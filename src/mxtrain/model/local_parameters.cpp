@@ -27,7 +27,6 @@ LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& co
     storage.master = backend_.allocate(group.name + ".master", flat, DType::f32, Lifetime::master_parameter);
     if (compute_dtype_ != DType::f32 && !master_only[g])
       storage.compute = backend_.allocate(group.name + ".weight", flat, compute_dtype_, Lifetime::parameter);
-    storage.grad = backend_.allocate(group.name + ".grad", flat, grad_dtype_, Lifetime::gradient);
     storage.m = backend_.allocate(group.name + ".adam_m", flat, DType::f32, Lifetime::optimizer_state);
     storage.v = backend_.allocate(group.name + ".adam_v", flat, DType::f32, Lifetime::optimizer_state);
   }
@@ -42,7 +41,6 @@ void LocalParameterStore::initialize(uint64_t seed) {
       backend_.copy_from_host(host.data(), storage.master);
     }
     if (storage.compute.defined()) backend_.copy(storage.master, storage.compute);
-    backend_.fill(storage.grad, 0.0f);
     backend_.fill(storage.m, 0.0f);
     backend_.fill(storage.v, 0.0f);
   }
@@ -58,8 +56,22 @@ Tensor LocalParameterStore::weight(int group, int index) {
   return param_view(flat, layout_.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)]);
 }
 
+// Gradients exist from the first backward touch to the optimizer step, like PyTorch's
+// zero_grad(set_to_none=True): at the end of the forward pass, where activations peak, only the
+// groups the loss has already reached (the head) hold gradient memory; the others are allocated
+// as the backward pass frees the activations of later layers.
+const Buffer& LocalParameterStore::grad_buffer(size_t group) {
+  GroupStorage& storage = groups_[group];
+  if (!storage.grad.defined()) {
+    storage.grad = backend_.allocate(layout_.groups[group].name + ".grad", Shape{layout_.groups[group].numel},
+                                     grad_dtype_, Lifetime::gradient);
+    backend_.fill(storage.grad, 0.0f);
+  }
+  return storage.grad;
+}
+
 Tensor LocalParameterStore::grad(int group, int index) {
-  return param_view(groups_[static_cast<size_t>(group)].grad,
+  return param_view(grad_buffer(static_cast<size_t>(group)),
                     layout_.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)]);
 }
 
@@ -68,19 +80,22 @@ std::vector<ParamShard> LocalParameterStore::shards() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     GroupStorage& storage = groups_[g];
     const ParamGroup& group = layout_.groups[g];
-    result.push_back(ParamShard{static_cast<int>(g), 0, group.numel, storage.master, storage.grad, storage.m,
+    const Tensor grad = storage.grad.defined() ? storage.grad.tensor() : Tensor();
+    result.push_back(ParamShard{static_cast<int>(g), 0, group.numel, storage.master, grad, storage.m,
                                 storage.v, storage.compute.defined() ? storage.compute.tensor() : Tensor(),
                                 group.decay_numel});
   }
   return result;
 }
 
+// Called once the backward pass is complete, before the update: a group no gradient reached
+// gets zeros, so shards() hands the optimizer a gradient for every group.
 void LocalParameterStore::grad_norm_sq(const Tensor& out) {
-  for (size_t g = 0; g < groups_.size(); ++g) backend_.sum_of_squares(groups_[g].grad, out, g > 0);
+  for (size_t g = 0; g < groups_.size(); ++g) backend_.sum_of_squares(grad_buffer(g), out, g > 0);
 }
 
 void LocalParameterStore::zero_grads() {
-  for (GroupStorage& storage : groups_) backend_.fill(storage.grad, 0.0f);
+  for (GroupStorage& storage : groups_) storage.grad.reset();
 }
 
 }  // namespace mxtrain

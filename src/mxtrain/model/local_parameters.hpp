@@ -1,6 +1,8 @@
 // The single-process ParameterStore: every group's master weights, compute copy, gradients and
 // Adam moments live whole on one backend. With FP32 compute the master tensor is the compute
-// weight; otherwise the optimizer refreshes a compute-dtype copy after each update.
+// weight; otherwise the optimizer refreshes a compute-dtype copy after each update. Gradients
+// are allocated at their first use in a step and freed by zero_grads() (set_to_none): shards()
+// leaves a gradient undefined while it does not exist.
 #pragma once
 #include <vector>
 
@@ -37,6 +39,7 @@ class LocalParameterStore final : public ParameterStore {
     Buffer master, compute, grad, m, v;
   };
   Tensor param_view(const Tensor& flat, const ParamSpec& spec) const;
+  const Buffer& grad_buffer(size_t group);  // allocated (zeroed) on first use
 
   Backend& backend_;
   ModelConfig config_;

@@ -20,7 +20,8 @@ struct ParamShard {
   int64_t begin = 0;    // first element of the group held here
   int64_t count = 0;    // elements held here
   Tensor master;        // f32 [count]
-  Tensor grad;          // reduced gradient [count] (f32 or compute dtype)
+  Tensor grad;          // reduced gradient [count] (f32 or compute dtype); a local store leaves it
+                        // undefined between an update and the next backward pass
   Tensor m, v;          // f32 [count]
   Tensor compute_copy;  // compute-dtype copy refreshed by the optimizer (undefined when compute is f32)
   int64_t decay_count = 0;  // elements [0, decay_count) of this shard get weight decay

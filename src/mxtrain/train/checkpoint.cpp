@@ -238,7 +238,7 @@ CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<
       backend.copy_from_host(local.data(), shard_tensor(shard, kind));
     }
     if (shard.compute_copy.defined()) backend.copy(shard.master, shard.compute_copy);
-    backend.fill(shard.grad, 0.0f);
+    if (shard.grad.defined()) backend.fill(shard.grad, 0.0f);
   }
   return meta;
 }
