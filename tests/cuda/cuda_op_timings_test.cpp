@@ -163,6 +163,30 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
     time("adamw (one block's group)", [&] { cuda().adamw(master, grad, am, av, copy, norm_sq, args); });
     Buffer total = random(Shape{1}, DType::f32, 35);
     time("sum_of_squares (one block's f32 grads)", [&] { cuda().sum_of_squares(grad, total, true); });
+
+    // Per-tensor FP8 (the fp8 recipes' passes over one linear input and one MLP-wide gradient).
+    if (!s.llama) continue;
+    Buffer scale = upload(cuda(), {8.0f}, Shape{1}), amax_out = random(Shape{1}, DType::f32, 39);
+    for (int64_t cols : {C, s.ffn}) {
+      Buffer input = random(Shape{R, cols}, bf, 40);
+      Buffer row_codes = cuda().allocate("row", Shape{R, cols}, DType::e4m3, Lifetime::scratch);
+      Buffer col_codes = cuda().allocate("col", Shape{cols, R}, DType::e4m3, Lifetime::scratch);
+      Buffer row_inverse = cuda().allocate("row.si", Shape{1}, DType::f32, Lifetime::scratch);
+      Buffer col_inverse = cuda().allocate("col.si", Shape{1}, DType::f32, Lifetime::scratch);
+      QuantizedTensor rowwise, columnwise, none;
+      rowwise.data = row_codes;
+      rowwise.scale_inverse = row_inverse;
+      columnwise.data = col_codes;
+      columnwise.scale_inverse = col_inverse;
+      columnwise.transposed = true;
+      const std::string shape_name = strf(" [%lld x %lld]", static_cast<long long>(R), static_cast<long long>(cols));
+      time("fp8 amax" + shape_name, [&] { cuda().amax(input, amax_out, false); });
+      time("fp8 quantize rowwise + amax" + shape_name,
+           [&] { cuda().quantize(input, scale, rowwise, none, amax_out); });
+      time("fp8 quantize columnwise" + shape_name, [&] { cuda().quantize(input, scale, none, columnwise, Tensor()); });
+      time("fp8 quantize both + amax" + shape_name,
+           [&] { cuda().quantize(input, scale, rowwise, columnwise, amax_out); });
+    }
   }
 }
 

@@ -369,6 +369,7 @@ struct BackendOptions {
   int device_index = 0;        // cuda
   bool deterministic = false;  // cuda: deterministic attention backward
   bool tf32 = false;           // cuda: TF32 tensor cores for f32 GEMMs
+  bool gemm_autotune = false;  // cuda: time cuBLASLt's candidate algorithms per GEMM shape
   size_t memory_bytes = 0;     // dryrun: simulated capacity
   std::string device_label;    // dryrun: e.g. "h200"
 };

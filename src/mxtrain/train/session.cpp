@@ -27,6 +27,7 @@ BackendOptions backend_options(const RunConfig& config) {
   options.threads = static_cast<int>(config.train.threads);
   options.deterministic = config.train.deterministic;
   options.tf32 = config.train.tf32;
+  options.gemm_autotune = config.train.gemm_autotune;
   return options;
 }
 

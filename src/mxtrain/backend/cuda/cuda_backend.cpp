@@ -68,6 +68,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
       allocate("reduction.partials", Shape{cuda_kernels::kSumMaxBlocks}, DType::f32, Lifetime::workspace);
   gemm_ = std::make_unique<CublasLtGemm>(gemm_workspace_.tensor().data, CublasLtGemm::kWorkspaceBytes);
   gemm_->set_tf32(options.tf32);
+  gemm_->set_autotune(options.gemm_autotune);
   attention_ = std::make_unique<CudnnAttention>(*this);
   attention_->set_deterministic(options.deterministic);
 }

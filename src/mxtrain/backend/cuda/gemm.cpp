@@ -1,5 +1,7 @@
 #include "mxtrain/backend/cuda/gemm.hpp"
 
+#include <vector>
+
 #include "mxtrain/backend/cuda/cuda_check.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
@@ -10,7 +12,9 @@ struct CublasLtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order; algo = the chosen one
   bool available = false;
+  bool tuned = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -121,14 +125,19 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int returned = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->d, plan->d,
-                                                         preference, 1, &result, &returned);
+                                                         preference, autotune_ ? kCandidates : 1, results, &returned);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status == CUBLAS_STATUS_SUCCESS && returned > 0) {
-    plan->algo = result.algo;
-    plan->available = true;
+    for (int i = 0; i < returned; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
+    plan->available = !plan->candidates.empty();
+  }
+  if (plan->available) {
+    plan->algo = plan->candidates.front();
+    plan->tuned = plan->candidates.size() < 2;
   } else if (!optional) {
     throw Error(ErrorKind::unsupported,
                 strf("cuBLASLt has no algorithm for the GEMM m=%lld n=%lld k=%lld (op %c%c, A %s, B %s, D %s, "
@@ -161,13 +170,71 @@ bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
     MXTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &call.b_scale,
                                                         sizeof call.b_scale));
   }
+  if (!plan->tuned) tune(plan, call, stream);
+  MXTRAIN_CUBLAS_CHECK(launch(plan, plan->algo, call, call.c ? call.c : call.d, call.d, stream));
+  return true;
+}
+
+cublasStatus_t CublasLtGemm::launch(Plan* plan, const cublasLtMatmulAlgo_t& algo, const Call& call, const void* c,
+                                    void* d, cudaStream_t stream) {
   const float alpha = 1.0f, beta = call.beta;
   const void* alpha_pointer = call.device_scalars ? static_cast<const void*>(call.device_scalars) : &alpha;
   const void* beta_pointer = call.device_scalars ? static_cast<const void*>(call.device_scalars + 1) : &beta;
-  MXTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->desc, alpha_pointer, call.a, plan->a, call.b, plan->b,
-                                      beta_pointer, call.c ? call.c : call.d, plan->d, call.d, plan->d, &plan->algo, workspace_,
-                                      workspace_bytes_, stream));
-  return true;
+  return cublasLtMatmul(handle_, plan->desc, alpha_pointer, call.a, plan->a, call.b, plan->b, beta_pointer, c, plan->d,
+                        d, plan->d, &algo, workspace_, workspace_bytes_, stream);
+}
+
+void CublasLtGemm::tune(Plan* plan, const Call& call, cudaStream_t stream) {
+  plan->tuned = true;
+  // The trials must not change what the real call computes: they may write D only when D is
+  // not also read (beta = 0, or C is another buffer); an accumulating GEMM runs its trials on
+  // a scratch D of the same size instead (contents irrelevant to the timing), and keeps the
+  // heuristic's first choice when there is no memory for one.
+  void* scratch = nullptr;
+  const bool reads_d = call.beta != 0.0f && (call.c == nullptr || call.c == call.d);
+  if (reads_d || call.device_scalars != nullptr) {
+    const size_t bytes = dtype_bytes(call.d_type, static_cast<size_t>(call.ldd) * static_cast<size_t>(call.n));
+    if (cudaMalloc(&scratch, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      log::debug(strf("gemm autotune: no memory for a %zu-byte trial output; m=%lld n=%lld k=%lld keeps the "
+                      "heuristic's algorithm", bytes, static_cast<long long>(call.m), static_cast<long long>(call.n),
+                      static_cast<long long>(call.k)));
+      return;
+    }
+  }
+  void* d = scratch ? scratch : call.d;
+  const void* c = scratch ? scratch : (call.c ? call.c : call.d);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MXTRAIN_CUDA_CHECK(cudaEventCreate(&start));
+  MXTRAIN_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kRepeats = 3;
+  float best_ms = 0, first_ms = 0;
+  size_t best = 0;
+  bool found = false;
+  for (size_t i = 0; i < plan->candidates.size(); ++i) {
+    if (launch(plan, plan->candidates[i], call, c, d, stream) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+    MXTRAIN_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < kRepeats; ++r) MXTRAIN_CUBLAS_CHECK(launch(plan, plan->candidates[i], call, c, d, stream));
+    MXTRAIN_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MXTRAIN_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MXTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    ms /= kRepeats;
+    if (i == 0) first_ms = ms;
+    if (!found || ms < best_ms) {
+      best_ms = ms;
+      best = i;
+      found = true;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (scratch) MXTRAIN_CUDA_CHECK(cudaFree(scratch));
+  plan->algo = plan->candidates[best];
+  log::info(strf("gemm autotune m=%lld n=%lld k=%lld %c%c: heuristic's first %.4f ms, chose #%zu of %zu: %.4f ms",
+                  static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
+                  call.transpose_a ? 'T' : 'N', call.transpose_b ? 'T' : 'N', first_ms, best,
+                  plan->candidates.size(), best_ms));
 }
 
 void CublasLtGemm::configure_scaling(cublasLtMatmulDesc_t desc, const Call& call) {

@@ -5,7 +5,10 @@
 //
 // A matmul descriptor, the four layouts and the heuristic's algorithm are built once per key
 // (shape, transposes, dtypes, compute type, epilogue, beta != 0 and the pointers' alignment)
-// and reused; each call only sets the epilogue's bias pointer and runs. The workspace is one
+// and reused; each call only sets the epilogue's bias pointer and runs. With autotuning on
+// (train.gemm_autotune), the first call of each key times up to kCandidates of the heuristic's
+// algorithms on the call's own operands and keeps the fastest for the rest of the run (like
+// cudnn.benchmark: the choice, hence the last bits of the results, can differ between runs). The workspace is one
 // fixed 32 MiB buffer from the backend's allocator ("cublaslt.workspace", Lifetime::workspace),
 // allocated when the backend is created, so its bytes are the same in every run.
 #pragma once
@@ -28,7 +31,10 @@ class CublasLtGemm {
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
+  static constexpr int kCandidates = 8;
   void set_tf32(bool enabled) { tf32_ = enabled; }
+  void set_autotune(bool enabled) { autotune_ = enabled; }
+  bool autotune() const { return autotune_; }
   bool tf32() const { return tf32_; }
 
   // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]), bias fused as the BIAS epilogue.
@@ -91,11 +97,16 @@ class CublasLtGemm {
   static Call backward_input_call(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
   Plan* plan_for(const Call& call, bool optional);
   static void configure_scaling(cublasLtMatmulDesc_t desc, const Call& call);
+  // Times the plan's candidate algorithms on this call and keeps the fastest (autotuning).
+  void tune(Plan* plan, const Call& call, cudaStream_t stream);
+  cublasStatus_t launch(Plan* plan, const cublasLtMatmulAlgo_t& algo, const Call& call, const void* c, void* d,
+                        cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_;
   size_t workspace_bytes_;
   bool tf32_ = false;
+  bool autotune_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
