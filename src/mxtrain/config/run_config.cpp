@@ -151,7 +151,8 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(boolean("train.tf32", c.train.tf32, "TF32 tensor cores for fp32 precision on cuda"));
   list.push_back(boolean("train.deterministic", c.train.deterministic, "deterministic attention backward on cuda"));
   list.push_back(boolean("train.gemm_autotune", c.train.gemm_autotune,
-                         "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the fastest"));
+                         "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
+                         "fastest (false: the heuristic's first choice, the same in every run)"));
 
   PrecisionConfig& p = c.precision;
   list.push_back(choice("precision.fp8_format", p.fp8_format,

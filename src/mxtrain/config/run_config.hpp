@@ -30,7 +30,7 @@ struct TrainConfig {
   int64_t logits_chunk_tokens = 8192;
   bool tf32 = false;                 // fp32 precision on cuda: TF32 tensor-core GEMMs
   bool deterministic = false;        // deterministic attention backward on cuda
-  bool gemm_autotune = false;        // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
+  bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
 };
 
 // How train.precision's recipe runs (reference/precision_recipes.md §2; docs/precision.md).

@@ -191,6 +191,7 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
     current_scale_ = backend.allocate("fp8.current.scale", Shape{3 * linears}, DType::f32, Lifetime::parameter);
     current_scale_inverse_ =
         backend.allocate("fp8.current.scale_inverse", Shape{3 * linears}, DType::f32, Lifetime::parameter);
+    current_source_.assign(static_cast<size_t>(3 * linears), nullptr);
   }
 }
 
@@ -246,7 +247,8 @@ QuantizeSpec LinearRecipe::spec_for(Role role, bool columnwise) {
   return spec;
 }
 
-void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role, Tensor* scale, Tensor* amax_record) {
+void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role, bool reuse_scale, Tensor* scale,
+                                     Tensor* amax_record) {
   if (options_.format == LinearFormat::fp8_delayed) {
     // This step's scale (from the history up to the last step); the cast records its amax in
     // history slot 0, which is the first row of the slot-major history.
@@ -261,6 +263,9 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
   const Tensor amax = current_amax_.tensor().slice_flat(index, Shape{1, 1});
   *scale = current_scale_.tensor().slice_flat(index, Shape{1});
   *amax_record = Tensor();
+  const void*& source = current_source_[static_cast<size_t>(index)];
+  if (reuse_scale && source == x.data) return;
+  source = role == Role::gradient ? nullptr : x.data;
   backend_.amax(x, amax, false);
   ScaleUpdateArgs args;
   args.rule = ScaleUpdateArgs::Rule::current;
@@ -269,11 +274,11 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
 }
 
 LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Role role, bool rowwise,
-                                             bool columnwise, const std::string& name) {
+                                             bool columnwise, const std::string& name, bool reuse_scale) {
   Operand operand;
   Tensor scale, amax_record;
   const bool tensor_scaled = per_tensor(options_.format);
-  if (tensor_scaled) per_tensor_scales(x, linear, role, &scale, &amax_record);
+  if (tensor_scaled) per_tensor_scales(x, linear, role, reuse_scale, &scale, &amax_record);
   auto make = [&](bool transposed, Buffer& data, Buffer& scales, Buffer& amax, QuantizedTensor& q) {
     q.spec = spec_for(role, transposed);
     q.transposed = transposed;
@@ -327,7 +332,7 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
   Buffer bias_storage;
   const Tensor b = bias_as(bias, out.dtype, bias_storage);
   Operand xq = quantize(x, linear, Role::input, true, false, name + ".input");
-  Operand wq = quantize(weight, linear, Role::weight, true, false, name + ".weight");
+  Operand wq = quantize(weight, linear, Role::weight, true, false, name + ".weight", true);
   if (native_) {
     backend_.linear_quantized(GemmRole::forward, xq.rowwise, wq.rowwise, b, out, false);
     return;
@@ -350,7 +355,7 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   // Both copies of the gradient in one pass; the rowwise one waits for backward_input.
   Operand dq = quantize(dout, linear, Role::gradient, true, true, name + ".grad");
   {
-    Operand xq = quantize(x, linear, Role::input, false, true, name + ".input");
+    Operand xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
     if (native_) {
       backend_.linear_quantized(GemmRole::backward_weight, dq.columnwise, xq.columnwise, Tensor(), dweight, true);
     } else {
@@ -384,7 +389,7 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
   if (stash_ && stash_->linear == linear && stash_->source == dout.data) dq = std::move(stash_->operand);
   else dq = quantize(dout, linear, Role::gradient, true, false, name + ".grad");
   stash_.reset();
-  Operand wq = quantize(weight, linear, Role::weight, false, true, name + ".weight");
+  Operand wq = quantize(weight, linear, Role::weight, false, true, name + ".weight", true);
   if (native_) {
     backend_.linear_quantized(GemmRole::backward_input, dq.rowwise, wq.columnwise, Tensor(), dx, accumulate);
     return;
@@ -408,6 +413,8 @@ void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor
 
 void LinearRecipe::finish_step() {
   stash_.reset();
+  // The optimizer has changed the weights: their current scales are stale.
+  for (size_t i = 1; i < current_source_.size(); i += 3) current_source_[i] = nullptr;
   if (options_.format == LinearFormat::fp8_delayed) {
     ScaleUpdateArgs args;
     args.rule = ScaleUpdateArgs::Rule::delayed;

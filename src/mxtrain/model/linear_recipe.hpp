@@ -108,12 +108,17 @@ class LinearRecipe {
   enum class Role : uint8_t { input, weight, gradient };
   struct Operand;  // the quantized copies of one tensor and the scratch behind them
 
-  Operand quantize(const Tensor& x, int64_t linear, Role role, bool rowwise, bool columnwise, const std::string& name);
+  // reuse_scale (current scaling): when this linear's scale for `role` was computed from the
+  // very tensor x earlier (the forward's input again in backward, or the weight again within
+  // one step), take it instead of another amax pass; the values are the same, so is the scale.
+  Operand quantize(const Tensor& x, int64_t linear, Role role, bool rowwise, bool columnwise, const std::string& name,
+                   bool reuse_scale = false);
   QuantizeSpec spec_for(Role role, bool columnwise);
   // The per-tensor FP8 scale of this tensor (current scaling computes it here from x's amax) and
   // where delayed scaling records the cast's amax. (Each quantized copy carries its own decode
   // scale, written by the cast into a buffer of its own.)
-  void per_tensor_scales(const Tensor& x, int64_t linear, Role role, Tensor* scale, Tensor* amax_record);
+  void per_tensor_scales(const Tensor& x, int64_t linear, Role role, bool reuse_scale, Tensor* scale,
+                         Tensor* amax_record);
   Buffer dequantized(const QuantizedTensor& q, DType dtype, const std::string& name);
   Tensor bias_as(const Tensor& bias, DType dtype, Buffer& storage);
   std::string name_of(int64_t layer, LinearKind kind) const;
@@ -130,6 +135,9 @@ class LinearRecipe {
   Buffer backward_history_, backward_scale_, backward_scale_inverse_;
   // Current scaling: amax [1, 3·linears], scale, scale_inverse [3·linears] (input, weight, gradient).
   Buffer current_amax_, current_scale_, current_scale_inverse_;
+  // The tensor each current scale was computed from (input and weight slots; null = none): an
+  // input's until the next forward of its linear, a weight's until the end of the step.
+  std::vector<const void*> current_source_;
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;
