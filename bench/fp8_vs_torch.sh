@@ -7,6 +7,7 @@
 #        PyTorch bf16 and fp8 (compiled)
 #   3b   llama-3b 4x2048: mxtrain bf16, fp8, fp8-current; PyTorch fp8 (compiled)
 # mxtrain's lines carry "engine": "mxtrain"; bench/summarize.py reads both kinds.
+# TORCH_FP8_ONLY=1: PyTorch's FP8 row only (one torch.compile per set instead of two for 1b).
 set -euo pipefail
 out=${1:?usage: bench/fp8_vs_torch.sh OUT.jsonl SET...}; shift
 bin=${BIN:-build/cuda/mxtrain}
@@ -20,7 +21,19 @@ for set in "$@"; do
       mx "${shape[@]}" -p fp8
       mx "${shape[@]}" -p fp8-current
       [[ $set == 1b ]] && mx "${shape[@]}" -p fp8 --set precision.quantized_weights=true
-      python3 "$here/torch_fp8.py" "$set" | grep '"tok_s"\|"error"' >> "$out" || echo "torch_fp8 $set failed" >&2
+      if [[ ${TORCH_FP8_ONLY:-0} == 1 ]]; then
+        # Only PyTorch's FP8 row (its BF16 torch.compile row is bench/vs_torch.sh's): the same
+        # run() of torch_fp8.py with its own model settings, one torch.compile less.
+        python3 - "$here" "$set" <<'PY' | grep '"tok_s"\|"error"' >> "$out" || echo "torch_fp8 $set failed" >&2
+import sys; sys.path.insert(0, sys.argv[1]); import torch_fp8 as t
+tl = dict(arch="llama", vocab=32000, d=2048, L=22, h=32, kv=4, ffn=5632)
+l3 = dict(arch="llama", vocab=128256, d=3072, L=28, h=24, kv=8, ffn=8192)
+if sys.argv[2] == "1b": t.run("llama-1b", True, 8, 2048, **tl)
+else: t.run("llama-3b", True, 4, 2048, **l3)
+PY
+      else
+        python3 "$here/torch_fp8.py" "$set" | grep '"tok_s"\|"error"' >> "$out" || echo "torch_fp8 $set failed" >&2
+      fi
       ;;
     *) echo "unknown set $set" >&2; exit 2 ;;
   esac

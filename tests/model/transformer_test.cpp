@@ -30,13 +30,15 @@ struct Gradients {
   std::vector<std::vector<float>> groups;
 };
 
-Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t chunk = 8192) {
+Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t chunk = 8192,
+                   LinearFormat format = LinearFormat::high_precision) {
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(7);
   TransformerOptions options;
   options.recompute = RecomputePolicy::parse(policy);
   options.logits_chunk_tokens = chunk;
+  options.linear.format = format;
   Transformer model(config, options, *backend, store);
   const int64_t batch = 2, seq = 16;
   std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
@@ -83,6 +85,31 @@ INSTANTIATE_TEST_SUITE_P(Policies, RecomputeTest,
                                   (std::isdigit(std::get<1>(info.param)[0]) ? "first" + std::get<1>(info.param)
                                                                              : std::get<1>(info.param));
                          });
+
+// Per-tensor FP8 blocks under `none` keep their linears' inputs as the FP8 copies the weight
+// gradients read (cast once, in forward); `selective` recomputes the inputs and casts them in
+// backward. Same values, same scales: the same bits.
+TEST(Transformer, SavedFp8InputsGiveTheGradientsOfRecastInputs) {
+  for (LinearFormat format : {LinearFormat::fp8_delayed, LinearFormat::fp8_current}) {
+    for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
+      ModelConfig config = small_model(family);
+      Gradients saved = run_step(config, "none", 8192, format);
+      Gradients recast = run_step(config, "selective", 8192, format);
+      Gradients high = run_step(config, "none");
+      EXPECT_EQ(saved.loss, recast.loss);
+      ASSERT_EQ(saved.groups.size(), recast.groups.size());
+      bool any_quantization_effect = false;
+      for (size_t g = 0; g < saved.groups.size(); ++g) {
+        EXPECT_EQ(0, std::memcmp(saved.groups[g].data(), recast.groups[g].data(),
+                                 saved.groups[g].size() * sizeof(float)))
+            << linear_format_name(format) << " " << family_name(family) << " group " << g;
+        any_quantization_effect |= std::memcmp(saved.groups[g].data(), high.groups[g].data(),
+                                               saved.groups[g].size() * sizeof(float)) != 0;
+      }
+      EXPECT_TRUE(any_quantization_effect) << "the FP8 step must differ from the FP32 one";
+    }
+  }
+}
 
 TEST(Transformer, LogitsChunkingKeepsTheLossAndGradients) {
   ModelConfig config = small_model(ModelFamily::llama);

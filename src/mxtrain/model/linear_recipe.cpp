@@ -165,6 +165,7 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
                   "choose a precision this backend runs (train.precision = bf16 or fp32), or another backend");
   }
   const int64_t linears = layers * kLinearKinds;
+  if (per_tensor(options.format)) saved_inputs_.resize(static_cast<size_t>(linears));
   if (options.format == LinearFormat::fp8_delayed) {
     MXTRAIN_REQUIRE(options.amax_history_length >= 1, config,
                     strf("precision.amax_history_len is %d; it must be at least 1", options.amax_history_length),
@@ -274,7 +275,8 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
 }
 
 LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Role role, bool rowwise,
-                                             bool columnwise, const std::string& name, bool reuse_scale) {
+                                             bool columnwise, const std::string& name, bool reuse_scale,
+                                             Lifetime columnwise_lifetime) {
   Operand operand;
   Tensor scale, amax_record;
   const bool tensor_scaled = per_tensor(options_.format);
@@ -284,10 +286,11 @@ LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Ro
     q.transposed = transposed;
     const int64_t rows = transposed ? x.cols() : x.rows(), k = transposed ? x.rows() : x.cols();
     const std::string copy = name + (transposed ? ".columnwise" : ".rowwise");
-    data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, Lifetime::scratch);
+    const Lifetime lifetime = transposed ? columnwise_lifetime : Lifetime::scratch;
+    data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime);
     q.data = data;
     scales = backend_.allocate(copy + ".scale_inverse", block_scale_shape(q.spec, rows, k),
-                               block_scale_dtype(q.spec.mode), Lifetime::scratch);
+                               block_scale_dtype(q.spec.mode), lifetime);
     q.scale_inverse = scales;
     if (q.spec.mode != ScalingMode::nvfp4) return;
     // The global NVFP4 scale comes from the amax of the matrix this copy quantizes (after its
@@ -321,9 +324,19 @@ Tensor LinearRecipe::bias_as(const Tensor& bias, DType dtype, Buffer& storage) {
   return storage;
 }
 
+bool LinearRecipe::saves_inputs(int64_t layer) const {
+  return quantized(layer) && per_tensor(options_.format);
+}
+
+bool LinearRecipe::has_saved_input(int64_t layer, LinearKind kind) const {
+  const size_t linear = static_cast<size_t>(layer * kLinearKinds + static_cast<int64_t>(kind));
+  return linear < saved_inputs_.size() && saved_inputs_[linear] != nullptr;
+}
+
 void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const Tensor& out) {
+                           const Tensor& out, bool save_input) {
   if (!quantized(layer)) {
+    MXTRAIN_ASSERT(!save_input, "forward: layer %lld keeps no quantized input", static_cast<long long>(layer));
     backend_.linear_forward(x, weight, bias, out);
     return;
   }
@@ -331,7 +344,18 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
   const std::string name = name_of(layer, kind);
   Buffer bias_storage;
   const Tensor b = bias_as(bias, out.dtype, bias_storage);
-  Operand xq = quantize(x, linear, Role::input, true, false, name + ".input");
+  MXTRAIN_ASSERT(!save_input || saves_inputs(layer), "forward: layer %lld keeps no quantized input",
+                 static_cast<long long>(layer));
+  Operand xq = quantize(x, linear, Role::input, true, save_input, name + ".input", false, Lifetime::activation);
+  if (save_input) {
+    auto saved = std::make_unique<Operand>();
+    saved->col_data = std::move(xq.col_data);
+    saved->col_scales = std::move(xq.col_scales);
+    saved->col_amax = std::move(xq.col_amax);
+    saved->columnwise = xq.columnwise;
+    xq.columnwise = QuantizedTensor{};
+    saved_inputs_[static_cast<size_t>(linear)] = std::move(saved);
+  }
   Operand wq = quantize(weight, linear, Role::weight, true, false, name + ".weight", true);
   if (native_) {
     backend_.linear_quantized(GemmRole::forward, xq.rowwise, wq.rowwise, b, out, false);
@@ -355,7 +379,16 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   // Both copies of the gradient in one pass; the rowwise one waits for backward_input.
   Operand dq = quantize(dout, linear, Role::gradient, true, true, name + ".grad");
   {
-    Operand xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
+    Operand xq;
+    std::unique_ptr<Operand>* saved = static_cast<size_t>(linear) < saved_inputs_.size()
+                                          ? &saved_inputs_[static_cast<size_t>(linear)]
+                                          : nullptr;
+    if (saved != nullptr && *saved != nullptr) {
+      xq = std::move(**saved);
+      saved->reset();
+    } else {
+      xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
+    }
     if (native_) {
       backend_.linear_quantized(GemmRole::backward_weight, dq.columnwise, xq.columnwise, Tensor(), dweight, true);
     } else {
@@ -402,17 +435,19 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
 }
 
 void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, const Tensor& residual, const Tensor& out) {
+                                    const Tensor& bias, const Tensor& residual, const Tensor& out, bool save_input) {
   if (!quantized(layer)) {
+    MXTRAIN_ASSERT(!save_input, "forward_residual: layer %lld keeps no quantized input", static_cast<long long>(layer));
     backend_.linear_forward_residual(x, weight, bias, residual, out);
     return;
   }
-  forward(layer, kind, x, weight, bias, out);
+  forward(layer, kind, x, weight, bias, out, save_input);
   backend_.add(out, residual, out);
 }
 
 void LinearRecipe::finish_step() {
   stash_.reset();
+  for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();
   // The optimizer has changed the weights: their current scales are stale.
   for (size_t i = 1; i < current_source_.size(); i += 3) current_source_[i] = nullptr;
   if (options_.format == LinearFormat::fp8_delayed) {

@@ -72,8 +72,13 @@ class LinearRecipe {
 
   // The three GEMMs of linear `kind` of block `layer`; contracts as Backend::linear_forward,
   // linear_backward_weight and linear_backward_input.
+  // save_input (a layer with saves_inputs): the forward's cast of x also writes the columnwise
+  // copy the weight gradient needs and keeps it (an activation) until backward_weight, which
+  // then takes it instead of x (x may be undefined there): TransformerEngine's saved FP8 input.
+  // The copy is what backward would have cast from the same x with the same scale, so results
+  // do not change; one pass over x and 1 byte an element are kept instead of x's 2.
   void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-               const Tensor& out);
+               const Tensor& out, bool save_input = false);
   void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
                        const Tensor& dbias);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
@@ -81,7 +86,11 @@ class LinearRecipe {
   // out = x · Wᵀ (+ bias) + residual (contract as Backend::linear_forward_residual): a layer in
   // the activation dtype runs the backend's fused op; a quantized layer its GEMM, then the add.
   void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const Tensor& residual, const Tensor& out);
+                        const Tensor& residual, const Tensor& out, bool save_input = false);
+  // Whether forward can keep block `layer`'s quantized inputs (per-tensor FP8 layers), and
+  // whether it holds one for this linear now.
+  bool saves_inputs(int64_t layer) const;
+  bool has_saved_input(int64_t layer, LinearKind kind) const;
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1); the stochastic-rounding streams move on.
@@ -112,7 +121,7 @@ class LinearRecipe {
   // very tensor x earlier (the forward's input again in backward, or the weight again within
   // one step), take it instead of another amax pass; the values are the same, so is the scale.
   Operand quantize(const Tensor& x, int64_t linear, Role role, bool rowwise, bool columnwise, const std::string& name,
-                   bool reuse_scale = false);
+                   bool reuse_scale = false, Lifetime columnwise_lifetime = Lifetime::scratch);
   QuantizeSpec spec_for(Role role, bool columnwise);
   // The per-tensor FP8 scale of this tensor (current scaling computes it here from x's amax) and
   // where delayed scaling records the cast's amax. (Each quantized copy carries its own decode
@@ -141,6 +150,8 @@ class LinearRecipe {
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;
+  // Inputs' columnwise copies kept by forward(save_input) for backward_weight, per linear.
+  std::vector<std::unique_ptr<Operand>> saved_inputs_;
 };
 
 }  // namespace mxtrain

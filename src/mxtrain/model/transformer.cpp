@@ -86,16 +86,20 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   const bool layer_norm = norm == NormKind::layer;
   const bool keep_all = keep == Keep::all;
   const bool keep_most = keep != Keep::input_only;
+  // Per-tensor FP8 blocks keep their linears' inputs as the FP8 copies the weight gradients read
+  // (the recipe's saved inputs) instead of the norm outputs and the MLP activation in BF16.
+  const bool save_inputs = keep_all && linears_.saves_inputs(l);
+  const bool keep_inputs = keep_all && !save_inputs;
 
   // Attention half.
-  s.norm1 = activation("attn_norm", l, config_.hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
+  s.norm1 = activation("attn_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
   if (layer_norm) s.mean1 = statistics("attn_norm.mean", l);
   s.rstd1 = statistics("attn_norm.rstd", l);
   backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                         config_.norm_eps);
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
-  linears_.forward(l, LinearKind::qkv, s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv);
-  if (!keep_all) s.norm1.reset();
+  linears_.forward(l, LinearKind::qkv, s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv, save_inputs);
+  if (!keep_inputs) s.norm1.reset();
   if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope_theta);
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
   s.lse = backend_.allocate("layers." + std::to_string(l) + ".lse", Shape{batch_, config_.heads, seq_}, DType::f32,
@@ -103,9 +107,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   backend_.attention_forward(s.qkv, s.attn, s.lse, shape);
   {
     Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
-    linears_.forward(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), projected);
+    linears_.forward(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), projected, save_inputs);
     s.mid = activation("mid", l, config_.hidden, Lifetime::activation);
-    s.norm2 = activation("mlp_norm", l, config_.hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
+    s.norm2 = activation("mlp_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
     if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
     s.rstd2 = statistics("mlp_norm.rstd", l);
     backend_.add_norm_forward(norm, x, projected, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2,
@@ -114,15 +118,15 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
 
   // MLP half.
   s.up = activation("mlp_up", l, config_.up_cols(), Lifetime::activation);
-  linears_.forward(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up);
-  if (!keep_all) s.norm2.reset();
+  linears_.forward(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up, save_inputs);
+  if (!keep_inputs) s.norm2.reset();
   if (!x_out.defined() && !keep_all) {
     // The rerun of full recomputation (no output wanted): the activation would be dropped
     // unused, as backward recomputes it right before the down projection.
     if (!keep_most) s = Saved{};
     return;
   }
-  s.act = activation("mlp_act", l, config_.ffn_hidden, keep_all ? Lifetime::activation : Lifetime::scratch);
+  s.act = activation("mlp_act", l, config_.ffn_hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
   // GELU stays a kernel of its own: cuBLASLt's GELU_AUX epilogue (0.567 vs 0.656 ms for GPT-2
   // 124M's up GEMM + GELU at 64x1024 on an H200) applies GELU before the bf16 rounding, so a
   // recomputed activation could no longer be bit-identical to the stored one.
@@ -133,9 +137,10 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   }
   // The second residual add rides on the down GEMM (out = act · Wᵀ + b + mid).
   if (x_out.defined()) {
-    linears_.forward_residual(l, LinearKind::down, s.act, w(l, p.down_weight), w(l, p.down_bias), s.mid, x_out);
+    linears_.forward_residual(l, LinearKind::down, s.act, w(l, p.down_weight), w(l, p.down_bias), s.mid, x_out,
+                              save_inputs);
   }
-  if (!keep_all) s.act.reset();
+  if (!keep_inputs) s.act.reset();
   if (!keep_most) s = Saved{};
 }
 
@@ -151,14 +156,14 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   }
   // Selective and full keep only the block's expensive outputs; the norms and the MLP
   // activation are recomputed right before their single use and dropped right after.
-  auto recompute = [&](Buffer& buffer, auto&& compute) {
-    if (buffer.defined()) return;
+  auto recompute = [&](Buffer& buffer, LinearKind consumer, auto&& compute) {
+    if (buffer.defined() || linears_.has_saved_input(l, consumer)) return;
     PhaseScope scope(backend_, Phase::recompute);
     compute();
   };
 
   // MLP: down projection.
-  recompute(s.act, [&] {
+  recompute(s.act, LinearKind::down, [&] {
     s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::scratch);
     if (llama) backend_.swiglu_forward(s.up, s.act); else backend_.gelu_forward(s.up, s.act);
   });
@@ -174,7 +179,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     dact.reset();
     s.up.reset();
     // MLP: up projection and norm.
-    recompute(s.norm2, [&] {
+    recompute(s.norm2, LinearKind::up, [&] {
       s.norm2 = activation("mlp_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps);
@@ -203,7 +208,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.attn.reset();
     s.lse.reset();
     if (llama) backend_.rope_backward(dqkv, shape, config_.rope_theta);
-    recompute(s.norm1, [&] {
+    recompute(s.norm1, LinearKind::qkv, [&] {
       s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                             config_.norm_eps);

@@ -79,7 +79,8 @@ __global__ void amax_hadamard_transposed_kernel(const T* x, int64_t rows, int64_
 
 // ---- per-tensor FP8: cast and transpose in one pass -------------------------------------------
 // A block of 256 threads owns a 128-row x 64-column tile: each thread issues its four 16-byte
-// loads before it converts anything (so four are in flight), writes the rowwise codes (8-byte
+// loads before it converts anything (so four are in flight, kept as raw words: at most 64
+// registers a thread, four blocks an SM), writes the rowwise codes (8-byte
 // stores) and puts them into a shared tile, from which the transposed codes leave as full
 // 128-byte rows (16-byte stores). The casts are the hardware's cvt.rn.satfinite (two values
 // per instruction; the reference's rules: round to nearest even, finite overflow and ±inf to
@@ -112,23 +113,27 @@ __device__ __forceinline__ void cast8(const float (&scaled)[8], nm::Fp8Format fo
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kCastThreads)
+__global__ void __launch_bounds__(kCastThreads, 4)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* scale_pointer,
                               nm::Fp8Format format, uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
                               float* rowwise_inverse, float* columnwise_inverse, unsigned* amax_bits, bool vector_in,
                               bool vector_rowwise, bool vector_columnwise) {
   __shared__ __align__(16) uint8_t tile[kCastCols][kCastPitch];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCastRows, col0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
-  float e[kCastVectors][8];
+  // The loads stay in x's own type until they are used (4 registers per vector for bf16).
+  constexpr int kWords = sizeof(T) / 2;  // 16-byte words per 8 values
+  uint4 raw[kCastVectors][kWords];
 #pragma unroll
   for (int j = 0; j < kCastVectors; ++j) {
     const int v = threadIdx.x + j * kCastThreads, r = v / 8, c = (v % 8) * 8;
     const int64_t gr = row0 + r, gc = col0 + c;
     if (vector_in && gr < rows && gc + 8 <= cols) {
-      load<8>(x + gr * cols + gc, e[j]);
-    } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) e[j][i] = (gr < rows && gc + i < cols) ? to_float<T>(x[gr * cols + gc + i]) : 0.0f;
+      for (int w = 0; w < kWords; ++w) raw[j][w] = reinterpret_cast<const uint4*>(x + gr * cols + gc)[w];
+    } else {
+      T* e = reinterpret_cast<T*>(raw[j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = (gr < rows && gc + i < cols) ? x[gr * cols + gc + i] : from_float<T>(0.0f);
     }
   }
   const float scale = scale_pointer[0];
@@ -143,11 +148,13 @@ __global__ void __launch_bounds__(kCastThreads)
   for (int j = 0; j < kCastVectors; ++j) {
     const int v = threadIdx.x + j * kCastThreads, r = v / 8, c = (v % 8) * 8;
     const int64_t gr = row0 + r, gc = col0 + c;
+    const T* e = reinterpret_cast<const T*>(raw[j]);
     float scaled[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      amax = max(amax, nm::float_to_bits(e[j][i]) & 0x7fffffffu);
-      scaled[i] = nm::mul_rn(e[j][i], scale);
+      const float value = to_float<T>(e[i]);
+      amax = max(amax, nm::float_to_bits(value) & 0x7fffffffu);
+      scaled[i] = nm::mul_rn(value, scale);
     }
     uint8_t q[8];
     cast8(scaled, format, q);
