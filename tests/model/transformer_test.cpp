@@ -111,6 +111,49 @@ TEST(Transformer, SavedFp8InputsGiveTheGradientsOfRecastInputs) {
   }
 }
 
+// Gradients exist from their first use in backward to zero_grads (set_to_none): none before
+// the step, every group's after it (what the optimizer reads), none again after zero_grads; a
+// second step gives the first step's gradients again (they start from zero each time).
+TEST(LocalParameterStore, GradientsLiveFromBackwardToTheUpdate) {
+  const ModelConfig config = small_model(ModelFamily::llama);
+  std::unique_ptr<Backend> backend = create_backend("cpu");
+  LocalParameterStore store(*backend, config, DType::f32, DType::f32);
+  store.initialize(7);
+  const size_t gradient = static_cast<size_t>(Lifetime::gradient);
+  EXPECT_EQ(backend->memory_stats().live_by_lifetime[gradient], 0u);
+  for (const ParamShard& shard : store.shards()) EXPECT_FALSE(shard.grad.defined()) << "group " << shard.group;
+
+  TransformerOptions options;
+  Transformer model(config, options, *backend, store);
+  const int64_t batch = 2, seq = 16;
+  std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 37 + 11) % config.vocab_size);
+    targets[i] = static_cast<int32_t>((i * 53 + 5) % config.vocab_size);
+  }
+  Buffer t = test::upload_i32(*backend, tokens, Shape{batch * seq}, "tokens");
+  Buffer y = test::upload_i32(*backend, targets, Shape{batch * seq}, "targets");
+  Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
+  std::vector<std::vector<float>> first;
+  for (int step = 0; step < 2; ++step) {
+    backend->fill(loss, 0);
+    model.forward_backward(t, y, batch, seq, 1.0f / (batch * seq), loss);
+    size_t bytes = 0;
+    std::vector<std::vector<float>> grads;
+    for (const ParamShard& shard : store.shards()) {
+      ASSERT_TRUE(shard.grad.defined()) << "group " << shard.group << " after backward";
+      bytes += shard.grad.bytes();
+      grads.push_back(test::download(*backend, shard.grad));
+    }
+    EXPECT_GE(backend->memory_stats().live_by_lifetime[gradient], bytes);
+    if (step == 0) first = grads;
+    else EXPECT_EQ(first, grads) << "the second step's gradients must start from zero too";
+    store.zero_grads();
+    EXPECT_EQ(backend->memory_stats().live_by_lifetime[gradient], 0u);
+    for (const ParamShard& shard : store.shards()) EXPECT_FALSE(shard.grad.defined());
+  }
+}
+
 TEST(Transformer, LogitsChunkingKeepsTheLossAndGradients) {
   ModelConfig config = small_model(ModelFamily::llama);
   Gradients whole = run_step(config, "none");
