@@ -30,6 +30,17 @@ struct Gradients {
   std::vector<std::vector<float>> groups;
 };
 
+// Fixed tokens and targets of `rows` positions on the backend.
+void upload_batch(Backend& backend, const ModelConfig& config, int64_t rows, Buffer* tokens, Buffer* targets) {
+  std::vector<int32_t> token_ids(static_cast<size_t>(rows)), target_ids(static_cast<size_t>(rows));
+  for (size_t i = 0; i < token_ids.size(); ++i) {
+    token_ids[i] = static_cast<int32_t>((i * 37 + 11) % config.vocab_size);
+    target_ids[i] = static_cast<int32_t>((i * 53 + 5) % config.vocab_size);
+  }
+  *tokens = test::upload_i32(backend, token_ids, Shape{rows}, "tokens");
+  *targets = test::upload_i32(backend, target_ids, Shape{rows}, "targets");
+}
+
 Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t chunk = 8192,
                    LinearFormat format = LinearFormat::high_precision) {
   std::unique_ptr<Backend> backend = create_backend("cpu");
@@ -41,13 +52,8 @@ Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t
   options.linear.format = format;
   Transformer model(config, options, *backend, store);
   const int64_t batch = 2, seq = 16;
-  std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 37 + 11) % config.vocab_size);
-    targets[i] = static_cast<int32_t>((i * 53 + 5) % config.vocab_size);
-  }
-  Buffer t = test::upload_i32(*backend, tokens, Shape{batch * seq}, "tokens");
-  Buffer y = test::upload_i32(*backend, targets, Shape{batch * seq}, "targets");
+  Buffer t, y;
+  upload_batch(*backend, config, batch * seq, &t, &y);
   Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
   backend->fill(loss, 0);
   model.forward_backward(t, y, batch, seq, 1.0f / (batch * seq), loss);
@@ -126,13 +132,8 @@ TEST(LocalParameterStore, GradientsLiveFromBackwardToTheUpdate) {
   TransformerOptions options;
   Transformer model(config, options, *backend, store);
   const int64_t batch = 2, seq = 16;
-  std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 37 + 11) % config.vocab_size);
-    targets[i] = static_cast<int32_t>((i * 53 + 5) % config.vocab_size);
-  }
-  Buffer t = test::upload_i32(*backend, tokens, Shape{batch * seq}, "tokens");
-  Buffer y = test::upload_i32(*backend, targets, Shape{batch * seq}, "targets");
+  Buffer t, y;
+  upload_batch(*backend, config, batch * seq, &t, &y);
   Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
   std::vector<std::vector<float>> first;
   for (int step = 0; step < 2; ++step) {

@@ -380,12 +380,10 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   Operand dq = quantize(dout, linear, Role::gradient, true, true, name + ".grad");
   {
     Operand xq;
-    std::unique_ptr<Operand>* saved = static_cast<size_t>(linear) < saved_inputs_.size()
-                                          ? &saved_inputs_[static_cast<size_t>(linear)]
-                                          : nullptr;
-    if (saved != nullptr && *saved != nullptr) {
-      xq = std::move(**saved);
-      saved->reset();
+    if (has_saved_input(layer, kind)) {
+      std::unique_ptr<Operand>& saved = saved_inputs_[static_cast<size_t>(linear)];
+      xq = std::move(*saved);
+      saved.reset();
     } else {
       xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
     }
