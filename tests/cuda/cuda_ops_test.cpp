@@ -151,8 +151,9 @@ TEST_P(CudaOps, NormBackward) {
     const bool layer = kind == NormKind::layer;
     for (const RowShape& s : kNormShapes) {
       for (bool accumulate : {false, true}) {
+        // dx and the parameter gradients both add (accumulate) or both overwrite.
         const std::string name = std::string(layer ? "layer_norm" : "rms_norm") + "_backward" +
-                                 (accumulate ? " accumulate" : "");
+                                 (accumulate ? " accumulate" : " overwrite");
         const Shape shape{s.rows, s.cols};
         const size_t n = static_cast<size_t>(shape.numel());
         auto x = both(random_as(n, 11, dtype(), -2, 3), shape);
@@ -169,14 +170,15 @@ TEST_P(CudaOps, NormBackward) {
         auto rstd_both = both(download(cpu(), rstd.first), Shape{s.rows}, DType::f32);
         auto dout = both(random_as(n, 14, dtype()), shape);
         auto dx = both(random_as(n, 15, dtype()), shape);
-        // Gradients start non-zero: the op must add to them.
+        // Gradients start non-zero: the op must add to them, or ignore them when it overwrites.
         auto dweight = both(random_vector(static_cast<size_t>(s.cols), 16), Shape{s.cols}, DType::f32);
         auto dbias = both(random_vector(static_cast<size_t>(s.cols), 17), Shape{s.cols}, DType::f32);
         cpu().norm_backward(kind, dout.first, x.first, weight.first, layer ? mean_both.first.tensor() : no,
-                            rstd_both.first, dx.first, dweight.first, layer ? dbias.first.tensor() : no, accumulate);
+                            rstd_both.first, dx.first, dweight.first, layer ? dbias.first.tensor() : no, accumulate,
+                            accumulate);
         cuda().norm_backward(kind, dout.second, x.second, weight.second, layer ? mean_both.second.tensor() : no,
                              rstd_both.second, dx.second, dweight.second, layer ? dbias.second.tensor() : no,
-                             accumulate);
+                             accumulate, accumulate);
         EXPECT_LE(report_error(label(name + " dx", s), download(cuda(), dx.second), download(cpu(), dx.first)),
                   tolerance(dtype(), 1e-5, 4e-3));
         EXPECT_LE(report_error(label(name + " dweight", s), download(cuda(), dweight.second),
@@ -224,21 +226,27 @@ TEST_P(CudaOps, Linear) {
                                  download(cuda(), dx.second), download(cpu(), dx.first)),
                     tolerance(dtype(), 1e-5, 5e-3));
         }
-        // Gradients accumulate into non-zero f32 (the model's grads) and bf16 buffers.
+        // Gradients accumulate into non-zero f32 (the model's grads) and bf16 buffers, or
+        // overwrite them (a gradient's first write: what was there must not leak in).
         for (DType grad_dtype : {DType::f32, DType::bf16}) {
-          auto dweight = both(random_as(static_cast<size_t>(g.out * g.in), 25, grad_dtype), Shape{g.out, g.in},
-                              grad_dtype);
-          auto dbias = both(random_as(static_cast<size_t>(g.out), 26, grad_dtype), Shape{g.out}, grad_dtype);
-          cpu().linear_backward_weight(dy.first, x.first, dweight.first, with_bias ? dbias.first.tensor() : no);
-          cuda().linear_backward_weight(dy.second, x.second, dweight.second, with_bias ? dbias.second.tensor() : no);
-          const double grad_tolerance = grad_dtype == DType::f32 ? tolerance(dtype(), 1e-5, 1e-4) : 5e-3;
-          EXPECT_LE(report_error("linear_backward_weight " + tag + " dweight " + dtype_text(grad_dtype),
-                                 download(cuda(), dweight.second), download(cpu(), dweight.first)),
-                    grad_tolerance);
-          if (with_bias)
-            EXPECT_LE(report_error("linear_backward_weight " + tag + " dbias " + dtype_text(grad_dtype),
-                                   download(cuda(), dbias.second), download(cpu(), dbias.first)),
+          for (bool accumulate : {true, false}) {
+            auto dweight = both(random_as(static_cast<size_t>(g.out * g.in), 25, grad_dtype), Shape{g.out, g.in},
+                                grad_dtype);
+            auto dbias = both(random_as(static_cast<size_t>(g.out), 26, grad_dtype), Shape{g.out}, grad_dtype);
+            cpu().linear_backward_weight(dy.first, x.first, dweight.first, with_bias ? dbias.first.tensor() : no,
+                                         accumulate);
+            cuda().linear_backward_weight(dy.second, x.second, dweight.second,
+                                          with_bias ? dbias.second.tensor() : no, accumulate);
+            const double grad_tolerance = grad_dtype == DType::f32 ? tolerance(dtype(), 1e-5, 1e-4) : 5e-3;
+            const std::string what = tag + (accumulate ? " accumulate " : " overwrite ") + dtype_text(grad_dtype);
+            EXPECT_LE(report_error("linear_backward_weight " + what + " dweight", download(cuda(), dweight.second),
+                                   download(cpu(), dweight.first)),
                       grad_tolerance);
+            if (with_bias)
+              EXPECT_LE(report_error("linear_backward_weight " + what + " dbias", download(cuda(), dbias.second),
+                                     download(cpu(), dbias.first)),
+                        grad_tolerance);
+          }
         }
       }
     }
@@ -352,6 +360,83 @@ TEST_P(CudaOps, CrossEntropyInPlace) {
       if (grad_scale != 0)
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t c = valid; c < cols; ++c) ASSERT_EQ(got[static_cast<size_t>(r * cols + c)], 0.0f);
+    }
+  }
+}
+
+// The amax a norm or activation kernel records for the current-scaling FP8 cast (out_amax) has the
+// bits of the amax op over the output it wrote: over dx after the accumulation for the norm's
+// backward, over the rounded outputs in bf16; NaN when an output is NaN.
+TEST_P(CudaOps, OutputAmaxesAreTheAmaxOfTheOutput) {
+  Buffer recorded = cuda().allocate("recorded", Shape{1}, DType::f32, Lifetime::scratch);
+  Buffer reference = cuda().allocate("reference", Shape{1}, DType::f32, Lifetime::scratch);
+  bool nan_expected = false;
+  auto expect_same = [&](const std::string& what, const Tensor& out) {
+    cuda().amax(out, reference, false);
+    const float got = cuda().read_scalar(recorded), want = cuda().read_scalar(reference);
+    uint32_t got_bits, want_bits;
+    std::memcpy(&got_bits, &got, 4);
+    std::memcpy(&want_bits, &want, 4);
+    EXPECT_TRUE(got_bits == want_bits || (std::isnan(got) && std::isnan(want)))
+        << what << ": recorded " << got << ", amax op " << want;
+    EXPECT_EQ(std::isnan(want), nan_expected) << what << ": amax op " << want;
+    EXPECT_TRUE(std::isnan(want) || want > 0.0f) << what;
+  };
+  const Tensor no;
+  for (bool with_nan : {false, true}) {
+    const std::string nan_tag = with_nan ? " (a NaN input)" : "";
+    nan_expected = with_nan;
+    for (const RowShape& s : kNormShapes) {
+      const Shape shape{s.rows, s.cols};
+      const size_t n = static_cast<size_t>(shape.numel());
+      std::vector<float> x_values = random_as(n, 40, dtype(), -2, 3);
+      if (with_nan) x_values[n / 2] = std::nanf("");
+      Buffer x = upload(cuda(), x_values, shape, dtype());
+      Buffer other = upload(cuda(), random_as(n, 41, dtype(), -1, 1), shape, dtype());
+      Buffer weight = upload(cuda(), random_as(static_cast<size_t>(s.cols), 42, dtype(), 0.5f, 1.5f), Shape{s.cols},
+                             dtype());
+      Buffer bias = upload(cuda(), random_as(static_cast<size_t>(s.cols), 43, dtype(), -0.5f, 0.5f), Shape{s.cols},
+                           dtype());
+      Buffer out = cuda().allocate("out", shape, dtype(), Lifetime::scratch);
+      Buffer sum = cuda().allocate("sum", shape, dtype(), Lifetime::scratch);
+      Buffer mean = cuda().allocate("mean", Shape{s.rows}, DType::f32, Lifetime::scratch);
+      Buffer rstd = cuda().allocate("rstd", Shape{s.rows}, DType::f32, Lifetime::scratch);
+      for (NormKind kind : {NormKind::rms, NormKind::layer}) {
+        const bool layer = kind == NormKind::layer;
+        const std::string name = label(layer ? "layer_norm" : "rms_norm", s) + nan_tag;
+        cuda().norm_forward(kind, x, weight, layer ? bias.tensor() : no, out, layer ? mean.tensor() : no, rstd, 1e-5f,
+                            recorded);
+        expect_same(name + " forward", out);
+        cuda().add_norm_forward(kind, x, other, sum, weight, layer ? bias.tensor() : no, out,
+                                layer ? mean.tensor() : no, rstd, 1e-5f, recorded);
+        expect_same(name + " add_norm", out);
+        for (bool accumulate : {false, true}) {
+          Buffer dx = upload(cuda(), random_as(n, 44, dtype()), shape, dtype());
+          Buffer dweight = cuda().allocate("dweight", Shape{s.cols}, DType::f32, Lifetime::scratch);
+          Buffer dbias = cuda().allocate("dbias", Shape{s.cols}, DType::f32, Lifetime::scratch);
+          cuda().norm_backward(kind, other, x, weight, layer ? mean.tensor() : no, rstd, dx, dweight,
+                               layer ? dbias.tensor() : no, accumulate, false, recorded);
+          expect_same(name + " backward" + (accumulate ? " accumulate" : ""), dx);
+        }
+      }
+    }
+    for (const RowShape& s : kRowShapes) {
+      const Shape in{s.rows, 2 * s.cols}, shape{s.rows, s.cols};
+      std::vector<float> gate_up_values = random_as(static_cast<size_t>(in.numel()), 45, dtype(), -4, 4);
+      if (with_nan) gate_up_values[7] = std::nanf("");
+      Buffer gate_up = upload(cuda(), gate_up_values, in, dtype());
+      Buffer dout = upload(cuda(), random_as(static_cast<size_t>(shape.numel()), 46, dtype()), shape, dtype());
+      Buffer out = cuda().allocate("out", shape, dtype(), Lifetime::scratch);
+      Buffer dgate_up = cuda().allocate("dgate_up", in, dtype(), Lifetime::scratch);
+      cuda().swiglu_forward(gate_up, out, recorded);
+      expect_same(label("swiglu_forward", s) + nan_tag, out);
+      cuda().swiglu_backward(dout, gate_up, dgate_up, recorded);
+      expect_same(label("swiglu_backward", s) + nan_tag, dgate_up);
+      const Tensor x = gate_up.tensor().slice_flat(0, shape);
+      cuda().gelu_forward(x, out, recorded);
+      expect_same(label("gelu_forward", s) + nan_tag, out);
+      cuda().gelu_backward(dout, x, out, recorded);
+      expect_same(label("gelu_backward", s) + nan_tag, out);
     }
   }
 }

@@ -117,6 +117,51 @@ TEST(Transformer, SavedFp8InputsGiveTheGradientsOfRecastInputs) {
   }
 }
 
+// Current scaling: the norm and activation kernels record the amaxes of the tensors the linears
+// cast next, so of the 12 amax passes a block's casts would make (4 inputs, 4 weights, 4 output
+// gradients) only 6 remain (the attention output, the weights, the attention's input gradient);
+// the step's bits are those of the separate passes.
+TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
+  struct AmaxCounter : TraceObserver {
+    int64_t count = 0;
+    void on_op(const OpRecord& record) override { count += record.kind == OpKind::amax; }
+  };
+  for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
+    const ModelConfig config = small_model(family);
+    Gradients result[2];
+    int64_t amaxes[2] = {0, 0};
+    for (int producer = 0; producer < 2; ++producer) {
+      std::unique_ptr<Backend> backend = create_backend("cpu");
+      AmaxCounter counter;
+      backend->set_observer(&counter);
+      LocalParameterStore store(*backend, config, DType::f32, DType::f32);
+      store.initialize(7);
+      TransformerOptions options;
+      options.linear.format = LinearFormat::fp8_current;
+      options.linear.producer_amaxes = producer == 1;
+      Transformer model(config, options, *backend, store);
+      const int64_t batch = 2, seq = 16;
+      Buffer t, y;
+      upload_batch(*backend, config, batch * seq, &t, &y);
+      Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
+      backend->fill(loss, 0);
+      model.forward_backward(t, y, batch, seq, 1.0f / (batch * seq), loss);
+      amaxes[producer] = counter.count;
+      result[producer].loss = backend->read_scalar(loss);
+      for (const ParamShard& shard : store.shards())
+        result[producer].groups.push_back(test::download(*backend, shard.grad));
+      backend->set_observer(nullptr);
+    }
+    EXPECT_EQ(amaxes[0], 12 * config.layers) << family_name(family);
+    EXPECT_EQ(amaxes[1], 6 * config.layers) << family_name(family);
+    EXPECT_EQ(result[0].loss, result[1].loss);
+    for (size_t g = 0; g < result[0].groups.size(); ++g)
+      EXPECT_EQ(0, std::memcmp(result[0].groups[g].data(), result[1].groups[g].data(),
+                               result[0].groups[g].size() * sizeof(float)))
+          << family_name(family) << " group " << g;
+  }
+}
+
 // Gradients exist from their first use in backward to zero_grads (set_to_none): none before
 // the step, every group's after it (what the optimizer reads), none again after zero_grads; a
 // second step gives the first step's gradients again (they start from zero each time).
@@ -152,6 +197,81 @@ TEST(LocalParameterStore, GradientsLiveFromBackwardToTheUpdate) {
     store.zero_grads();
     EXPECT_EQ(backend->memory_stats().live_by_lifetime[gradient], 0u);
     for (const ParamShard& shard : store.shards()) EXPECT_FALSE(shard.grad.defined());
+  }
+}
+
+// A gradient's first write in a step overwrites (no zero fill runs before it), later ones add;
+// what no op wrote is zero once backward is finished, and zero_grads starts the count again.
+TEST(LocalParameterStore, FirstWritesOverwriteLaterOnesAddTheRestIsZero) {
+  const ModelConfig config = small_model(ModelFamily::gpt2);
+  std::unique_ptr<Backend> backend = create_backend("cpu");
+  LocalParameterStore store(*backend, config, DType::f32, DType::f32);
+  store.initialize(7);
+  const ModelLayout& layout = store.layout();
+  const int g = layout.layer_group(1);
+  for (int step = 0; step < 2; ++step) {
+    GradTarget first = store.grad_target(g, layout.layer.qkv_weight);
+    EXPECT_FALSE(first.accumulate) << "step " << step;
+    backend->fill(first.tensor, 3.0f);  // an overwriting op
+    EXPECT_TRUE(store.grad_target(g, layout.layer.qkv_weight).accumulate);
+    Tensor bias = store.grad(g, layout.layer.qkv_bias);  // an accumulating op's first use: zeros
+    for (float value : test::download(*backend, bias)) ASSERT_EQ(value, 0.0f);
+    EXPECT_TRUE(store.grad_target(g, layout.layer.qkv_bias).accumulate);
+    backend->fill(store.grad(g, layout.layer.out_weight), -1.0f);
+    store.finish_backward();
+    for (const ParamShard& shard : store.shards()) {
+      ASSERT_TRUE(shard.grad.defined());
+      const std::vector<float> values = test::download(*backend, shard.grad);
+      const ParamGroup& group = layout.groups[static_cast<size_t>(shard.group)];
+      for (size_t i = 0; i < group.params.size(); ++i) {
+        const ParamSpec& spec = group.params[i];
+        const float expected = shard.group == g && static_cast<int>(i) == layout.layer.qkv_weight   ? 3.0f
+                               : shard.group == g && static_cast<int>(i) == layout.layer.out_weight ? -1.0f
+                                                                                                   : 0.0f;
+        for (int64_t e = 0; e < spec.numel(); ++e)
+          ASSERT_EQ(values[static_cast<size_t>(spec.offset + e)], expected) << spec.name << " step " << step;
+      }
+    }
+    store.zero_grads();
+  }
+}
+
+// Two micro-batches without zero_grads between them: the first writes every gradient, the second
+// adds to it, so the result is the sum of the two micro-batches' separate gradients.
+TEST(Transformer, AMicroBatchAddsToTheGradientsOfTheOneBefore) {
+  const ModelConfig config = small_model(ModelFamily::gpt2);  // tied embedding: head and table write it
+  std::unique_ptr<Backend> backend = create_backend("cpu");
+  LocalParameterStore store(*backend, config, DType::f32, DType::f32);
+  store.initialize(7);
+  Transformer model(config, TransformerOptions{}, *backend, store);
+  const int64_t batch = 1, seq = 16;
+  Buffer t, y;
+  upload_batch(*backend, config, 2 * batch * seq, &t, &y);
+  const int64_t rows = batch * seq;
+  const Tensor half[2][2] = {{t.tensor().slice_flat(0, Shape{rows}), y.tensor().slice_flat(0, Shape{rows})},
+                             {t.tensor().slice_flat(rows, Shape{rows}), y.tensor().slice_flat(rows, Shape{rows})}};
+  Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
+  auto grads = [&] {
+    std::vector<std::vector<float>> result;
+    for (const ParamShard& shard : store.shards()) result.push_back(test::download(*backend, shard.grad));
+    return result;
+  };
+  std::vector<std::vector<float>> separate[2];
+  for (int m = 0; m < 2; ++m) {
+    backend->fill(loss, 0);
+    model.forward_backward(half[m][0], half[m][1], batch, seq, 1.0f, loss);
+    store.finish_backward();
+    separate[m] = grads();
+    store.zero_grads();
+  }
+  for (int m = 0; m < 2; ++m) model.forward_backward(half[m][0], half[m][1], batch, seq, 1.0f, loss);
+  store.finish_backward();
+  const std::vector<std::vector<float>> accumulated = grads();
+  ASSERT_EQ(accumulated.size(), separate[0].size());
+  for (size_t g = 0; g < accumulated.size(); ++g) {
+    std::vector<float> sum(separate[0][g].size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = separate[0][g][i] + separate[1][g][i];
+    EXPECT_LT(test::relative_l2_error(accumulated[g], sum), 1e-6) << "group " << g;
   }
 }
 

@@ -136,19 +136,31 @@ void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, const
 static double norm_flops(NormKind kind, double elements) { return (kind == NormKind::rms ? 4.0 : 7.0) * elements; }
 
 void Backend::norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps) {
+                           const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
+                           const Tensor& out_amax) {
   require_same_shape(x, out, "norm_forward");
   MXTRAIN_ASSERT(weight.numel() == x.cols() && rstd.numel() == x.rows(), "norm_forward: weight/rstd shape");
   MXTRAIN_ASSERT(kind == NormKind::rms || (mean.numel() == x.rows() && bias.numel() == x.cols()),
                  "layer norm needs mean and bias");
   record({OpKind::norm_forward, phase_, x.dtype, norm_flops(kind, n(x)),
           b(x) + b(out) + b(weight) + b(bias) + b(mean) + b(rstd)});
-  impl_norm_forward(kind, x, weight, bias, out, mean, rstd, eps);
+  impl_norm_forward(kind, x, weight, bias, out, mean, rstd, eps, kernel_amax(out_amax));
+  finish_amax(out, out_amax);
+}
+
+Tensor Backend::kernel_amax(const Tensor& out_amax) const {
+  MXTRAIN_ASSERT(!out_amax.defined() || (out_amax.dtype == DType::f32 && out_amax.numel() == 1),
+                 "an output amax is f32 [1], got %s", out_amax.describe().c_str());
+  return records_output_amax() ? out_amax : Tensor();
+}
+
+void Backend::finish_amax(const Tensor& out, const Tensor& out_amax) {
+  if (out_amax.defined() && !records_output_amax()) amax(out, out_amax, false);
 }
 
 void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb, const Tensor& sum,
                                const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
-                               const Tensor& rstd, float eps) {
+                               const Tensor& rstd, float eps, const Tensor& out_amax) {
   require_same_shape(a, bb, "add_norm_forward");
   require_same_shape(a, sum, "add_norm_forward");
   require_same_shape(a, out, "add_norm_forward");
@@ -157,26 +169,30 @@ void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb,
                  "layer norm needs mean and bias");
   record({OpKind::add_norm_forward, phase_, a.dtype, norm_flops(kind, n(a)) + n(a),
           b(a) + b(bb) + b(sum) + b(out) + b(weight) + b(bias) + b(mean) + b(rstd)});
-  impl_add_norm_forward(kind, a, bb, sum, weight, bias, out, mean, rstd, eps);
+  impl_add_norm_forward(kind, a, bb, sum, weight, bias, out, mean, rstd, eps, kernel_amax(out_amax));
+  finish_amax(out, out_amax);
 }
 
 void Backend::impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb, const Tensor& sum,
                                     const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
-                                    const Tensor& rstd, float eps) {
+                                    const Tensor& rstd, float eps, const Tensor& out_amax) {
   impl_add(a, bb, sum);
-  impl_norm_forward(kind, sum, weight, bias, out, mean, rstd, eps);
+  impl_norm_forward(kind, sum, weight, bias, out, mean, rstd, eps, out_amax);
 }
 
 void Backend::norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                             const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                            const Tensor& dbias, bool accumulate_dx) {
+                            const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
+                            const Tensor& dx_amax) {
   require_same_shape(dout, x, "norm_backward");
   require_same_shape(dout, dx, "norm_backward");
   MXTRAIN_ASSERT(dweight.numel() == x.cols(), "norm_backward: dweight shape");
   record({OpKind::norm_backward, phase_, x.dtype, 2 * norm_flops(kind, n(x)),
-          b(dout) + b(x) + b(dx) * (accumulate_dx ? 2 : 1) + b(weight) + 2 * b(dweight) + 2 * b(dbias) + b(mean) +
-              b(rstd)});
-  impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
+          b(dout) + b(x) + b(dx) * (accumulate_dx ? 2 : 1) + b(weight) +
+              (b(dweight) + b(dbias)) * (accumulate_dparams ? 2 : 1) + b(mean) + b(rstd)});
+  impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, accumulate_dparams,
+                     kernel_amax(dx_amax));
+  finish_amax(dx, dx_amax);
 }
 
 void Backend::check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight,
@@ -230,19 +246,20 @@ void Backend::impl_linear_forward_residual(const Tensor& x, const Tensor& weight
   impl_add(out, residual, out);
 }
 
-void Backend::linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias) {
+void Backend::linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
+                                     bool accumulate) {
   MXTRAIN_ASSERT(dweight.rank() == 2 && dout.cols() == dweight.size(0) && x.cols() == dweight.size(1) &&
                      x.rows() == dout.rows(),
                  "linear_backward_weight: dout %s, x %s, dweight %s", dout.describe().c_str(), x.describe().c_str(),
                  dweight.describe().c_str());
   OpRecord op{OpKind::linear_backward_weight, phase_, dout.dtype, 2.0 * n(dweight) * static_cast<double>(x.rows()),
-              b(dout) + b(x) + 2 * b(dweight) + 2 * b(dbias)};
+              b(dout) + b(x) + (b(dweight) + b(dbias)) * (accumulate ? 2 : 1)};
   if (dbias.defined()) op.flops += n(dout);
   op.m = dweight.size(0);
   op.n = dweight.size(1);
   op.k = x.rows();
   record(op);
-  impl_linear_backward_weight(dout, x, dweight, dbias);
+  impl_linear_backward_weight(dout, x, dweight, dbias, accumulate);
 }
 
 static void check_attention_shape(const AttentionShape& shape, const Tensor& qkv, const char* op) {
@@ -303,31 +320,36 @@ void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   impl_attention_backward(dout, qkv, out, lse, dqkv, shape);
 }
 
-void Backend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
+void Backend::swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax) {
   MXTRAIN_ASSERT(gate_up.rows() == out.rows() && gate_up.cols() == 2 * out.cols(), "swiglu_forward: %s -> %s",
                  gate_up.describe().c_str(), out.describe().c_str());
   record({OpKind::swiglu_forward, phase_, out.dtype, 6 * n(out), b(gate_up) + b(out)});
-  impl_swiglu_forward(gate_up, out);
+  impl_swiglu_forward(gate_up, out, kernel_amax(out_amax));
+  finish_amax(out, out_amax);
 }
 
-void Backend::swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up) {
+void Backend::swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
+                              const Tensor& out_amax) {
   require_same_shape(gate_up, dgate_up, "swiglu_backward");
   MXTRAIN_ASSERT(gate_up.cols() == 2 * dout.cols() && gate_up.rows() == dout.rows(), "swiglu_backward: shapes");
   record({OpKind::swiglu_backward, phase_, dout.dtype, 12 * n(dout), b(dout) + b(gate_up) + b(dgate_up)});
-  impl_swiglu_backward(dout, gate_up, dgate_up);
+  impl_swiglu_backward(dout, gate_up, dgate_up, kernel_amax(out_amax));
+  finish_amax(dgate_up, out_amax);
 }
 
-void Backend::gelu_forward(const Tensor& x, const Tensor& out) {
+void Backend::gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) {
   require_same_shape(x, out, "gelu_forward");
   record({OpKind::gelu_forward, phase_, x.dtype, 10 * n(x), b(x) + b(out)});
-  impl_gelu_forward(x, out);
+  impl_gelu_forward(x, out, kernel_amax(out_amax));
+  finish_amax(out, out_amax);
 }
 
-void Backend::gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) {
+void Backend::gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) {
   require_same_shape(dout, x, "gelu_backward");
   require_same_shape(dout, dx, "gelu_backward");
   record({OpKind::gelu_backward, phase_, x.dtype, 20 * n(x), b(dout) + b(x) + b(dx)});
-  impl_gelu_backward(dout, x, dx);
+  impl_gelu_backward(dout, x, dx, kernel_amax(out_amax));
+  finish_amax(dx, out_amax);
 }
 
 void Backend::add(const Tensor& a, const Tensor& bb, const Tensor& out) {
@@ -525,11 +547,11 @@ void Backend::fp8_scale_update(const Tensor& history, const Tensor& scale, const
   impl_fp8_scale_update(history, scale, scale_inverse, args);
 }
 
-void Backend::column_sum(const Tensor& x, const Tensor& out) {
+void Backend::column_sum(const Tensor& x, const Tensor& out, bool accumulate) {
   require_contiguous(x, "column_sum");
   MXTRAIN_ASSERT(out.numel() == x.cols(), "column_sum: x %s, out %s", x.describe().c_str(), out.describe().c_str());
-  record({OpKind::column_sum, phase_, x.dtype, n(x), b(x) + 2 * b(out)});
-  impl_column_sum(x, out);
+  record({OpKind::column_sum, phase_, x.dtype, n(x), b(x) + b(out) * (accumulate ? 2 : 1)});
+  impl_column_sum(x, out, accumulate);
 }
 
 void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

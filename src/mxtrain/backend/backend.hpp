@@ -162,6 +162,8 @@ class Backend {
   // Whether this backend runs `kind` with activations of `dtype`. Asked before step 1; a
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
+  // Whether the norm and activation kernels record their output's amax themselves (out_amax).
+  virtual bool records_output_amax() const { return false; }
   virtual void synchronize() = 0;
   // Timing in stream order: record_timestamp() marks the point after all work queued so far;
   // elapsed_ms(a, b) waits for b and returns the time between the marks. Default: host clock
@@ -194,17 +196,24 @@ class Backend {
   // dtoken_table[tokens[i]] += dout[i]; dposition_table[i % seq_len] += dout[i] (when defined).
   void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
                           const Tensor& dposition_table, int64_t seq_len);
+  // Output amax (norms, SwiGLU, GELU): when out_amax (f32 [1]) is defined it is set to the amax of
+  // the op's output — of dx after the accumulation for norm_backward — as Backend::amax would
+  // compute it; the current-scaling FP8 recipe casts that output next. Backends whose kernels
+  // record it on the way (records_output_amax()) spare that pass; others run amax after the op.
+  //
   // out = norm(x) * weight (+ bias). RMS: rstd = 1/sqrt(mean(x^2) + eps), mean undefined.
   // Layer: mean, rstd of x. mean and rstd are f32 [rows].
   void norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
-                    const Tensor& mean, const Tensor& rstd, float eps);
+                    const Tensor& mean, const Tensor& rstd, float eps, const Tensor& out_amax = {});
   // sum = a + b, then out = norm(sum): the residual add fused with the next norm.
   void add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& weight,
-                        const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps);
-  // dx (+)= d norm; dweight += ; dbias += (layer). mean/rstd as saved by the forward.
+                        const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
+                        const Tensor& out_amax = {});
+  // dx (+)= d norm; dweight (+)= ; dbias (+)= (layer). mean/rstd as saved by the forward.
+  // accumulate_dparams = false overwrites dweight and dbias (a gradient's first write).
   void norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                      const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                     bool accumulate_dx);
+                     bool accumulate_dx, bool accumulate_dparams = true, const Tensor& dx_amax = {});
   // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]).
   void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
   // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]) + residual[N,M]: the residual add rides on the
@@ -213,8 +222,10 @@ class Backend {
                                const Tensor& out);
   // dx[N,K] (+)= dout[N,M] · weight[M,K].
   void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
-  // dweight[M,K] += dout[N,M]ᵀ · x[N,K]; dbias[M] += column sums of dout (when defined).
-  void linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias);
+  // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]; dbias[M] (+)= column sums of dout (when defined).
+  // accumulate = false overwrites both (a gradient's first write: beta = 0, no zero fill before).
+  void linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
+                              bool accumulate = true);
   // Rotary embedding in place on the q and k parts of qkv [batch*seq, (heads+2*kv_heads)*head_dim],
   // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
   void rope_forward(const Tensor& qkv, const AttentionShape& shape, float theta);
@@ -226,11 +237,11 @@ class Backend {
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& dqkv, const AttentionShape& shape);
   // out[N,F] = silu(gate) * up with gate_up [N, 2F] = [gate | up].
-  void swiglu_forward(const Tensor& gate_up, const Tensor& out);
-  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up);
+  void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax = {});
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& out_amax = {});
   // GELU, tanh approximation.
-  void gelu_forward(const Tensor& x, const Tensor& out);
-  void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx);
+  void gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax = {});
+  void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax = {});
   void add(const Tensor& a, const Tensor& b, const Tensor& out);
   // Softmax cross-entropy of logits [n, V] against targets i32 [n]; columns >= valid_vocab are
   // padding and ignored. losses f32 [n] get -log p(target). When grad_scale != 0 the logits are
@@ -275,8 +286,8 @@ class Backend {
   // length-1 history, which is left as it is.
   void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                         const ScaleUpdateArgs& args);
-  // out[c] += Σ_r x[r, c] (bias gradients next to a quantized weight-gradient GEMM).
-  void column_sum(const Tensor& x, const Tensor& out);
+  // out[c] (+)= Σ_r x[r, c] (bias gradients next to a quantized weight-gradient GEMM).
+  void column_sum(const Tensor& x, const Tensor& out, bool accumulate = true);
   // Decoupled-weight-decay Adam on a flat f32 master tensor. grad (any float dtype) is
   // multiplied by args.grad_multiplier and, when args.max_grad_norm > 0, by
   // min(1, max_grad_norm / (sqrt(grad_norm_sq[0]) + 1e-6)). compute_copy (optional, bf16/f16)
@@ -296,15 +307,18 @@ class Backend {
                                       const Tensor& out, int64_t seq_len) = 0;
   virtual void impl_embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
                                        const Tensor& dposition_table, int64_t seq_len) = 0;
+  // out_amax / dx_amax: defined only where records_output_amax() (the op's kernel records it).
   virtual void impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                 const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps) = 0;
+                                 const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
+                                 const Tensor& out_amax) = 0;
   // Default: add, then norm_forward. Backends with a fused kernel override it.
   virtual void impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum,
                                      const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
-                                     const Tensor& rstd, float eps);
+                                     const Tensor& rstd, float eps, const Tensor& out_amax);
   virtual void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                                  const Tensor& dbias, bool accumulate_dx) = 0;
+                                  const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
+                                  const Tensor& dx_amax) = 0;
   virtual void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) = 0;
   virtual void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
                                           bool accumulate) = 0;
@@ -312,16 +326,17 @@ class Backend {
   virtual void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                             const Tensor& residual, const Tensor& out);
   virtual void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                           const Tensor& dbias) = 0;
+                                           const Tensor& dbias, bool accumulate) = 0;
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                       const AttentionShape& shape) = 0;
   virtual void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                        const Tensor& dqkv, const AttentionShape& shape) = 0;
-  virtual void impl_swiglu_forward(const Tensor& gate_up, const Tensor& out) = 0;
-  virtual void impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up) = 0;
-  virtual void impl_gelu_forward(const Tensor& x, const Tensor& out) = 0;
-  virtual void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) = 0;
+  virtual void impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax) = 0;
+  virtual void impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
+                                    const Tensor& out_amax) = 0;
+  virtual void impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) = 0;
+  virtual void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) = 0;
   virtual void impl_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void impl_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses,
                                   int64_t valid_vocab, float grad_scale) = 0;
@@ -337,11 +352,15 @@ class Backend {
                                      const Tensor& bias, const Tensor& out, bool accumulate);
   virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                                      const ScaleUpdateArgs& args) = 0;
-  virtual void impl_column_sum(const Tensor& x, const Tensor& out) = 0;
+  virtual void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) = 0;
   virtual void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                           const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) = 0;
 
  private:
+  // An op's out_amax: what its impl_ gets (the record itself where the kernels write it), and
+  // after the impl_ call, the amax pass where they do not.
+  Tensor kernel_amax(const Tensor& out_amax) const;
+  void finish_amax(const Tensor& out, const Tensor& out_amax);
   // The argument checks and trace record shared by linear_forward and linear_forward_residual.
   void check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight, const Tensor& bias,
                                        const Tensor& out, double extra_bytes);

@@ -112,6 +112,7 @@ FsdpParameterStore::FsdpParameterStore(Backend& backend, const ModelConfig& conf
     s.grad = backend_.allocate(group.name + ".grad" + suffix, shape, grad_dtype_, Lifetime::gradient);
     s.m = backend_.allocate(group.name + ".adam_m" + suffix, shape, DType::f32, Lifetime::optimizer_state);
     s.v = backend_.allocate(group.name + ".adam_v" + suffix, shape, DType::f32, Lifetime::optimizer_state);
+    s.written.reset(group.params.size());
     forward_order_.push_back(static_cast<int>(g));
   }
   // Groups are stored in forward order: embed, blocks, head.
@@ -228,12 +229,19 @@ Tensor FsdpParameterStore::weight(int group, int index) {
   return s.gathered.tensor().slice_flat(spec.offset, spec.shape);
 }
 
-Tensor FsdpParameterStore::grad(int group, int index) {
-  const GroupState& s = state(group);
+GradTarget FsdpParameterStore::grad_target(int group, int index) {
+  GroupState& s = state(group);
   const ParamSpec& spec = layout_.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)];
   const Buffer& flat = sharded_ ? s.full_grad : s.grad;
   MXTRAIN_ASSERT(flat.defined(), "gradient of group %d used outside backward", group);
-  return flat.tensor().slice_flat(spec.offset, spec.shape);
+  const bool accumulate = s.written.claim(static_cast<size_t>(index));
+  return {flat.tensor().slice_flat(spec.offset, spec.shape), accumulate};
+}
+
+Tensor FsdpParameterStore::grad(int group, int index) {
+  GradTarget target = grad_target(group, index);
+  if (!target.accumulate) backend_.fill(target.tensor, 0.0f);
+  return target.tensor;
 }
 
 // ---- gradients: accumulate, reduce, fold into the shard -----------------------------------------
@@ -243,7 +251,7 @@ void FsdpParameterStore::ensure_full_grad(int group) {
   if (!sharded_ || s.full_grad.defined()) return;
   s.full_grad = backend_.allocate(layout_.groups[static_cast<size_t>(group)].name + ".grad.full",
                                   Shape{s.shard_numel * options_.shard_group_size}, grad_dtype_, Lifetime::gradient);
-  backend_.fill(s.full_grad, 0.0f);
+  s.written.reset(layout_.groups[static_cast<size_t>(group)].params.size());  // first writers overwrite
 }
 
 void FsdpParameterStore::begin_micro_batch(int index, int count) {
@@ -268,6 +276,9 @@ void FsdpParameterStore::issue_reduction(int group) {
   r.group = group;
   r.accumulate = s.reduced_this_step;
   s.reduced_this_step = true;
+  // What no op wrote (a parameter the loss does not reach, the shard padding) is zero before
+  // anything is reduced.
+  s.written.zero_unwritten(backend_, sharded_ ? s.full_grad : s.grad, layout_.groups[static_cast<size_t>(group)]);
   if (sharded_) {
     MXTRAIN_ASSERT(s.full_grad.defined(), "grads_ready(%d) without a backward", group);
     r.full = std::move(s.full_grad);
@@ -378,8 +389,12 @@ void FsdpParameterStore::grad_norm_sq(const Tensor& out) {
 }
 
 void FsdpParameterStore::zero_grads() {
-  for (GroupState& s : groups_) {
-    backend_.fill(s.grad, 0.0f);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    GroupState& s = groups_[g];
+    // Sharded: the shard's sums start from zero (each reduction's slice lands in or adds to it).
+    // Unsharded, gradients accumulate in s.grad itself: its first writers overwrite instead.
+    if (sharded_) backend_.fill(s.grad, 0.0f);
+    else s.written.reset(layout_.groups[g].params.size());
     s.reduced_this_step = false;
   }
 }

@@ -69,6 +69,7 @@ class FsdpParameterStore final : public ParameterStore {
   void release(int group, Pass pass) override;
   Tensor weight(int group, int index) override;
   Tensor grad(int group, int index) override;
+  GradTarget grad_target(int group, int index) override;
   void grads_ready(int group) override;
   void begin_micro_batch(int index, int count) override;
   void finish_backward() override;
@@ -96,6 +97,7 @@ class FsdpParameterStore final : public ParameterStore {
     WorkId gather_id = 0;
     bool gather_in_flight = false;
     Buffer full_grad;         // sharded: grad dtype [shard_numel * S], from acquire(backward) to reduction
+    GradWrites written;       // of the gradient the model writes (full_grad sharded, grad unsharded)
     bool reduced_this_step = false;
   };
   struct PendingReduction {

@@ -193,6 +193,7 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
     current_scale_inverse_ =
         backend.allocate("fp8.current.scale_inverse", Shape{3 * linears}, DType::f32, Lifetime::parameter);
     current_source_.assign(static_cast<size_t>(3 * linears), nullptr);
+    recorded_amax_.assign(static_cast<size_t>(3 * linears), nullptr);
   }
 }
 
@@ -267,7 +268,10 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
   const void*& source = current_source_[static_cast<size_t>(index)];
   if (reuse_scale && source == x.data) return;
   source = role == Role::gradient ? nullptr : x.data;
-  backend_.amax(x, amax, false);
+  // The kernel that wrote x may have recorded its amax in this slot already (amax_record).
+  const void*& recorded = recorded_amax_[static_cast<size_t>(index)];
+  if (recorded != x.data) backend_.amax(x, amax, false);
+  recorded = nullptr;
   ScaleUpdateArgs args;
   args.rule = ScaleUpdateArgs::Rule::current;
   args.scaled_max = role == Role::gradient && gradient_element_ == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
@@ -324,6 +328,16 @@ Tensor LinearRecipe::bias_as(const Tensor& bias, DType dtype, Buffer& storage) {
   return storage;
 }
 
+Tensor LinearRecipe::amax_record(int64_t layer, LinearKind kind, bool gradient, const Tensor& x) {
+  if (!options_.producer_amaxes || options_.format != LinearFormat::fp8_current || !quantized(layer) ||
+      !x.defined())
+    return Tensor();
+  const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
+  const int64_t index = 3 * linear + static_cast<int64_t>(gradient ? Role::gradient : Role::input);
+  recorded_amax_[static_cast<size_t>(index)] = x.data;
+  return current_amax_.tensor().slice_flat(index, Shape{1});
+}
+
 bool LinearRecipe::saves_inputs(int64_t layer) const {
   return quantized(layer) && per_tensor(options_.format);
 }
@@ -369,9 +383,9 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
 }
 
 void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x,
-                                   const Tensor& dweight, const Tensor& dbias) {
+                                   const Tensor& dweight, const Tensor& dbias, bool accumulate) {
   if (!quantized(layer)) {
-    backend_.linear_backward_weight(dout, x, dweight, dbias);
+    backend_.linear_backward_weight(dout, x, dweight, dbias, accumulate);
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
@@ -388,16 +402,17 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
       xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
     }
     if (native_) {
-      backend_.linear_quantized(GemmRole::backward_weight, dq.columnwise, xq.columnwise, Tensor(), dweight, true);
+      backend_.linear_quantized(GemmRole::backward_weight, dq.columnwise, xq.columnwise, Tensor(), dweight,
+                                accumulate);
     } else {
       Buffer dd = dequantized(dq.columnwise, dout.dtype, name + ".grad.dequantized");
       Buffer xd = dequantized(xq.columnwise, dout.dtype, name + ".input.dequantized");
       xq = Operand{};
-      backend_.linear_backward_weight(dd, xd, dweight, Tensor());
+      backend_.linear_backward_weight(dd, xd, dweight, Tensor(), accumulate);
     }
   }
   // The bias gradient from the high-precision gradient, as TE does.
-  if (dbias.defined()) backend_.column_sum(dout, dbias);
+  if (dbias.defined()) backend_.column_sum(dout, dbias, accumulate);
   dq.col_data.reset();
   dq.col_scales.reset();
   dq.col_amax.reset();

@@ -6,7 +6,7 @@
 // Per GEMM (TransformerEngine's roles, reference/precision_recipes.md §2):
 //   forward         out  = x · Wᵀ        x rowwise,  W rowwise      (E4M3 x E4M3 under HYBRID)
 //   backward_input  dx   = dy · W        dy rowwise, W columnwise   (E5M2 x E4M3)
-//   backward_weight dW  += dyᵀ · x       dy columnwise, x columnwise (E5M2 x E4M3, FP32 accumulate)
+//   backward_weight dW (+)= dyᵀ · x      dy columnwise, x columnwise (E5M2 x E4M3, FP32 accumulate)
 // A columnwise copy is the transposed matrix quantized along its rows, so every quantized GEMM is
 // TN (the only FP8 layout Hopper has). Where the backend has the quantized GEMM (supports()) it
 // runs natively; elsewhere the operands are quantized, dequantized and multiplied by the
@@ -50,6 +50,9 @@ struct LinearRecipeOptions {
   int64_t bf16_first_layers = 0, bf16_last_layers = 0;  // kept in the activation dtype
   uint64_t seed = 0;        // NVFP4 stochastic rounding streams
   bool allow_native = true; // false: emulate even where the backend has the quantized GEMM
+  // Current scaling: the kernels that write a cast's input record its amax (amax_record);
+  // false: every cast runs its own amax pass (the same values; tests compare the two).
+  bool producer_amaxes = true;
 
   // Whether block `layer` of `layers` runs its linear GEMMs quantized.
   bool quantized(int64_t layer, int64_t layers) const;
@@ -80,13 +83,20 @@ class LinearRecipe {
   void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                const Tensor& out, bool save_input = false);
   void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                       const Tensor& dbias);
+                       const Tensor& dbias, bool accumulate = true);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
                       bool accumulate);
   // out = x · Wᵀ (+ bias) + residual (contract as Backend::linear_forward_residual): a layer in
   // the activation dtype runs the backend's fused op; a quantized layer its GEMM, then the add.
   void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const Tensor& residual, const Tensor& out, bool save_input = false);
+  // Current scaling: where the kernel that writes x — the input (gradient = false), or the output
+  // gradient (true), that linear `kind` of block `layer` casts next — records x's amax (the
+  // backend ops' out_amax), so that the cast skips its own amax pass over x, as
+  // TransformerEngine's norm and activation kernels do for its current-scaling recipe. The next
+  // cast of that role takes the record only if it is of the same x; undefined (nothing to
+  // record) for other formats and high-precision layers.
+  Tensor amax_record(int64_t layer, LinearKind kind, bool gradient, const Tensor& x);
   // Whether forward can keep block `layer`'s quantized inputs (per-tensor FP8 layers), and
   // whether it holds one for this linear now.
   bool saves_inputs(int64_t layer) const;
@@ -147,6 +157,9 @@ class LinearRecipe {
   // The tensor each current scale was computed from (input and weight slots; null = none): an
   // input's until the next forward of its linear, a weight's until the end of the step.
   std::vector<const void*> current_source_;
+  // The tensor whose amax a producing kernel recorded in each current-scaling slot (amax_record),
+  // until the cast that takes it.
+  std::vector<const void*> recorded_amax_;
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;

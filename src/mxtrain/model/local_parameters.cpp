@@ -65,14 +65,32 @@ const Buffer& LocalParameterStore::grad_buffer(size_t group) {
   if (!storage.grad.defined()) {
     storage.grad = backend_.allocate(layout_.groups[group].name + ".grad", Shape{layout_.groups[group].numel},
                                      grad_dtype_, Lifetime::gradient);
-    backend_.fill(storage.grad, 0.0f);
+    storage.written.reset(layout_.groups[group].params.size());
   }
   return storage.grad;
 }
 
+const Buffer& LocalParameterStore::complete_grad(size_t group) {
+  const Buffer& grad = grad_buffer(group);
+  groups_[group].written.zero_unwritten(backend_, grad, layout_.groups[group]);
+  return grad;
+}
+
+GradTarget LocalParameterStore::grad_target(int group, int index) {
+  const auto g = static_cast<size_t>(group);
+  const Buffer& flat = grad_buffer(g);
+  const bool accumulate = groups_[g].written.claim(static_cast<size_t>(index));
+  return {param_view(flat, layout_.groups[g].params[static_cast<size_t>(index)]), accumulate};
+}
+
 Tensor LocalParameterStore::grad(int group, int index) {
-  return param_view(grad_buffer(static_cast<size_t>(group)),
-                    layout_.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)]);
+  GradTarget target = grad_target(group, index);
+  if (!target.accumulate) backend_.fill(target.tensor, 0.0f);
+  return target.tensor;
+}
+
+void LocalParameterStore::finish_backward() {
+  for (size_t g = 0; g < groups_.size(); ++g) complete_grad(g);
 }
 
 std::vector<ParamShard> LocalParameterStore::shards() {
@@ -88,10 +106,10 @@ std::vector<ParamShard> LocalParameterStore::shards() {
   return result;
 }
 
-// Called once the backward pass is complete, before the update: a group no gradient reached
-// gets zeros, so shards() hands the optimizer a gradient for every group.
+// After finish_backward every group has its whole gradient (zeros where no op wrote), so
+// shards() hands the optimizer a gradient for every group.
 void LocalParameterStore::grad_norm_sq(const Tensor& out) {
-  for (size_t g = 0; g < groups_.size(); ++g) backend_.sum_of_squares(grad_buffer(g), out, g > 0);
+  for (size_t g = 0; g < groups_.size(); ++g) backend_.sum_of_squares(complete_grad(g), out, g > 0);
 }
 
 void LocalParameterStore::zero_grads() {

@@ -2,7 +2,8 @@
 // Adam moments live whole on one backend. With FP32 compute the master tensor is the compute
 // weight; otherwise the optimizer refreshes a compute-dtype copy after each update. Gradients
 // are allocated at their first use in a step and freed by zero_grads() (set_to_none): shards()
-// leaves a gradient undefined while it does not exist.
+// leaves a gradient undefined while it does not exist. A gradient's first writer overwrites it
+// (grad_target), so no zero fill runs in a step but for parameters no op reached.
 #pragma once
 #include <vector>
 
@@ -27,9 +28,10 @@ class LocalParameterStore final : public ParameterStore {
   void release(int, Pass) override {}
   Tensor weight(int group, int index) override;
   Tensor grad(int group, int index) override;
+  GradTarget grad_target(int group, int index) override;
   void grads_ready(int) override {}
   void begin_micro_batch(int, int) override {}
-  void finish_backward() override {}
+  void finish_backward() override;
   std::vector<ParamShard> shards() override;
   void grad_norm_sq(const Tensor& out) override;
   void zero_grads() override;
@@ -37,9 +39,12 @@ class LocalParameterStore final : public ParameterStore {
  private:
   struct GroupStorage {
     Buffer master, compute, grad, m, v;
+    GradWrites written;  // of grad, since its allocation
   };
   Tensor param_view(const Tensor& flat, const ParamSpec& spec) const;
-  const Buffer& grad_buffer(size_t group);  // allocated (zeroed) on first use
+  const Buffer& grad_buffer(size_t group);  // allocated (not zeroed) on first use
+  // grad_buffer with every parameter no op wrote zeroed: the whole gradient, for its readers.
+  const Buffer& complete_grad(size_t group);
 
   Backend& backend_;
   ModelConfig config_;

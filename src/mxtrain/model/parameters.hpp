@@ -27,6 +27,35 @@ struct ParamShard {
   int64_t decay_count = 0;  // elements [0, decay_count) of this shard get weight decay
 };
 
+// A gradient as an op that can either overwrite or add sees it: accumulate is false for the
+// parameter's first write since its gradient buffer was last zeroed or allocated, so the writer
+// overwrites (a GEMM with beta = 0) and no zero fill runs before it; true afterwards (gradient
+// accumulation over micro-batches, a tied embedding written by the head and the embedding).
+struct GradTarget {
+  Tensor tensor;
+  bool accumulate = true;
+};
+
+// Which parameters of one group's gradient buffer hold a value: the stores' bookkeeping behind
+// grad() and grad_target(). A buffer starts (reset) with nothing written; zero_unwritten() fills
+// what no op wrote, in contiguous runs, before anything reads the whole buffer.
+class GradWrites {
+ public:
+  void reset(size_t params) {
+    written_.assign(params, false);
+    padding_zeroed_ = false;
+  }
+  // Whether parameter `index` held a value already (the writer must add); marks it written.
+  bool claim(size_t index);
+  // Zero-fills parameters never written (and `flat` past the group's last element: FSDP's
+  // padding), marking every parameter written.
+  void zero_unwritten(Backend& backend, const Tensor& flat, const ParamGroup& group);
+
+ private:
+  std::vector<bool> written_;
+  bool padding_zeroed_ = false;
+};
+
 class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
@@ -40,8 +69,10 @@ class ParameterStore {
   // Compute-precision view of one parameter (valid between acquire and release).
   virtual Tensor weight(int group, int index) = 0;
   // Where this micro-batch's gradient of one parameter accumulates (valid from acquire(backward)
-  // until grads_ready).
+  // until grads_ready), zero before its first write.
   virtual Tensor grad(int group, int index) = 0;
+  // The same gradient for a writer that can overwrite (GradTarget). Either call counts as a write.
+  virtual GradTarget grad_target(int group, int index) = 0;
   virtual void grads_ready(int group) = 0;
 
   // ---- trainer side -----------------------------------------------------------------------

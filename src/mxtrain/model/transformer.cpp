@@ -58,8 +58,16 @@ Tensor Transformer::w(int64_t layer, int index) {
   return index < 0 ? Tensor() : params_.weight(layout_.layer_group(layer), index);
 }
 
-Tensor Transformer::dw(int64_t layer, int index) {
-  return index < 0 ? Tensor() : params_.grad(layout_.layer_group(layer), index);
+Transformer::GradPair Transformer::grads(int group, int weight, int bias) {
+  const GradTarget w = params_.grad_target(group, weight);
+  GradPair pair{w.tensor, Tensor(), w.accumulate};
+  if (bias >= 0) {
+    const GradTarget b = params_.grad_target(group, bias);
+    MXTRAIN_ASSERT(b.accumulate == w.accumulate, "parameters %d and %d of group %d were written apart", weight, bias,
+                   group);
+    pair.bias = b.tensor;
+  }
+  return pair;
 }
 
 void Transformer::embed_forward(const Tensor& tokens, const Tensor& x0) {
@@ -95,8 +103,10 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   s.norm1 = activation("attn_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
   if (layer_norm) s.mean1 = statistics("attn_norm.mean", l);
   s.rstd1 = statistics("attn_norm.rstd", l);
+  // (Under current FP8 scaling the norm and activation kernels record the amaxes of the tensors
+  // the linears cast next: LinearRecipe::amax_record.)
   backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
-                        config_.norm_eps);
+                        config_.norm_eps, linears_.amax_record(l, LinearKind::qkv, false, s.norm1));
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
   linears_.forward(l, LinearKind::qkv, s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv, save_inputs);
   if (!keep_inputs) s.norm1.reset();
@@ -113,7 +123,8 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
     if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
     s.rstd2 = statistics("mlp_norm.rstd", l);
     backend_.add_norm_forward(norm, x, projected, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2,
-                              s.mean2, s.rstd2, config_.norm_eps);
+                              s.mean2, s.rstd2, config_.norm_eps,
+                              linears_.amax_record(l, LinearKind::up, false, s.norm2));
   }
 
   // MLP half.
@@ -130,10 +141,11 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   // GELU stays a kernel of its own: cuBLASLt's GELU_AUX epilogue (0.567 vs 0.656 ms for GPT-2
   // 124M's up GEMM + GELU at 64x1024 on an H200) applies GELU before the bf16 rounding, so a
   // recomputed activation could no longer be bit-identical to the stored one.
+  const Tensor act_amax = linears_.amax_record(l, LinearKind::down, false, s.act);
   if (config_.family == ModelFamily::llama) {
-    backend_.swiglu_forward(s.up, s.act);
+    backend_.swiglu_forward(s.up, s.act, act_amax);
   } else {
-    backend_.gelu_forward(s.up, s.act);
+    backend_.gelu_forward(s.up, s.act, act_amax);
   }
   // The second residual add rides on the down GEMM (out = act · Wᵀ + b + mid).
   if (x_out.defined()) {
@@ -167,7 +179,10 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::scratch);
     if (llama) backend_.swiglu_forward(s.up, s.act); else backend_.gelu_forward(s.up, s.act);
   });
-  linears_.backward_weight(l, LinearKind::down, dres, s.act, dw(l, p.down_weight), dw(l, p.down_bias));
+  {
+    const GradPair d = dw(l, p.down_weight, p.down_bias);
+    linears_.backward_weight(l, LinearKind::down, dres, s.act, d.weight, d.bias, d.accumulate);
+  }
   s.act.reset();
   {
     // (cuBLASLt's DGELU_BGRAD epilogue measured no faster than this GEMM + GELU backward +
@@ -175,7 +190,9 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
     linears_.backward_input(l, LinearKind::down, dres, w(l, p.down_weight), dact, false);
     Buffer dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);
-    if (llama) backend_.swiglu_backward(dact, s.up, dup); else backend_.gelu_backward(dact, s.up, dup);
+    const Tensor dup_amax = linears_.amax_record(l, LinearKind::up, true, dup);
+    if (llama) backend_.swiglu_backward(dact, s.up, dup, dup_amax);
+    else backend_.gelu_backward(dact, s.up, dup, dup_amax);
     dact.reset();
     s.up.reset();
     // MLP: up projection and norm.
@@ -184,20 +201,26 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps);
     });
-    linears_.backward_weight(l, LinearKind::up, dup, s.norm2, dw(l, p.up_weight), dw(l, p.up_bias));
+    const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
+    linears_.backward_weight(l, LinearKind::up, dup, s.norm2, dup_params.weight, dup_params.bias,
+                             dup_params.accumulate);
     s.norm2.reset();
     Buffer dnorm2 = activation("mlp_norm.grad", l, config_.hidden, Lifetime::scratch);
     linears_.backward_input(l, LinearKind::up, dup, w(l, p.up_weight), dnorm2, false);
     dup.reset();
-    backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres,
-                           dw(l, p.mlp_norm_weight), dw(l, p.mlp_norm_bias), true);
+    const GradPair dnorm = dw(l, p.mlp_norm_weight, p.mlp_norm_bias);
+    backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres, dnorm.weight,
+                           dnorm.bias, true, dnorm.accumulate, linears_.amax_record(l, LinearKind::out, true, dres));
   }
   s.mid.reset();
   s.mean2.reset();
   s.rstd2.reset();
 
   // Attention: output projection, attention, QKV projection and norm.
-  linears_.backward_weight(l, LinearKind::out, dres, s.attn, dw(l, p.out_weight), dw(l, p.out_bias));
+  {
+    const GradPair d = dw(l, p.out_weight, p.out_bias);
+    linears_.backward_weight(l, LinearKind::out, dres, s.attn, d.weight, d.bias, d.accumulate);
+  }
   {
     Buffer dattn = activation("attn.grad", l, config_.hidden, Lifetime::scratch);
     linears_.backward_input(l, LinearKind::out, dres, w(l, p.out_weight), dattn, false);
@@ -213,13 +236,18 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                             config_.norm_eps);
     });
-    linears_.backward_weight(l, LinearKind::qkv, dqkv, s.norm1, dw(l, p.qkv_weight), dw(l, p.qkv_bias));
+    const GradPair dqkv_params = dw(l, p.qkv_weight, p.qkv_bias);
+    linears_.backward_weight(l, LinearKind::qkv, dqkv, s.norm1, dqkv_params.weight, dqkv_params.bias,
+                             dqkv_params.accumulate);
     s.norm1.reset();
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
     linears_.backward_input(l, LinearKind::qkv, dqkv, w(l, p.qkv_weight), dnorm1, false);
     dqkv.reset();
-    backend_.norm_backward(norm, dnorm1, x, w(l, p.attn_norm_weight), s.mean1, s.rstd1, dres,
-                           dw(l, p.attn_norm_weight), dw(l, p.attn_norm_bias), true);
+    const GradPair dnorm = dw(l, p.attn_norm_weight, p.attn_norm_bias);
+    // dres is now the gradient the block below casts first (its down projection's).
+    const Tensor dres_amax = l > 0 ? linears_.amax_record(l - 1, LinearKind::down, true, dres) : Tensor();
+    backend_.norm_backward(norm, dnorm1, x, w(l, p.attn_norm_weight), s.mean1, s.rstd1, dres, dnorm.weight,
+                           dnorm.bias, true, dnorm.accumulate, dres_amax);
   }
   s = Saved{};
 }
@@ -234,8 +262,11 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
   params_.acquire(g, pass);
   if (tied) params_.acquire(embed, pass);
   Tensor head_weight = tied ? params_.weight(embed, layout_.token_table) : params_.weight(g, layout_.head_weight);
-  Tensor head_grad;
-  if (training) head_grad = tied ? params_.grad(embed, layout_.token_table) : params_.grad(g, layout_.head_weight);
+  // The head's weight gradient is first written by the first logits chunk (a tied table's too:
+  // the head runs before the embedding's backward adds to it).
+  GradTarget head_grad;
+  if (training)
+    head_grad = tied ? params_.grad_target(embed, layout_.token_table) : params_.grad_target(g, layout_.head_weight);
   Tensor norm_bias = layout_.final_norm_bias >= 0 ? params_.weight(g, layout_.final_norm_bias) : Tensor();
 
   Buffer normed = activation("final_norm", -1, config_.hidden, Lifetime::activation);
@@ -258,7 +289,8 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
                            training ? grad_scale : 0.0f);
     if (training) {
       PhaseScope scope(backend_, Phase::backward);
-      backend_.linear_backward_weight(rows_logits, rows_normed, head_grad, Tensor());
+      backend_.linear_backward_weight(rows_logits, rows_normed, head_grad.tensor, Tensor(),
+                                      head_grad.accumulate || begin > 0);
       backend_.linear_backward_input(rows_logits, head_weight, dnormed.tensor().slice_rows(begin, end), false);
     }
   }
@@ -268,9 +300,10 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
   normed.reset();
   if (training) {
     PhaseScope scope(backend_, Phase::backward);
-    Tensor dnorm_bias = layout_.final_norm_bias >= 0 ? params_.grad(g, layout_.final_norm_bias) : Tensor();
+    const GradPair dnorm = grads(g, layout_.final_norm_weight, layout_.final_norm_bias);
     backend_.norm_backward(norm_kind(), dnormed, x_final, params_.weight(g, layout_.final_norm_weight), mean, rstd,
-                           dres, params_.grad(g, layout_.final_norm_weight), dnorm_bias, false);
+                           dres, dnorm.weight, dnorm.bias, false, dnorm.accumulate,
+                           linears_.amax_record(config_.layers - 1, LinearKind::down, true, dres));
   }
   if (tied) params_.release(embed, pass);
   params_.release(g, pass);

@@ -72,7 +72,14 @@ class Transformer {
             const Tensor& dres);
 
   Tensor w(int64_t layer, int index);   // a block parameter, or an undefined tensor for index -1
-  Tensor dw(int64_t layer, int index);
+  // The gradients of a weight and its bias (bias index -1: none) in `group`, which one op writes
+  // together: a single flag says whether it adds to them or overwrites (their first write).
+  struct GradPair {
+    Tensor weight, bias;
+    bool accumulate = true;
+  };
+  GradPair grads(int group, int weight, int bias);
+  GradPair dw(int64_t layer, int weight, int bias) { return grads(layout_.layer_group(layer), weight, bias); }
   NormKind norm_kind() const { return config_.family == ModelFamily::llama ? NormKind::rms : NormKind::layer; }
 
   ModelConfig config_;

@@ -40,6 +40,7 @@ class ObservedStore final : public ParameterStore {
   void release(int group, Pass pass) override { inner_->release(group, pass); }
   Tensor weight(int group, int index) override { return inner_->weight(group, index); }
   Tensor grad(int group, int index) override { return inner_->grad(group, index); }
+  GradTarget grad_target(int group, int index) override { return inner_->grad_target(group, index); }
   void grads_ready(int group) override { inner_->grads_ready(group); }
   void begin_micro_batch(int index, int count) override {
     listener_.on_micro_batch(index, count);

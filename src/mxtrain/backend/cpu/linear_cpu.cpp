@@ -8,6 +8,8 @@
 #include "mxtrain/backend/cpu/cpu_backend.hpp"
 #include "mxtrain/backend/cpu/cpu_internal.hpp"
 
+#include <algorithm>
+
 namespace mxtrain {
 namespace {
 
@@ -48,21 +50,23 @@ void CpuBackend::impl_linear_backward_input(const Tensor& dout, const Tensor& we
 }
 
 void CpuBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                             const Tensor& dbias) {
+                                             const Tensor& dbias, bool accumulate) {
   cpu::require_f32("linear_backward_weight", {&dout, &x, &dweight, &dbias});
   MXTRAIN_ASSERT(!dbias.defined() || dbias.numel() == dout.cols(), "linear_backward_weight: dbias %s",
                  dbias.describe().c_str());
   const int64_t rows = x.rows(), in_features = x.cols(), out_features = dout.cols();
   if (rows > 0) {
     cpu::sgemm(threads_, true, false, out_features, in_features, rows, 1.0f, dout.ptr<float>(), out_features,
-               x.ptr<float>(), in_features, 1.0f, dweight.ptr<float>(), in_features);
+               x.ptr<float>(), in_features, accumulate ? 1.0f : 0.0f, dweight.ptr<float>(), in_features);
+  } else if (!accumulate) {
+    std::fill_n(dweight.ptr<float>(), dweight.numel(), 0.0f);
   }
   if (!dbias.defined()) return;
   const float* grad = dout.ptr<float>();
   float* db = dbias.ptr<float>();
   cpu::parallel_blocks(threads_, out_features, kBiasColumnBlock, [&](int64_t begin, int64_t end) {
     double totals[kBiasColumnBlock];
-    for (int64_t c = begin; c < end; ++c) totals[c - begin] = db[c];
+    for (int64_t c = begin; c < end; ++c) totals[c - begin] = accumulate ? db[c] : 0.0;
     for (int64_t row = 0; row < rows; ++row) {
       const float* grad_row = grad + row * out_features;
       for (int64_t c = begin; c < end; ++c) totals[c - begin] += grad_row[c];

@@ -14,7 +14,8 @@
 namespace mxtrain {
 
 void CpuBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                   const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps) {
+                                   const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
+                                   const Tensor& out_amax) {
   cpu::require_f32("norm_forward", {&x, &weight, &bias, &out, &mean, &rstd});
   const bool layer = kind == NormKind::layer;
   // Also reached from add_norm_forward, so the shapes the pointers below rely on are checked here.
@@ -52,11 +53,13 @@ void CpuBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor&
       out_row[c] = b ? value + b[c] : value;
     }
   });
+  if (out_amax.defined()) impl_amax(out, out_amax, false, false);
 }
 
 void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                                    const Tensor& dbias, bool accumulate_dx) {
+                                    const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
+                                    const Tensor& dx_amax) {
   cpu::require_f32("norm_backward", {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
   const bool layer = kind == NormKind::layer;
   MXTRAIN_ASSERT(rstd.numel() == x.rows() && (!layer || mean.numel() == x.rows()), "norm_backward: mean/rstd");
@@ -109,8 +112,8 @@ void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Ten
   float* db = with_bias ? dbias.ptr<float>() : nullptr;
   cpu::parallel_blocks(threads_, cols, 64, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      double weight_total = dw[c];
-      double bias_total = db ? db[c] : 0.0;
+      double weight_total = accumulate_dparams ? dw[c] : 0.0;
+      double bias_total = db && accumulate_dparams ? db[c] : 0.0;
       for (int64_t chunk = 0; chunk < chunks; ++chunk) {
         weight_total += partials[static_cast<size_t>(chunk * stride + c)];
         bias_total += partials[static_cast<size_t>(chunk * stride + cols + c)];
@@ -119,6 +122,7 @@ void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Ten
       if (db) db[c] = static_cast<float>(bias_total);
     }
   });
+  if (dx_amax.defined()) impl_amax(dx, dx_amax, false, false);
 }
 
 }  // namespace mxtrain

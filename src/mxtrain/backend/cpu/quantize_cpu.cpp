@@ -204,14 +204,14 @@ void CpuBackend::impl_fp8_scale_update(const Tensor& history, const Tensor& scal
   }
 }
 
-void CpuBackend::impl_column_sum(const Tensor& x, const Tensor& out) {
+void CpuBackend::impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) {
   cpu::require_f32("column_sum", {&x, &out});
   const int64_t rows = x.rows(), cols = x.cols();
   const float* values = x.ptr<float>();
   float* sums = out.ptr<float>();
   cpu::parallel_blocks(threads_, cols, 256, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      double total = sums[c];
+      double total = accumulate ? sums[c] : 0.0;
       for (int64_t r = 0; r < rows; ++r) total += values[r * cols + c];
       sums[c] = static_cast<float>(total);
     }

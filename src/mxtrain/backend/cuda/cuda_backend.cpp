@@ -192,20 +192,23 @@ void CudaBackend::impl_embedding_backward(const Tensor& tokens, const Tensor& do
 }
 
 void CudaBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps) {
-  cuda_kernels::norm_forward(kind, Tensor(), Tensor(), x, weight, bias, out, mean, rstd, eps, stream_);
+                                    const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
+                                    const Tensor& out_amax) {
+  cuda_kernels::norm_forward(kind, Tensor(), Tensor(), x, weight, bias, out, mean, rstd, eps, out_amax, stream_);
 }
 
 void CudaBackend::impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum,
                                         const Tensor& weight, const Tensor& bias, const Tensor& out,
-                                        const Tensor& mean, const Tensor& rstd, float eps) {
-  cuda_kernels::norm_forward(kind, a, b, sum, weight, bias, out, mean, rstd, eps, stream_);
+                                        const Tensor& mean, const Tensor& rstd, float eps, const Tensor& out_amax) {
+  cuda_kernels::norm_forward(kind, a, b, sum, weight, bias, out, mean, rstd, eps, out_amax, stream_);
 }
 
 void CudaBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                                     const Tensor& dbias, bool accumulate_dx) {
-  cuda_kernels::norm_backward(*this, kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, stream_);
+                                     const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
+                                     const Tensor& dx_amax) {
+  cuda_kernels::norm_backward(*this, kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx,
+                              accumulate_dparams, dx_amax, stream_);
 }
 
 void CudaBackend::impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
@@ -228,7 +231,14 @@ void CudaBackend::impl_linear_forward_residual(const Tensor& x, const Tensor& we
 }
 
 void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                              const Tensor& dbias) {
+                                              const Tensor& dbias, bool accumulate) {
+  if (x.rows() == 0) {  // an empty sum: nothing to add, zeros to overwrite with
+    if (!accumulate) {
+      cuda_kernels::fill(dweight, 0.0f, stream_);
+      if (dbias.defined()) cuda_kernels::fill(dbias, 0.0f, stream_);
+    }
+    return;
+  }
   // cuBLASLt has no f32-input GEMM with a 16-bit output: with f32 activations and bf16/f16
   // gradients the product goes to an f32 scratch, then is added into dweight (one rounding).
   const bool via_f32 = x.dtype == DType::f32 && dweight.dtype != DType::f32;
@@ -244,8 +254,8 @@ void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& 
   if (bias_pending && fused_bias_gradient_) {
     Buffer column_sums = allocate("linear.bias_grad", Shape{dout.cols()}, DType::f32, Lifetime::scratch);
     float* sums = column_sums.tensor().ptr<float>();
-    if (gemm_->linear_backward_weight(dout, x, target, sums, !via_f32, stream_)) {
-      cuda_kernels::accumulate_f32(sums, dbias, stream_);
+    if (gemm_->linear_backward_weight(dout, x, target, sums, accumulate && !via_f32, stream_)) {
+      cuda_kernels::accumulate_f32(sums, dbias, accumulate, stream_);
       bias_pending = false;
       gemm_done = true;
     } else if (!logged_bias_gradient_path_) {
@@ -254,9 +264,9 @@ void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& 
                 "gradient runs as a column-sum kernel");
     }
   }
-  if (!gemm_done) gemm_->linear_backward_weight(dout, x, target, nullptr, !via_f32, stream_);
-  if (bias_pending) cuda_kernels::column_sum_accumulate(*this, dout, dbias, stream_);
-  if (via_f32) cuda_kernels::accumulate_f32(product.tensor().ptr<float>(), dweight, stream_);
+  if (!gemm_done) gemm_->linear_backward_weight(dout, x, target, nullptr, accumulate && !via_f32, stream_);
+  if (bias_pending) cuda_kernels::column_sum(*this, dout, dbias, accumulate, stream_);
+  if (via_f32) cuda_kernels::accumulate_f32(product.tensor().ptr<float>(), dweight, accumulate, stream_);
 }
 
 const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, float theta) {
@@ -307,18 +317,21 @@ void CudaBackend::impl_attention_backward(const Tensor& dout, const Tensor& qkv,
   attention_->backward(dout, qkv, out, lse, dqkv, shape, stream_);
 }
 
-void CudaBackend::impl_swiglu_forward(const Tensor& gate_up, const Tensor& out) {
-  cuda_kernels::swiglu_forward(gate_up, out, stream_);
+void CudaBackend::impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax) {
+  cuda_kernels::swiglu_forward(gate_up, out, out_amax, stream_);
 }
 
-void CudaBackend::impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up) {
-  cuda_kernels::swiglu_backward(dout, gate_up, dgate_up, stream_);
+void CudaBackend::impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
+                                       const Tensor& out_amax) {
+  cuda_kernels::swiglu_backward(dout, gate_up, dgate_up, out_amax, stream_);
 }
 
-void CudaBackend::impl_gelu_forward(const Tensor& x, const Tensor& out) { cuda_kernels::gelu_forward(x, out, stream_); }
+void CudaBackend::impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) {
+  cuda_kernels::gelu_forward(x, out, out_amax, stream_);
+}
 
-void CudaBackend::impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) {
-  cuda_kernels::gelu_backward(dout, x, dx, stream_);
+void CudaBackend::impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) {
+  cuda_kernels::gelu_backward(dout, x, dx, out_amax, stream_);
 }
 
 void CudaBackend::impl_add(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -392,8 +405,8 @@ void CudaBackend::impl_fp8_scale_update(const Tensor& history, const Tensor& sca
   cuda_kernels::fp8_scale_update(history, scale, scale_inverse, args, stream_);
 }
 
-void CudaBackend::impl_column_sum(const Tensor& x, const Tensor& out) {
-  cuda_kernels::column_sum_accumulate(*this, x, out, stream_);
+void CudaBackend::impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) {
+  cuda_kernels::column_sum(*this, x, out, accumulate, stream_);
 }
 
 }  // namespace mxtrain

@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::cuda; }
   DeviceProperties properties() const override { return properties_; }
   bool supports(OpKind kind, DType dtype) const override;
+  bool records_output_amax() const override { return true; }
   void synchronize() override;
   // CUDA events on the backend's stream; up to kTimestampSlots marks may be outstanding.
   uint64_t record_timestamp() override;
@@ -76,18 +77,19 @@ class CudaBackend final : public Backend {
   void impl_embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
                                const Tensor& dposition_table, int64_t seq_len) override;
   void impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
-                         const Tensor& mean, const Tensor& rstd, float eps) override;
+                         const Tensor& mean, const Tensor& rstd, float eps, const Tensor& out_amax) override;
   void impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& weight,
                              const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                             float eps) override;
+                             float eps, const Tensor& out_amax) override;
   void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                          const Tensor& dbias, bool accumulate_dx) override;
+                          const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
+                          const Tensor& dx_amax) override;
   void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
   void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
                                   bool accumulate) override;
   void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                   const Tensor& dbias) override;
+                                   const Tensor& dbias, bool accumulate) override;
   void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                                     const Tensor& out) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) override;
@@ -95,10 +97,11 @@ class CudaBackend final : public Backend {
                               const AttentionShape& shape) override;
   void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                const Tensor& dqkv, const AttentionShape& shape) override;
-  void impl_swiglu_forward(const Tensor& gate_up, const Tensor& out) override;
-  void impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up) override;
-  void impl_gelu_forward(const Tensor& x, const Tensor& out) override;
-  void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) override;
+  void impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax) override;
+  void impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
+                            const Tensor& out_amax) override;
+  void impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) override;
+  void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) override;
   void impl_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void impl_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
                           float grad_scale) override;
@@ -114,7 +117,7 @@ class CudaBackend final : public Backend {
                              const Tensor& out, bool accumulate) override;
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                              const ScaleUpdateArgs& args) override;
-  void impl_column_sum(const Tensor& x, const Tensor& out) override;
+  void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
 
  private:
   // f32 [2, seq, head_dim/2]: cos then sin, built with the CPU oracle's formula.

@@ -122,7 +122,32 @@ __device__ __forceinline__ float block_max(float value) {
   return total;
 }
 
+// ---- amax records ----------------------------------------------------------------------------
+// A kernel that writes a tensor which a per-tensor FP8 recipe casts next under current scaling
+// can record the tensor's amax (max |value|, NaN if any value is NaN) on the way, sparing the
+// cast a pass over it (TransformerEngine's norm and activation kernels do the same). Amaxes are
+// non-negative, so the max of their FP32 bit patterns is the NaN-propagating max (any NaN pattern
+// exceeds +inf's) and atomicMax on the bits combines warps in any order, deterministically.
+__device__ __forceinline__ unsigned abs_bits(float value) { return __float_as_uint(value) & 0x7fffffffu; }
+
+// Adds a warp's amax to *out (f32 bits, zeroed before the kernel: start_amax_record). `bits` is
+// each lane's max of abs_bits over the f32 values it stored as T: rounding to T is monotonic, so
+// the rounded max is the max of what a reader of the tensor sees. Every lane of the warp calls it.
+template <typename T> __device__ __forceinline__ void record_warp_amax(unsigned bits, unsigned* out) {
+  bits = abs_bits(round_to<T>(__uint_as_float(bits)));
+  bits = __reduce_max_sync(0xffffffffu, bits);
+  // The record only grows: a warp whose max is not above what it reads skips the atomic.
+  if ((threadIdx.x & 31) == 0 && bits > *reinterpret_cast<volatile const unsigned*>(out)) atomicMax(out, bits);
+}
+
 // ---- host side -------------------------------------------------------------------------------
+// The bits of an amax record (f32 [1]) zeroed on `stream` for a kernel to fill; null when undefined.
+inline unsigned* start_amax_record(const Tensor& amax, cudaStream_t stream) {
+  if (!amax.defined()) return nullptr;
+  MXTRAIN_CUDA_CHECK(cudaMemsetAsync(amax.data, 0, sizeof(float), stream));
+  return static_cast<unsigned*>(amax.data);
+}
+
 inline bool aligned16(const void* pointer) { return (reinterpret_cast<uintptr_t>(pointer) & 15u) == 0; }
 inline bool aligned16(const Tensor& tensor) { return !tensor.defined() || aligned16(tensor.data); }
 

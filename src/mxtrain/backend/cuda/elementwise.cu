@@ -1,7 +1,9 @@
 // Elementwise kernels: fill, dtype conversion, scale, add, GELU and SwiGLU. Each thread moves
 // one 8-element vector (16-byte accesses for bf16) when every pointer is 16-byte aligned and
 // the length (row length for SwiGLU) is a multiple of 8, else one element. All math is FP32 in
-// registers with one rounding on store, so bf16 outputs pass through bf16 exactly once.
+// registers with one rounding on store, so bf16 outputs pass through bf16 exactly once. Unary,
+// binary and SwiGLU maps can record their output's amax (amax_out non-null: device_common.cuh);
+// their threads past the end stay to the last line, where the warp combines its amax.
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
@@ -22,26 +24,36 @@ __global__ void fill_kernel(TOut* out, int64_t vectors, Op op) {
 }
 
 template <int W, typename TIn, typename TOut, typename Op>
-__global__ void unary_kernel(const TIn* a, TOut* out, int64_t vectors, Op op) {
+__global__ void unary_kernel(const TIn* a, TOut* out, int64_t vectors, Op op, unsigned* amax_out) {
   int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= vectors) return;
-  float x[W], y[W];
-  load<W>(a + v * W, x);
+  unsigned amax = 0;
+  if (v < vectors) {
+    float x[W], y[W];
+    load<W>(a + v * W, x);
 #pragma unroll
-  for (int i = 0; i < W; ++i) y[i] = op(x[i]);
-  store<W>(out + v * W, y);
+    for (int i = 0; i < W; ++i) y[i] = op(x[i]);
+    store<W>(out + v * W, y);
+#pragma unroll
+    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+  }
+  if (amax_out != nullptr) record_warp_amax<TOut>(amax, amax_out);
 }
 
 template <int W, typename TA, typename TB, typename TOut, typename Op>
-__global__ void binary_kernel(const TA* a, const TB* b, TOut* out, int64_t vectors, Op op) {
+__global__ void binary_kernel(const TA* a, const TB* b, TOut* out, int64_t vectors, Op op, unsigned* amax_out) {
   int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= vectors) return;
-  float x[W], z[W], y[W];
-  load<W>(a + v * W, x);
-  load<W>(b + v * W, z);
+  unsigned amax = 0;
+  if (v < vectors) {
+    float x[W], z[W], y[W];
+    load<W>(a + v * W, x);
+    load<W>(b + v * W, z);
 #pragma unroll
-  for (int i = 0; i < W; ++i) y[i] = op(x[i], z[i]);
-  store<W>(out + v * W, y);
+    for (int i = 0; i < W; ++i) y[i] = op(x[i], z[i]);
+    store<W>(out + v * W, y);
+#pragma unroll
+    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+  }
+  if (amax_out != nullptr) record_warp_amax<TOut>(amax, amax_out);
 }
 
 __global__ void fill_i32_kernel(int32_t* out, int64_t n, int32_t value) {
@@ -103,30 +115,33 @@ template <typename TOut, typename Op> void launch_fill(const Tensor& out, Op op,
 }
 
 template <typename TIn, typename TOut, typename Op>
-void launch_unary(const Tensor& a, const Tensor& out, Op op, cudaStream_t stream) {
+void launch_unary(const Tensor& a, const Tensor& out, Op op, cudaStream_t stream, const Tensor& out_amax = {}) {
+  unsigned* amax = start_amax_record(out_amax, stream);
   int64_t n = out.numel();
   if (n == 0) return;
   auto* x = static_cast<const TIn*>(a.data);
   auto* o = static_cast<TOut*>(out.data);
   if (vector_path(n, {&a, &out})) {
-    unary_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(x, o, n / 8, op);
+    unary_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(x, o, n / 8, op, amax);
   } else {
-    unary_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, o, n, op);
+    unary_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, o, n, op, amax);
   }
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, typename Op>
-void launch_binary(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cudaStream_t stream) {
+void launch_binary(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cudaStream_t stream,
+                   const Tensor& out_amax = {}) {
+  unsigned* amax = start_amax_record(out_amax, stream);
   int64_t n = out.numel();
   if (n == 0) return;
   auto* x = static_cast<const T*>(a.data);
   auto* z = static_cast<const T*>(b.data);
   auto* o = static_cast<T*>(out.data);
   if (vector_path(n, {&a, &b, &out})) {
-    binary_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(x, z, o, n / 8, op);
+    binary_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(x, z, o, n / 8, op, amax);
   } else {
-    binary_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, z, o, n, op);
+    binary_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, z, o, n, op, amax);
   }
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
@@ -144,40 +159,51 @@ void require_same_dtype(const char* op, std::initializer_list<const Tensor*> ten
 
 // ---- SwiGLU: gate_up [rows, 2F] = [gate | up], out [rows, F] ------------------------------------
 template <int W, typename T>
-__global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t vectors, int64_t ffn) {
+__global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t vectors, int64_t ffn, unsigned* amax_out) {
   int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= vectors) return;
-  const int64_t per_row = ffn / W;
-  const int64_t row = v / per_row, col = (v % per_row) * W;
-  const T* gate_row = gate_up + row * 2 * ffn;
-  float g[W], u[W], y[W];
-  load<W>(gate_row + col, g);
-  load<W>(gate_row + ffn + col, u);
+  unsigned amax = 0;
+  if (v < vectors) {
+    const int64_t per_row = ffn / W;
+    const int64_t row = v / per_row, col = (v % per_row) * W;
+    const T* gate_row = gate_up + row * 2 * ffn;
+    float g[W], u[W], y[W];
+    load<W>(gate_row + col, g);
+    load<W>(gate_row + ffn + col, u);
 #pragma unroll
-  for (int i = 0; i < W; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-  store<W>(out + row * ffn + col, y);
+    for (int i = 0; i < W; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    store<W>(out + row * ffn + col, y);
+#pragma unroll
+    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+  }
+  if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
 
 template <int W, typename T>
-__global__ void swiglu_backward_kernel(const T* dout, const T* gate_up, T* dgate_up, int64_t vectors, int64_t ffn) {
+__global__ void swiglu_backward_kernel(const T* dout, const T* gate_up, T* dgate_up, int64_t vectors, int64_t ffn,
+                                       unsigned* amax_out) {
   int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= vectors) return;
-  const int64_t per_row = ffn / W;
-  const int64_t row = v / per_row, col = (v % per_row) * W;
-  const int64_t in_offset = row * 2 * ffn + col;
-  float d[W], g[W], u[W], dg[W], du[W];
-  load<W>(dout + row * ffn + col, d);
-  load<W>(gate_up + in_offset, g);
-  load<W>(gate_up + in_offset + ffn, u);
+  unsigned amax = 0;
+  if (v < vectors) {
+    const int64_t per_row = ffn / W;
+    const int64_t row = v / per_row, col = (v % per_row) * W;
+    const int64_t in_offset = row * 2 * ffn + col;
+    float d[W], g[W], u[W], dg[W], du[W];
+    load<W>(dout + row * ffn + col, d);
+    load<W>(gate_up + in_offset, g);
+    load<W>(gate_up + in_offset + ffn, u);
 #pragma unroll
-  for (int i = 0; i < W; ++i) {
-    float sigmoid = 1.0f / (1.0f + expf(-g[i]));
-    float silu = g[i] * sigmoid;
-    dg[i] = d[i] * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
-    du[i] = d[i] * silu;
+    for (int i = 0; i < W; ++i) {
+      float sigmoid = 1.0f / (1.0f + expf(-g[i]));
+      float silu = g[i] * sigmoid;
+      dg[i] = d[i] * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
+      du[i] = d[i] * silu;
+    }
+    store<W>(dgate_up + in_offset, dg);
+    store<W>(dgate_up + in_offset + ffn, du);
+#pragma unroll
+    for (int i = 0; i < W; ++i) amax = max(amax, max(abs_bits(dg[i]), abs_bits(du[i])));
   }
-  store<W>(dgate_up + in_offset, dg);
-  store<W>(dgate_up + in_offset + ffn, du);
+  if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
 
 }  // namespace
@@ -222,24 +248,26 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t strea
   });
 }
 
-void gelu_forward(const Tensor& x, const Tensor& out, cudaStream_t stream) {
+void gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax, cudaStream_t stream) {
   require_same_dtype("gelu_forward", {&x, &out});
   dispatch_float<true>(out.dtype, "gelu_forward", [&](auto tag) {
     using T = decltype(tag);
-    launch_unary<T, T>(x, out, GeluForward{}, stream);
+    launch_unary<T, T>(x, out, GeluForward{}, stream, out_amax);
   });
 }
 
-void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, cudaStream_t stream) {
+void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax,
+                   cudaStream_t stream) {
   require_same_dtype("gelu_backward", {&dout, &x, &dx});
   dispatch_float<true>(dx.dtype, "gelu_backward", [&](auto tag) {
     using T = decltype(tag);
-    launch_binary<T>(dout, x, dx, GeluBackward{}, stream);
+    launch_binary<T>(dout, x, dx, GeluBackward{}, stream, out_amax);
   });
 }
 
-void swiglu_forward(const Tensor& gate_up, const Tensor& out, cudaStream_t stream) {
+void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax, cudaStream_t stream) {
   require_same_dtype("swiglu_forward", {&gate_up, &out});
+  unsigned* amax = start_amax_record(out_amax, stream);
   const int64_t ffn = out.cols(), n = out.numel();
   if (n == 0) return;
   dispatch_float<true>(out.dtype, "swiglu_forward", [&](auto tag) {
@@ -247,16 +275,18 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out, cudaStream_t strea
     auto* in = static_cast<const T*>(gate_up.data);
     auto* o = static_cast<T*>(out.data);
     if (vector_path(ffn, {&gate_up, &out})) {
-      swiglu_forward_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(in, o, n / 8, ffn);
+      swiglu_forward_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(in, o, n / 8, ffn, amax);
     } else {
-      swiglu_forward_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, o, n, ffn);
+      swiglu_forward_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, o, n, ffn, amax);
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }
 
-void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, cudaStream_t stream) {
+void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& out_amax,
+                     cudaStream_t stream) {
   require_same_dtype("swiglu_backward", {&dout, &gate_up, &dgate_up});
+  unsigned* amax = start_amax_record(out_amax, stream);
   const int64_t ffn = dout.cols(), n = dout.numel();
   if (n == 0) return;
   dispatch_float<true>(dout.dtype, "swiglu_backward", [&](auto tag) {
@@ -265,9 +295,9 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dg
     auto* in = static_cast<const T*>(gate_up.data);
     auto* o = static_cast<T*>(dgate_up.data);
     if (vector_path(ffn, {&dout, &gate_up, &dgate_up})) {
-      swiglu_backward_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(d, in, o, n / 8, ffn);
+      swiglu_backward_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(d, in, o, n / 8, ffn, amax);
     } else {
-      swiglu_backward_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(d, in, o, n, ffn);
+      swiglu_backward_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(d, in, o, n, ffn, amax);
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });

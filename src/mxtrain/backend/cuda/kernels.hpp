@@ -14,33 +14,39 @@ void fill(const Tensor& out, float value, cudaStream_t stream);
 void convert(const Tensor& source, const Tensor& out, cudaStream_t stream);  // f32/bf16/f16, RNE
 void scale(const Tensor& x, float factor, cudaStream_t stream);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream);
-void gelu_forward(const Tensor& x, const Tensor& out, cudaStream_t stream);
-void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, cudaStream_t stream);
-void swiglu_forward(const Tensor& gate_up, const Tensor& out, cudaStream_t stream);
-void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, cudaStream_t stream);
+void gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax, cudaStream_t stream);
+void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax,
+                   cudaStream_t stream);
+void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax, cudaStream_t stream);
+void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& out_amax,
+                     cudaStream_t stream);
 
 // ---- norm.cu --------------------------------------------------------------------------------
 // a_plus_b: when defined, x is written as sum = a + b first (the fused residual add).
+// out_amax / dx_amax / the elementwise ops' out_amax (when defined): f32 [1] set to the amax of
+// the output, recorded by the kernel that writes it (device_common.cuh, amax records).
 void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& weight,
                   const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
-                  cudaStream_t stream);
+                  const Tensor& out_amax, cudaStream_t stream);
 void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                   const Tensor& dbias, bool accumulate_dx, cudaStream_t stream);
+                   const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
+                   cudaStream_t stream);
 
 // ---- reduce.cu ------------------------------------------------------------------------------
 // out[0] (+)= sum of x or of x^2; partials: f32 scratch of at least kSumMaxBlocks elements.
 constexpr int kSumMaxBlocks = 1024;
 void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, float* partials, cudaStream_t stream);
-// out[c] += sum over rows of x[r, c] (x [rows, cols]), two-stage and deterministic.
-void column_sum_accumulate(Backend& backend, const Tensor& x, const Tensor& out, cudaStream_t stream);
-// out[i] += values[i] (values f32 [n]).
-void accumulate_f32(const float* values, const Tensor& out, cudaStream_t stream);
+// out[c] (+)= sum over rows of x[r, c] (x [rows, cols]), two-stage and deterministic.
+void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accumulate, cudaStream_t stream);
+// out[i] (+)= values[i] (values f32 [n]).
+void accumulate_f32(const float* values, const Tensor& out, bool accumulate, cudaStream_t stream);
 // Row chunks of the two-stage column reductions (bias column sums, the wide-row norm
 // backward): depends on the row count only, so every run sums in the same order.
 int64_t column_reduction_chunks(int64_t rows);
-// out[c] += sum over p of partials[p * cols + c], p in order (cols = out.numel()).
-void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, cudaStream_t stream);
+// out[c] (+)= sum over p of partials[p * cols + c], p in order (cols = out.numel()).
+void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, bool accumulate,
+                            cudaStream_t stream);
 
 // ---- rope.cu --------------------------------------------------------------------------------
 // table: f32 [seq, head_dim/2] cos followed by f32 [seq, head_dim/2] sin.

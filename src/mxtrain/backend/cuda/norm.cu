@@ -25,7 +25,8 @@ constexpr int kColumnThreads = 64;
 
 template <int W, typename T, typename Wt, bool kLayer, bool kAdd>
 __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weight, const Wt* bias, T* out,
-                                    float* mean_out, float* rstd_out, int64_t rows, int cols, float eps) {
+                                    float* mean_out, float* rstd_out, int64_t rows, int cols, float eps,
+                                    unsigned* amax_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -66,6 +67,7 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
     rstd = 1.0f / sqrtf(total * inv_cols + eps);
   }
 
+  unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
     float v[W], w[W], y[W];
     load<W>(x + base + c, v);
@@ -85,18 +87,22 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
       for (int i = 0; i < W; ++i) y[i] = v[i] * rstd * w[i];
     }
     store<W>(out + base + c, y);
+#pragma unroll
+    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
   }
   if (lane == 0) {
     rstd_out[row] = rstd;
     if constexpr (kLayer) mean_out[row] = mean;
   }
+  if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);  // a row per warp: all lanes are here
 }
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * weight
 // (RMSNorm drops the mean(dxhat) term and uses xhat = x * rstd).
 template <int W, typename T, typename Wt, bool kLayer>
 __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in,
-                                        const float* rstd_in, T* dx, int64_t rows, int cols, bool accumulate) {
+                                        const float* rstd_in, T* dx, int64_t rows, int cols, bool accumulate,
+                                        unsigned* amax_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -121,6 +127,7 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
   const float mean_dxhat = kLayer ? warp_sum(sum_dxhat) * inv_cols : 0.0f;
   const float mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
 
+  unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
     float d[W], v[W], w[W], g[W];
     load<W>(dout + base + c, d);
@@ -136,16 +143,19 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
     for (int i = 0; i < W; ++i) {
       float xhat = (v[i] - mean) * rstd;
       g[i] += rstd * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+      amax = max(amax, abs_bits(g[i]));
     }
     store<W>(dx + base + c, g);
   }
+  if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
 
 // The fused backward: dx plus per-chunk partials of dweight (and dbias), K vectors per lane.
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias>
 __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in,
                                            const float* rstd_in, T* dx, float* partial_weight, float* partial_bias,
-                                           int64_t rows, int cols, int64_t rows_per_chunk, bool accumulate) {
+                                           int64_t rows, int cols, int64_t rows_per_chunk, bool accumulate,
+                                           unsigned* amax_out) {
   extern __shared__ float warp_partials[];  // [warps][cols]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t chunk = blockIdx.x;
@@ -158,6 +168,7 @@ __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* 
 #pragma unroll
     for (int i = 0; i < W; ++i) acc_w[k][i] = acc_b[k][i] = 0.0f;
 
+  unsigned amax = 0;
   for (int64_t row = begin + warp; row < end; row += warps) {
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
@@ -200,10 +211,12 @@ __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* 
         g[i] += rstd * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
         acc_w[k][i] += d[i] * xhat;
         if constexpr (kBias) acc_b[k][i] += d[i];
+        amax = max(amax, abs_bits(g[i]));
       }
       store<W>(dx + base + c, g);
     }
   }
+  if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 
   // Warp partials -> one partial row per chunk, summed in warp order.
   auto publish = [&](float (&acc)[K][W], float* out) {
@@ -260,7 +273,7 @@ __global__ void norm_backward_partials_kernel(const T* dout, const T* x, const f
 template <typename T, typename Wt>
 void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a, const Tensor& b, const Tensor& x,
                     const Tensor& weight, const Tensor& bias, const Tensor& out, const Tensor& mean,
-                    const Tensor& rstd, float eps, cudaStream_t stream) {
+                    const Tensor& rstd, float eps, unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const unsigned blocks = blocks_for(rows, kRowThreads / 32);
@@ -271,7 +284,7 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
     norm_forward_kernel<W, T, Wt, kLayer, kAdd><<<blocks, kRowThreads, 0, stream>>>(
         data_or_null<const T>(a), data_or_null<const T>(b), static_cast<T*>(x.data),
         static_cast<const Wt*>(weight.data), data_or_null<const Wt>(bias), static_cast<T*>(out.data),
-        data_or_null<float>(mean), static_cast<float*>(rstd.data), rows, cols, eps);
+        data_or_null<float>(mean), static_cast<float*>(rstd.data), rows, cols, eps, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -291,7 +304,7 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
 template <typename T, typename Wt>
 void launch_backward_dx(NormKind kind, bool vector, const Tensor& dout, const Tensor& x, const Tensor& weight,
                         const Tensor& mean, const Tensor& rstd, const Tensor& dx, bool accumulate,
-                        cudaStream_t stream) {
+                        unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const unsigned blocks = blocks_for(rows, kRowThreads / 32);
@@ -301,7 +314,7 @@ void launch_backward_dx(NormKind kind, bool vector, const Tensor& dout, const Te
     norm_backward_dx_kernel<W, T, Wt, kLayer><<<blocks, kRowThreads, 0, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data), rows, cols,
-        accumulate);
+        accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -364,7 +377,7 @@ template <typename T, typename Wt>
 void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes_k, const Tensor& dout,
                            const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dx, bool accumulate, float* partial_weight, float* partial_bias,
-                           int64_t chunks, cudaStream_t stream) {
+                           int64_t chunks, unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
@@ -381,7 +394,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
     kernel<<<static_cast<unsigned>(chunks), kFusedWarps * 32, shared_bytes, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
-        partial_weight, partial_bias, rows, cols, rows_per_chunk, accumulate);
+        partial_weight, partial_bias, rows, cols, rows_per_chunk, accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -424,12 +437,13 @@ void require_activation_dtypes(const char* op, std::initializer_list<const Tenso
 
 void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& weight,
                   const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
-                  cudaStream_t stream) {
+                  const Tensor& out_amax, cudaStream_t stream) {
   const bool fused_add = a.defined();
   require_activation_dtypes("norm_forward", {&x, &out, &a, &b});
   MXTRAIN_ASSERT(rstd.dtype == DType::f32 && (!mean.defined() || mean.dtype == DType::f32),
                  "norm statistics must be f32");
   MXTRAIN_ASSERT(!bias.defined() || bias.dtype == weight.dtype, "norm bias and weight dtypes differ");
+  unsigned* amax = start_amax_record(out_amax, stream);
   if (x.numel() == 0) return;
   const bool vector = x.cols() % 8 == 0 && aligned16(x) && aligned16(out) && aligned16(a) && aligned16(b) &&
                       aligned16(weight) && aligned16(bias);
@@ -437,16 +451,22 @@ void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor&
     using T = decltype(tag);
     dispatch_float<true>(weight.dtype, "norm_forward (weight)", [&](auto weight_tag) {
       using Wt = decltype(weight_tag);
-      launch_forward<T, Wt>(kind, fused_add, vector, a, b, x, weight, bias, out, mean, rstd, eps, stream);
+      launch_forward<T, Wt>(kind, fused_add, vector, a, b, x, weight, bias, out, mean, rstd, eps, amax, stream);
     });
   });
 }
 
 void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                   const Tensor& dbias, bool accumulate_dx, cudaStream_t stream) {
+                   const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
+                   cudaStream_t stream) {
   require_activation_dtypes("norm_backward", {&x, &dout, &dx});
-  if (x.numel() == 0) return;
+  unsigned* amax = start_amax_record(dx_amax, stream);
+  if (x.numel() == 0) {
+    if (!accumulate_dparams && dweight.defined()) fill(dweight, 0.0f, stream);
+    if (!accumulate_dparams && dbias.defined()) fill(dbias, 0.0f, stream);
+    return;
+  }
   const int64_t rows = x.rows(), cols = x.cols();
   const bool layer = kind == NormKind::layer;
   const bool with_bias = layer && dbias.defined();
@@ -467,18 +487,18 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
       dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
         using Wt = decltype(weight_tag);
         launch_backward_fused<T, Wt>(kind, vector, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
-                                     accumulate_dx, partial_weight, partial_bias, chunks, stream);
+                                     accumulate_dx, partial_weight, partial_bias, chunks, amax, stream);
       });
     });
-    reduce_column_partials(partial_weight, chunks, dweight, stream);
-    if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, stream);
+    reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
+    if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
     return;
   }
   dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
     using T = decltype(tag);
     dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
       using Wt = decltype(weight_tag);
-      launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, stream);
+      launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, amax, stream);
     });
   });
   if (!dweight.defined()) return;
@@ -492,8 +512,8 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     launch_backward_partials<T>(kind, vector, with_bias, dout, x, mean, rstd, partial_weight, partial_bias, chunks,
                                 stream);
   });
-  reduce_column_partials(partial_weight, chunks, dweight, stream);
-  if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, stream);
+  reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
+  if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
 }
 
 }  // namespace mxtrain::cuda_kernels

@@ -39,9 +39,14 @@ __device__ __forceinline__ unsigned block_max_bits(unsigned bits) {
   return result;  // valid in thread 0
 }
 
-__device__ __forceinline__ void publish_amax(float amax, unsigned* out_bits) {
-  const unsigned bits = block_max_bits(nm::float_to_bits(amax));
+// Every thread of the block calls them; thread 0 adds the block's amax to *out_bits (if any).
+__device__ __forceinline__ void publish_amax_bits(unsigned amax_bits, unsigned* out_bits) {
+  const unsigned bits = block_max_bits(amax_bits);
   if (threadIdx.x == 0 && out_bits != nullptr) atomicMax(out_bits, bits);
+}
+
+__device__ __forceinline__ void publish_amax(float amax, unsigned* out_bits) {
+  publish_amax_bits(nm::float_to_bits(amax), out_bits);
 }
 
 // ---- amax ------------------------------------------------------------------------------------
@@ -194,10 +199,7 @@ __global__ void __launch_bounds__(kCastThreads, 4)
       }
     }
   }
-  if (amax_bits != nullptr) {
-    const unsigned block = block_max_bits(amax);
-    if (threadIdx.x == 0) atomicMax(amax_bits, block);
-  }
+  if (amax_bits != nullptr) publish_amax_bits(amax, amax_bits);
 }
 
 // ---- block quantizers: one thread per block of the copy ---------------------------------------

@@ -57,7 +57,7 @@ __global__ void column_partials_kernel(const T* x, float* partials, int64_t rows
 constexpr int kGroups = 32;
 
 template <typename G>
-__global__ void reduce_partials_kernel(const float* partials, int64_t chunks, int64_t cols, G* out) {
+__global__ void reduce_partials_kernel(const float* partials, int64_t chunks, int64_t cols, G* out, bool accumulate) {
   __shared__ float group_sums[kGroups][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float total = 0.0f;
@@ -71,13 +71,13 @@ __global__ void reduce_partials_kernel(const float* partials, int64_t chunks, in
     float sum = 0.0f;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) sum += group_sums[g][threadIdx.x];
-    out[c] = from_float<G>(to_float<G>(out[c]) + sum);
+    out[c] = from_float<G>(accumulate ? to_float<G>(out[c]) + sum : sum);
   }
 }
 
-template <typename G> __global__ void accumulate_kernel(const float* values, G* out, int64_t n) {
+template <typename G> __global__ void accumulate_kernel(const float* values, G* out, int64_t n, bool accumulate) {
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = from_float<G>(to_float<G>(out[i]) + values[i]);
+  if (i < n) out[i] = from_float<G>(accumulate ? to_float<G>(out[i]) + values[i] : values[i]);
 }
 
 }  // namespace
@@ -119,21 +119,25 @@ void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, floa
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, cudaStream_t stream) {
+void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, bool accumulate,
+                            cudaStream_t stream) {
   const int64_t cols = out.numel();
   if (cols == 0) return;
   dispatch_float<true>(out.dtype, "column reduction", [&](auto tag) {
     using G = decltype(tag);
     reduce_partials_kernel<G><<<blocks_for(cols, 32), dim3(32, kGroups), 0, stream>>>(partials, chunks, cols,
-                                                                                static_cast<G*>(out.data));
+                                                                                static_cast<G*>(out.data), accumulate);
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }
 
-void column_sum_accumulate(Backend& backend, const Tensor& x, const Tensor& out, cudaStream_t stream) {
+void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accumulate, cudaStream_t stream) {
   const int64_t rows = x.rows(), cols = x.cols();
   MXTRAIN_ASSERT(out.numel() == cols, "column sum: out %s for x %s", out.describe().c_str(), x.describe().c_str());
-  if (x.numel() == 0) return;
+  if (x.numel() == 0) {
+    if (!accumulate) fill(out, 0.0f, stream);
+    return;
+  }
   const int64_t chunks = column_reduction_chunks(rows);
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   Buffer partials = backend.allocate("column_sum.partials", Shape{chunks, cols}, DType::f32, Lifetime::scratch);
@@ -151,15 +155,15 @@ void column_sum_accumulate(Backend& backend, const Tensor& x, const Tensor& out,
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
-  reduce_column_partials(p, chunks, out, stream);
+  reduce_column_partials(p, chunks, out, accumulate, stream);
 }
 
-void accumulate_f32(const float* values, const Tensor& out, cudaStream_t stream) {
+void accumulate_f32(const float* values, const Tensor& out, bool accumulate, cudaStream_t stream) {
   const int64_t n = out.numel();
   if (n == 0) return;
   dispatch_float<true>(out.dtype, "accumulate", [&](auto tag) {
     using G = decltype(tag);
-    accumulate_kernel<G><<<blocks_for(n, 256), 256, 0, stream>>>(values, static_cast<G*>(out.data), n);
+    accumulate_kernel<G><<<blocks_for(n, 256), 256, 0, stream>>>(values, static_cast<G*>(out.data), n, accumulate);
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }

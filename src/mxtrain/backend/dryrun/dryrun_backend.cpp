@@ -96,8 +96,8 @@ bool DryrunBackend::supports(OpKind kind, DType dtype) const {
   }
 }
 
-void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&) {
-  // reduce.cu column_sum_accumulate: f32 partial sums per row chunk.
+void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
+  // reduce.cu column_sum: f32 partial sums per row chunk.
   if (!cuda_.enabled || x.numel() == 0) return;
   Buffer partials = allocate("column_sum.partials", Shape{column_reduction_chunks(x.rows()), x.cols()}, DType::f32,
                              Lifetime::scratch);
@@ -116,7 +116,7 @@ void DryrunBackend::impl_embedding_backward(const Tensor&, const Tensor& dout, c
 
 void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                        const Tensor&, const Tensor&, const Tensor& dx, const Tensor& dweight,
-                                       const Tensor& dbias, bool) {
+                                       const Tensor& dbias, bool, bool, const Tensor&) {
   // norm.cu norm_backward: f32 partial column sums of dweight (and dbias for LayerNorm), from the
   // fused kernel's chunks where it applies, else from the two-kernel path's.
   if (!cuda_.enabled || x.numel() == 0) return;
@@ -132,9 +132,9 @@ void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const 
 }
 
 void DryrunBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                                const Tensor& dbias) {
+                                                const Tensor& dbias, bool accumulate) {
   // cuda_backend.cpp impl_linear_backward_weight: an f32 product when f32 activations meet 16-bit
-  // gradients; the bias gradient from BGRADB's f32 sums or reduce.cu column_sum_accumulate.
+  // gradients; the bias gradient from BGRADB's f32 sums or reduce.cu column_sum.
   if (!cuda_.enabled) return;
   Buffer product;
   if (x.dtype == DType::f32 && dweight.dtype != DType::f32)
@@ -144,7 +144,7 @@ void DryrunBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor
     Buffer column_sums = allocate("linear.bias_grad", Shape{dout.cols()}, DType::f32, Lifetime::scratch);
     return;
   }
-  impl_column_sum(dout, dbias);
+  impl_column_sum(dout, dbias, accumulate);
 }
 
 void DryrunBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&,

@@ -53,6 +53,8 @@ class DryrunBackend final : public Backend {
   Device device() const override { return Device::none; }
   DeviceProperties properties() const override;
   bool supports(OpKind kind, DType dtype) const override;
+  // The CUDA kernels record their outputs' amaxes (no amax pass to plan for).
+  bool records_output_amax() const override { return cuda_.enabled; }
   void synchronize() override {}
   const CudaAllocationModel& cuda_model() const { return cuda_; }
   // The GEMM operand formats the simulated GPU runs natively (supports(linear_forward, e4m3 |
@@ -68,25 +70,26 @@ class DryrunBackend final : public Backend {
   void impl_embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
                                const Tensor& dposition_table, int64_t seq_len) override;
   void impl_norm_forward(NormKind, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, float) override {}
+                         const Tensor&, float, const Tensor&) override {}
   void impl_add_norm_forward(NormKind, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, const Tensor&, float) override {}
+                             const Tensor&, const Tensor&, const Tensor&, float, const Tensor&) override {}
   void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                          const Tensor& dbias, bool accumulate_dx) override;
+                          const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
+                          const Tensor& dx_amax) override;
   void impl_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_linear_backward_input(const Tensor&, const Tensor&, const Tensor&, bool) override {}
   void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                   const Tensor& dbias) override;
+                                   const Tensor& dbias, bool accumulate) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;
   void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                const Tensor& dqkv, const AttentionShape& shape) override;
-  void impl_swiglu_forward(const Tensor&, const Tensor&) override {}
-  void impl_swiglu_backward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void impl_gelu_forward(const Tensor&, const Tensor&) override {}
-  void impl_gelu_backward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void impl_swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void impl_swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void impl_gelu_forward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void impl_gelu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_add(const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_cross_entropy(const Tensor&, const Tensor&, const Tensor&, int64_t, float) override {}
   void impl_sum(const Tensor&, const Tensor&, bool, bool) override {}
@@ -98,7 +101,7 @@ class DryrunBackend final : public Backend {
   void impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&, const Tensor&,
                              bool) override;
   void impl_fp8_scale_update(const Tensor&, const Tensor&, const Tensor&, const ScaleUpdateArgs&) override {}
-  void impl_column_sum(const Tensor& x, const Tensor& out) override;
+  void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
   void impl_adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                   const AdamWArgs&) override {}
 

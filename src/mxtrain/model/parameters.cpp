@@ -1,0 +1,45 @@
+#include "mxtrain/model/parameters.hpp"
+
+#include "mxtrain/core/error.hpp"
+
+namespace mxtrain {
+
+bool GradWrites::claim(size_t index) {
+  MXTRAIN_ASSERT(index < written_.size(), "gradient of parameter %zu outside its group of %zu", index,
+                 written_.size());
+  const bool before = written_[index];
+  written_[index] = true;
+  return before;
+}
+
+void GradWrites::zero_unwritten(Backend& backend, const Tensor& flat, const ParamGroup& group) {
+  MXTRAIN_ASSERT(written_.size() == group.params.size(), "gradient bookkeeping of %s was never reset",
+                 group.name.c_str());
+  // Parameters are laid out back to back in index order (layout.cpp), so runs of unwritten
+  // neighbours are contiguous ranges of the flat buffer.
+  int64_t run_begin = -1, run_end = -1;
+  auto flush = [&] {
+    if (run_end > run_begin) backend.fill(flat.slice_flat(run_begin, Shape{run_end - run_begin}), 0.0f);
+    run_begin = run_end = -1;
+  };
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const ParamSpec& spec = group.params[i];
+    if (written_[i]) {
+      flush();
+      continue;
+    }
+    if (run_end != spec.offset) flush();
+    if (run_begin < 0) run_begin = spec.offset;
+    run_end = spec.offset + spec.numel();
+    written_[i] = true;
+  }
+  flush();
+  // Padding past the group (FSDP's full gradient is a whole number of shards): zeroed with the
+  // first completion of the buffer; nothing writes it after.
+  if (!padding_zeroed_ && flat.numel() > group.numel) {
+    backend.fill(flat.slice_flat(group.numel, Shape{flat.numel() - group.numel}), 0.0f);
+  }
+  padding_zeroed_ = true;
+}
+
+}  // namespace mxtrain
