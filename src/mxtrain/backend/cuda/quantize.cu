@@ -83,16 +83,19 @@ __global__ void amax_hadamard_transposed_kernel(const T* x, int64_t rows, int64_
 }
 
 // ---- per-tensor FP8: cast and transpose in one pass -------------------------------------------
-// A block of 256 threads owns a 128-row x 64-column tile: each thread issues its four 16-byte
-// loads before it converts anything (so four are in flight, kept as raw words: at most 64
-// registers a thread, four blocks an SM), writes the rowwise codes (8-byte
-// stores) and puts them into a shared tile, from which the transposed codes leave as full
+// A block of 256 threads owns a 128-row x 64-column tile: each thread loads 8 columns of 4
+// consecutive rows, issuing its four 16-byte loads before it converts anything (so four are in
+// flight, kept as raw words: at most 64 registers a thread, four blocks an SM), writes the
+// rowwise codes (8-byte stores) and packs each column's 4 codes into one word of a shared tile
+// (8 word stores a thread, not 32 byte stores), from which the transposed codes leave as full
 // 128-byte rows (16-byte stores). The casts are the hardware's cvt.rn.satfinite (two values
 // per instruction; the reference's rules: round to nearest even, finite overflow and ±inf to
-// ±max), with NaN lanes patched to the reference's sign-keeping NaN code. The software cast
+// ±max), with NaN lanes patched to the reference's sign-keeping NaN code where a NaN can occur
+// (a NaN or infinite input, or a scale that is not finite and positive). The software cast
 // this replaced kept the kernel at 1.3 TB/s, ALU-bound.
 constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 256;
 constexpr int kCastVectors = kCastRows * kCastCols / 8 / kCastThreads;  // 4 per thread
+static_assert(kCastVectors == 4, "a thread packs its 4 rows of a column into one 32-bit word");
 constexpr int kCastPitch = kCastRows + 4;  // bytes per transposed row: 2-way bank conflicts at most
 
 __device__ __forceinline__ uint8_t fp8_nan_patch(uint8_t code, uint32_t bits, nm::Fp8Format format) {
@@ -101,17 +104,24 @@ __device__ __forceinline__ uint8_t fp8_nan_patch(uint8_t code, uint32_t bits, nm
                                                                                         : nm::kE5m2NanCode));
 }
 
-// Eight scaled values -> eight codes (the reference's float_to_fp8 bit for bit).
-__device__ __forceinline__ void cast8(const float (&scaled)[8], nm::Fp8Format format, uint8_t (&q)[8]) {
+// Eight scaled values -> eight codes (the reference's float_to_fp8 bit for bit). may_be_nan:
+// whether any scaled value can be NaN (else the NaN patch is skipped).
+__device__ __forceinline__ void cast8(const float (&scaled)[8], nm::Fp8Format format, uint8_t (&q)[8],
+                                      bool may_be_nan = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
   for (int i = 0; i < 8; i += 2) {
     const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(
         make_float2(scaled[i], scaled[i + 1]), __NV_SATFINITE, format == nm::Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
-    q[i] = fp8_nan_patch(static_cast<uint8_t>(pair & 0xffu), nm::float_to_bits(scaled[i]), format);
-    q[i + 1] = fp8_nan_patch(static_cast<uint8_t>(pair >> 8), nm::float_to_bits(scaled[i + 1]), format);
+    q[i] = static_cast<uint8_t>(pair & 0xffu);
+    q[i + 1] = static_cast<uint8_t>(pair >> 8);
+  }
+  if (may_be_nan) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = fp8_nan_patch(q[i], nm::float_to_bits(scaled[i]), format);
   }
 #else
+  (void)may_be_nan;
 #pragma unroll
   for (int i = 0; i < 8; ++i) q[i] = nm::float_to_fp8(scaled[i], format);
 #endif
@@ -128,9 +138,11 @@ __global__ void __launch_bounds__(kCastThreads, 4)
   // The loads stay in x's own type until they are used (4 registers per vector for bf16).
   constexpr int kWords = sizeof(T) / 2;  // 16-byte words per 8 values
   uint4 raw[kCastVectors][kWords];
+  // Thread t: columns c0..c0+7 of rows r0..r0+3 (a warp's loads: 4 rows of 128 bytes).
+  const int r0 = 4 * (threadIdx.x / 8), c0 = (threadIdx.x % 8) * 8;
 #pragma unroll
   for (int j = 0; j < kCastVectors; ++j) {
-    const int v = threadIdx.x + j * kCastThreads, r = v / 8, c = (v % 8) * 8;
+    const int r = r0 + j, c = c0;
     const int64_t gr = row0 + r, gc = col0 + c;
     if (vector_in && gr < rows && gc + 8 <= cols) {
 #pragma unroll
@@ -147,22 +159,28 @@ __global__ void __launch_bounds__(kCastThreads, 4)
     if (rowwise_inverse != nullptr) rowwise_inverse[0] = nm::div_rn(1.0f, scale);
     if (columnwise_inverse != nullptr) columnwise_inverse[0] = nm::div_rn(1.0f, scale);
   }
+  // A scaled value can be NaN only from a NaN or infinite input, or a scale that is not finite and
+  // positive (inf x 0, NaN scale); the scale is the same for the whole tensor.
+  const bool scale_may_make_nan = !(scale > 0.0f && scale < INFINITY);
   // The max of |x| as bits: non-negative floats order like their bit patterns, NaNs above +inf.
   unsigned amax = 0;
+  uint32_t column_words[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // column c0 + i: rows r0..r0+3, one byte each
 #pragma unroll
   for (int j = 0; j < kCastVectors; ++j) {
-    const int v = threadIdx.x + j * kCastThreads, r = v / 8, c = (v % 8) * 8;
+    const int r = r0 + j, c = c0;
     const int64_t gr = row0 + r, gc = col0 + c;
     const T* e = reinterpret_cast<const T*>(raw[j]);
     float scaled[8];
+    unsigned vector_max = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float value = to_float<T>(e[i]);
-      amax = max(amax, nm::float_to_bits(value) & 0x7fffffffu);
+      vector_max = max(vector_max, nm::float_to_bits(value) & 0x7fffffffu);
       scaled[i] = nm::mul_rn(value, scale);
     }
+    amax = max(amax, vector_max);
     uint8_t q[8];
-    cast8(scaled, format, q);
+    cast8(scaled, format, q, scale_may_make_nan || vector_max >= 0x7f800000u);
     if (rowwise != nullptr) {
       if (vector_rowwise && gr < rows && gc + 8 <= cols) {
         uint2 packed;
@@ -177,10 +195,12 @@ __global__ void __launch_bounds__(kCastThreads, 4)
     }
     if (columnwise != nullptr) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) tile[c + i][r] = q[i];
+      for (int i = 0; i < 8; ++i) column_words[i] |= static_cast<uint32_t>(q[i]) << (8 * j);
     }
   }
   if (columnwise != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) *reinterpret_cast<uint32_t*>(&tile[c0 + i][r0]) = column_words[i];
     __syncthreads();
     // Row c of the transposed tile: 128 bytes, 8 threads of 16 bytes each.
     for (int v = threadIdx.x; v < kCastCols * kCastRows / 16; v += kCastThreads) {
