@@ -26,7 +26,7 @@ def main(path):
             print(f"| {k[0]} | {k[1]}x{k[2]} | {k[3]} | out of memory | | | | | |")
             continue
         best = max([x["tok_s"] for x in (e, c) if x] or [0])
-        ratio = f"{r['tok_s'] / best:.2f}x" if best else "-"
+        ratio = f"{r['tok_s'] / best:.3f}x" if best else "-"  # 3 decimals: 1.096x is not 1.10x
         peaks = " / ".join(f"{x['peak_gib']:.1f}" if x else "-" for x in (r, e, c))
         fmt = lambda x: f"{x['tok_s']:,.0f}" if x else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
