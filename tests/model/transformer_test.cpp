@@ -41,15 +41,12 @@ void upload_batch(Backend& backend, const ModelConfig& config, int64_t rows, Buf
   *targets = test::upload_i32(backend, target_ids, Shape{rows}, "targets");
 }
 
-Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t chunk = 8192,
-                   LinearFormat format = LinearFormat::high_precision) {
+// One forward and backward of a 2 x 16 batch on the CPU; `observer` (if any) sees its ops.
+Gradients run_step(const ModelConfig& config, const TransformerOptions& options, TraceObserver* observer = nullptr) {
   std::unique_ptr<Backend> backend = create_backend("cpu");
+  backend->set_observer(observer);
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(7);
-  TransformerOptions options;
-  options.recompute = RecomputePolicy::parse(policy);
-  options.logits_chunk_tokens = chunk;
-  options.linear.format = format;
   Transformer model(config, options, *backend, store);
   const int64_t batch = 2, seq = 16;
   Buffer t, y;
@@ -60,7 +57,17 @@ Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t
   Gradients result;
   result.loss = backend->read_scalar(loss) / (batch * seq);
   for (const ParamShard& shard : store.shards()) result.groups.push_back(test::download(*backend, shard.grad));
+  backend->set_observer(nullptr);
   return result;
+}
+
+Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t chunk = 8192,
+                   LinearFormat format = LinearFormat::high_precision) {
+  TransformerOptions options;
+  options.recompute = RecomputePolicy::parse(policy);
+  options.logits_chunk_tokens = chunk;
+  options.linear.format = format;
+  return run_step(config, options);
 }
 
 class RecomputeTest : public ::testing::TestWithParam<std::tuple<ModelFamily, std::string>> {};
@@ -131,26 +138,12 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
     Gradients result[2];
     int64_t amaxes[2] = {0, 0};
     for (int producer = 0; producer < 2; ++producer) {
-      std::unique_ptr<Backend> backend = create_backend("cpu");
-      AmaxCounter counter;
-      backend->set_observer(&counter);
-      LocalParameterStore store(*backend, config, DType::f32, DType::f32);
-      store.initialize(7);
       TransformerOptions options;
       options.linear.format = LinearFormat::fp8_current;
       options.linear.producer_amaxes = producer == 1;
-      Transformer model(config, options, *backend, store);
-      const int64_t batch = 2, seq = 16;
-      Buffer t, y;
-      upload_batch(*backend, config, batch * seq, &t, &y);
-      Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
-      backend->fill(loss, 0);
-      model.forward_backward(t, y, batch, seq, 1.0f / (batch * seq), loss);
+      AmaxCounter counter;
+      result[producer] = run_step(config, options, &counter);
       amaxes[producer] = counter.count;
-      result[producer].loss = backend->read_scalar(loss);
-      for (const ParamShard& shard : store.shards())
-        result[producer].groups.push_back(test::download(*backend, shard.grad));
-      backend->set_observer(nullptr);
     }
     EXPECT_EQ(amaxes[0], 12 * config.layers) << family_name(family);
     EXPECT_EQ(amaxes[1], 6 * config.layers) << family_name(family);
