@@ -155,7 +155,7 @@ Tensor Backend::kernel_amax(const Tensor& out_amax) const {
 }
 
 void Backend::finish_amax(const Tensor& out, const Tensor& out_amax) {
-  if (out_amax.defined() && !records_output_amax()) amax(out, out_amax, false);
+  if (out_amax.defined() && !records_output_amax()) impl_amax(out, out_amax, false, false);
 }
 
 void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb, const Tensor& sum,

@@ -199,7 +199,9 @@ class Backend {
   // Output amax (norms, SwiGLU, GELU): when out_amax (f32 [1]) is defined it is set to the amax of
   // the op's output — of dx after the accumulation for norm_backward — as Backend::amax would
   // compute it; the current-scaling FP8 recipe casts that output next. Backends whose kernels
-  // record it on the way (records_output_amax()) spare that pass; others run amax after the op.
+  // record it on the way (records_output_amax()) spare that pass; for the others the op runs the
+  // amax pass itself after its own work. Either way it is part of the op, not an amax op of the
+  // trace.
   //
   // out = norm(x) * weight (+ bias). RMS: rstd = 1/sqrt(mean(x^2) + eps), mean undefined.
   // Layer: mean, rstd of x. mean and rstd are f32 [rows].
@@ -358,7 +360,7 @@ class Backend {
 
  private:
   // An op's out_amax: what its impl_ gets (the record itself where the kernels write it), and
-  // after the impl_ call, the amax pass where they do not.
+  // after the impl_ call, the amax pass (impl_amax) where they do not.
   Tensor kernel_amax(const Tensor& out_amax) const;
   void finish_amax(const Tensor& out, const Tensor& out_amax);
   // The argument checks and trace record shared by linear_forward and linear_forward_residual.

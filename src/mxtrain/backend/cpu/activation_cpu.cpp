@@ -17,8 +17,7 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-// out_amax (records_output_amax): the amax of the output, by the amax op's own code after the map.
-void CpuBackend::impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax) {
+void CpuBackend::impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor&) {
   cpu::require_f32("swiglu_forward", {&gate_up, &out});
   const int64_t features = out.cols();
   const float* input = gate_up.ptr<float>();
@@ -29,11 +28,10 @@ void CpuBackend::impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, c
     float* out_row = output + row * features;
     for (int64_t c = 0; c < features; ++c) out_row[c] = gate[c] / (1.0f + std::exp(-gate[c])) * up[c];
   });
-  if (out_amax.defined()) impl_amax(out, out_amax, false, false);
 }
 
 void CpuBackend::impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
-                                      const Tensor& out_amax) {
+                                      const Tensor&) {
   cpu::require_f32("swiglu_backward", {&dout, &gate_up, &dgate_up});
   const int64_t features = dout.cols();
   const float* grad = dout.ptr<float>();
@@ -53,10 +51,9 @@ void CpuBackend::impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up,
       dup[c] = g * silu;
     }
   });
-  if (out_amax.defined()) impl_amax(dgate_up, out_amax, false, false);
 }
 
-void CpuBackend::impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) {
+void CpuBackend::impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor&) {
   cpu::require_f32("gelu_forward", {&x, &out});
   const float* input = x.ptr<float>();
   float* output = out.ptr<float>();
@@ -67,10 +64,9 @@ void CpuBackend::impl_gelu_forward(const Tensor& x, const Tensor& out, const Ten
       output[i] = 0.5f * v * (1.0f + std::tanh(inner));
     }
   });
-  if (out_amax.defined()) impl_amax(out, out_amax, false, false);
 }
 
-void CpuBackend::impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) {
+void CpuBackend::impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor&) {
   cpu::require_f32("gelu_backward", {&dout, &x, &dx});
   const float* grad = dout.ptr<float>();
   const float* input = x.ptr<float>();
@@ -87,7 +83,6 @@ void CpuBackend::impl_gelu_backward(const Tensor& dout, const Tensor& x, const T
       dinput[i] = grad[i] * (left_derivative + right_derivative);
     }
   });
-  if (out_amax.defined()) impl_amax(dx, out_amax, false, false);
 }
 
 }  // namespace mxtrain

@@ -15,7 +15,6 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   DeviceProperties properties() const override;
   bool supports(OpKind kind, DType dtype) const override;
-  bool records_output_amax() const override { return true; }  // as the cuda kernels do
   void synchronize() override {}
   int threads() const { return threads_; }
 

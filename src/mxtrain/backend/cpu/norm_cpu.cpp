@@ -15,7 +15,7 @@ namespace mxtrain {
 
 void CpuBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
-                                   const Tensor& out_amax) {
+                                   const Tensor&) {
   cpu::require_f32("norm_forward", {&x, &weight, &bias, &out, &mean, &rstd});
   const bool layer = kind == NormKind::layer;
   // Also reached from add_norm_forward, so the shapes the pointers below rely on are checked here.
@@ -53,13 +53,12 @@ void CpuBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor&
       out_row[c] = b ? value + b[c] : value;
     }
   });
-  if (out_amax.defined()) impl_amax(out, out_amax, false, false);
 }
 
 void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                                     const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                                    const Tensor& dx_amax) {
+                                    const Tensor&) {
   cpu::require_f32("norm_backward", {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
   const bool layer = kind == NormKind::layer;
   MXTRAIN_ASSERT(rstd.numel() == x.rows() && (!layer || mean.numel() == x.rows()), "norm_backward: mean/rstd");
@@ -122,7 +121,6 @@ void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Ten
       if (db) db[c] = static_cast<float>(bias_total);
     }
   });
-  if (dx_amax.defined()) impl_amax(dx, dx_amax, false, false);
 }
 
 }  // namespace mxtrain

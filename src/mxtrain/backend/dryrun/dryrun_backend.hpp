@@ -53,8 +53,6 @@ class DryrunBackend final : public Backend {
   Device device() const override { return Device::none; }
   DeviceProperties properties() const override;
   bool supports(OpKind kind, DType dtype) const override;
-  // The CUDA kernels record their outputs' amaxes (no amax pass to plan for).
-  bool records_output_amax() const override { return cuda_.enabled; }
   void synchronize() override {}
   const CudaAllocationModel& cuda_model() const { return cuda_; }
   // The GEMM operand formats the simulated GPU runs natively (supports(linear_forward, e4m3 |
