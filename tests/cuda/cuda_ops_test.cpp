@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "cuda/cuda_test_support.hpp"
+#include "mxtrain/numerics/host_device.hpp"
 
 namespace mxtrain::test {
 namespace {
@@ -438,6 +439,28 @@ TEST_P(CudaOps, OutputAmaxesAreTheAmaxOfTheOutput) {
       cuda().gelu_backward(dout, x, out, recorded);
       expect_same(label("gelu_backward", s) + nan_tag, out);
     }
+    // RoPE's backward records all of dqkv, v heads included (they keep the largest value, or the
+    // NaN), and rotates exactly as without a record.
+    for (int64_t head_dim : {64, 128, 20}) {
+      AttentionShape shape;
+      shape.batch = 2;
+      shape.seq = 48;
+      shape.heads = 4;
+      shape.kv_heads = 2;
+      shape.head_dim = head_dim;
+      const Shape qkv_shape{shape.batch * shape.seq, shape.qkv_cols()};
+      std::vector<float> values = random_as(static_cast<size_t>(qkv_shape.numel()), 47, dtype(), -3, 3);
+      values[static_cast<size_t>(5 * shape.qkv_cols() + (shape.heads + shape.kv_heads) * head_dim + 3)] =
+          with_nan ? std::nanf("") : 7.0f;
+      Buffer plain = upload(cuda(), values, qkv_shape, dtype()), dqkv = upload(cuda(), values, qkv_shape, dtype());
+      cuda().rope_backward(plain, shape, 500000.0f);
+      cuda().rope_backward(dqkv, shape, 500000.0f, recorded);
+      const std::string name = "rope_backward head_dim " + std::to_string(head_dim) + nan_tag;
+      expect_same(name, dqkv);
+      if (!with_nan) EXPECT_EQ(cuda().read_scalar(recorded), 7.0f) << name;
+      const std::vector<float> want = download(cuda(), plain), got = download(cuda(), dqkv);
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << name << ": values";
+    }
   }
 }
 
@@ -510,6 +533,53 @@ TEST_F(CudaDataOps, FillCopyAndReadScalar) {
   for (int32_t v : ints) ASSERT_EQ(v, 7);
   Buffer f = upload(cuda(), {4.25f, 1.0f}, Shape{2});
   EXPECT_EQ(cuda().read_scalar(f), 4.25f);
+}
+
+// AdamW's weight-amax segments (current scaling): each segment's record is the amax op's value
+// over the new compute copy (the master without one) there. Boundaries off the 8-element
+// vectors, a gap no segment covers (holding the largest value), more segments than one launch
+// takes (the rest get passes), both kernel widths.
+TEST_F(CudaDataOps, AdamWRecordsEachSegmentsAmax) {
+  for (int64_t n : {int64_t{8 * 4099}, int64_t{10007}}) {
+    for (bool copy : {true, false}) {
+      const std::string tag = "n " + std::to_string(n) + (copy ? " bf16 copy" : " master only");
+      std::vector<float> param = random_vector(static_cast<size_t>(n), 90);
+      std::vector<AmaxSegment> segments;
+      std::vector<Buffer> records;
+      for (int i = 0; i < 11; ++i) {
+        const int64_t begin = i * n / 11 + (i % 3), end = (i + 1) * n / 11 - (i == 10 ? 0 : (i % 2) * 5);
+        if (i == 4) {
+          param[static_cast<size_t>(begin + 1)] = 100.0f;  // the gap's value belongs to no record
+          continue;
+        }
+        param[static_cast<size_t>(i % 2 == 0 ? begin : end - 1)] = 10.0f + static_cast<float>(i);
+        records.push_back(upload(cuda(), {0.0f}, Shape{1}));
+        segments.push_back({begin, end, records.back()});
+      }
+      AdamWArgs args;
+      args.learning_rate = 1e-3f;
+      args.weight_decay = 0.1f;
+      args.step = 2;
+      args.decay_count = n / 2;
+      args.weight_amaxes = segments;
+      Buffer gp = upload(cuda(), param, Shape{n}), gg = upload(cuda(), random_vector(static_cast<size_t>(n), 91), Shape{n}),
+             gm = upload(cuda(), std::vector<float>(static_cast<size_t>(n), 0.0f), Shape{n}),
+             gv = upload(cuda(), std::vector<float>(static_cast<size_t>(n), 0.0f), Shape{n});
+      Buffer gcopy = copy ? cuda().allocate("copy", Shape{n}, DType::bf16, Lifetime::scratch) : Buffer();
+      cuda().adamw(gp, gg, gm, gv, copy ? gcopy.tensor() : Tensor(), Tensor(), args);
+      const Tensor written = copy ? gcopy.tensor() : gp.tensor();
+      Buffer reference = cuda().allocate("reference", Shape{1}, DType::f32, Lifetime::scratch);
+      for (size_t i = 0; i < segments.size(); ++i) {
+        const AmaxSegment& segment = segments[i];
+        cuda().amax(written.slice_flat(segment.begin, Shape{segment.end - segment.begin}), reference, false);
+        const float want = cuda().read_scalar(reference), got = cuda().read_scalar(records[i]);
+        EXPECT_EQ(numerics::float_to_bits(got), numerics::float_to_bits(want))
+            << tag << " segment " << i << " [" << segment.begin << ", " << segment.end << "): " << got << " vs " << want;
+        EXPECT_GE(want, 10.0f) << tag << " segment " << i;
+        EXPECT_LT(want, 50.0f) << tag << " segment " << i;
+      }
+    }
+  }
 }
 
 TEST_F(CudaDataOps, AdamWMatchesOracle) {

@@ -22,6 +22,7 @@
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/model/local_parameters.hpp"
 #include "mxtrain/model/transformer.hpp"
+#include "mxtrain/numerics/fp8.hpp"
 #include "mxtrain/numerics/host_device.hpp"
 #include "mxtrain/train/precision.hpp"
 #include "mxtrain/train/session.hpp"
@@ -123,6 +124,51 @@ std::vector<QuantizeCase> quantize_cases() {
 }
 
 class CudaQuantize : public CudaTest {};
+
+// Current scaling with the scale formed in the cast (ScaleFromAmax): the scale it stores, both
+// copies' codes and decode scales are the reference's, and the codes those of the two-op path (a
+// scale update, then the cast).
+TEST_F(CudaQuantize, CurrentScaleFormedInTheCastIsTheReferences) {
+  const int64_t rows = 768, cols = 1536;
+  for (DType input : {DType::f32, DType::bf16}) {
+    for (DType element : {DType::e4m3, DType::e5m2}) {
+      const std::string name = dtype_text(input) + " -> " + dtype_text(element);
+      const std::vector<float> values = rounded(inputs(rows, cols, 11, false), input);
+      Buffer x_cpu = upload(cpu(), values, Shape{rows, cols}, DType::f32);
+      Buffer x_gpu = upload(cuda(), values, Shape{rows, cols}, input);
+      Buffer amax_cpu = upload(cpu(), {0.0f}, Shape{1, 1}), amax_gpu = upload(cuda(), {0.0f}, Shape{1, 1});
+      cpu().amax(x_cpu, amax_cpu, false);
+      cuda().amax(x_gpu, amax_gpu, false);
+      ScaleFromAmax from_cpu, from_gpu;
+      from_cpu.amax = amax_cpu;
+      from_gpu.amax = amax_gpu;
+      for (ScaleFromAmax* from : {&from_cpu, &from_gpu}) {
+        from->args.rule = ScaleUpdateArgs::Rule::current;
+        from->args.scaled_max = element == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
+      }
+      Buffer scale_cpu = upload(cpu(), {123.0f}, Shape{1}), scale_gpu = upload(cuda(), {123.0f}, Shape{1});
+      const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, element);
+      Copy row_a = allocate_copy(cpu(), spec, false, rows, cols), col_a = allocate_copy(cpu(), spec, true, rows, cols);
+      Copy row_b = allocate_copy(cuda(), spec, false, rows, cols), col_b = allocate_copy(cuda(), spec, true, rows, cols);
+      cpu().quantize(x_cpu, scale_cpu, row_a.q, col_a.q, Tensor(), from_cpu);
+      cuda().quantize(x_gpu, scale_gpu, row_b.q, col_b.q, Tensor(), from_gpu);
+      EXPECT_EQ(raw_bytes(cpu(), scale_cpu), raw_bytes(cuda(), scale_gpu)) << name << ": scale";
+      EXPECT_NE(download(cuda(), scale_gpu)[0], 123.0f) << name << ": the cast stores the scale";
+      for (auto [a, b] : {std::pair<Copy*, Copy*>{&row_a, &row_b}, {&col_a, &col_b}}) {
+        EXPECT_EQ(raw_bytes(cpu(), a->data), raw_bytes(cuda(), b->data)) << name << ": codes";
+        EXPECT_EQ(raw_bytes(cpu(), a->scales), raw_bytes(cuda(), b->scales)) << name << ": decode scale";
+      }
+      // The two-op path on the GPU gives the same codes.
+      Buffer scale_two = cuda().allocate("scale", Shape{1}, DType::f32, Lifetime::scratch);
+      Buffer inverse_two = cuda().allocate("inverse", Shape{1}, DType::f32, Lifetime::scratch);
+      cuda().fp8_scale_update(amax_gpu, scale_two, inverse_two, from_gpu.args);
+      Copy row_c = allocate_copy(cuda(), spec, false, rows, cols), col_c = allocate_copy(cuda(), spec, true, rows, cols);
+      cuda().quantize(x_gpu, scale_two, row_c.q, col_c.q, Tensor());
+      EXPECT_EQ(raw_bytes(cuda(), row_c.data), raw_bytes(cuda(), row_b.data)) << name << ": two-op rowwise";
+      EXPECT_EQ(raw_bytes(cuda(), col_c.data), raw_bytes(cuda(), col_b.data)) << name << ": two-op columnwise";
+    }
+  }
+}
 
 TEST_F(CudaQuantize, KernelsAreBitIdenticalToTheReference) {
   const int64_t rows = 768, cols = 1536;  // 1.2M elements per case

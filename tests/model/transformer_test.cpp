@@ -146,7 +146,9 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
       amaxes[producer] = counter.count;
     }
     EXPECT_EQ(amaxes[0], 12 * config.layers) << family_name(family);
-    EXPECT_EQ(amaxes[1], 6 * config.layers) << family_name(family);
+    // What stays: the attention output (cuDNN writes it), the weights (the optimizer records
+    // theirs; this test runs no step), and for GPT-2 dqkv (RoPE's backward records llama's).
+    EXPECT_EQ(amaxes[1], (family == ModelFamily::llama ? 5 : 6) * config.layers) << family_name(family);
     EXPECT_EQ(result[0].loss, result[1].loss);
     for (size_t g = 0; g < result[0].groups.size(); ++g)
       EXPECT_EQ(0, std::memcmp(result[0].groups[g].data(), result[1].groups[g].data(),

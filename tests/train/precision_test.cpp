@@ -15,6 +15,7 @@
 #include "mxtrain/backend/dryrun/dryrun_backend.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/numerics/fp8.hpp"
 #include "mxtrain/train/loss_scaler.hpp"
 #include "mxtrain/train/precision.hpp"
 #include "mxtrain/train/precision_comparison.hpp"
@@ -132,6 +133,72 @@ TEST(Precision, ConfigKeysValidate) {
   EXPECT_THROW(validate(config), Error);  // bf16 has nothing to quantize
   config.train.precision = "fp8";
   EXPECT_NO_THROW(validate(config));
+}
+
+// Current scaling: the optimizer step records the amax of each quantized weight it writes
+// (AdamWArgs::weight_amaxes), so the next step's casts skip their passes over the weights. The
+// record is the amax op's value over the weight as the next cast reads it (so the casts, and the
+// run, do not change), and only the attention output (and, without RoPE, dqkv) keep a pass.
+TEST(Precision, TheOptimizerRecordsTheQuantizedWeightsAmaxesForCurrentScaling) {
+  struct AmaxCounter final : TraceObserver {
+    int64_t count = 0;
+    void on_op(const OpRecord& record) override { count += record.kind == OpKind::amax; }
+    void on_allocation(const AllocationEvent&) override {}
+  };
+  for (ModelFamily family_kind : {ModelFamily::llama, ModelFamily::gpt2}) {
+    const std::string family = family_name(family_kind);
+    RunConfig config = tiny("fp8-current");
+    config.model.family = family_kind;
+    if (family_kind == ModelFamily::gpt2) config.model.kv_heads = config.model.heads;
+    CpuBackend backend(1);
+    const PrecisionPlan plan = resolve_precision(config, backend);
+    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+    const int64_t batch = config.train.micro_batch_size, seq = config.train.seq_len;
+    std::vector<int32_t> tokens(static_cast<size_t>(batch * seq)), targets(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>((i * 7 + 3) % 97);
+      targets[i] = static_cast<int32_t>((i * 5 + 1) % 97);
+    }
+    const std::vector<TokenBatch> batches(1, TokenBatch{tokens.data(), targets.data(), batch, seq});
+    // Each weight's largest value sits at one end of it, so a record over a shifted slice differs.
+    const ModelLayout& layout = session.params().layout();
+    const int weights[] = {layout.layer.qkv_weight, layout.layer.out_weight, layout.layer.up_weight,
+                           layout.layer.down_weight};
+    for (int64_t layer = 0; layer < config.model.layers; ++layer)
+      for (int kind = 0; kind < kLinearKinds; ++kind) {
+        const Tensor weight = session.params().weight(layout.layer_group(layer), weights[kind]);
+        std::vector<float> values = test::download(backend, weight);
+        values[kind % 2 == 0 ? 0 : values.size() - 1] = 4.0f * static_cast<float>(kind + 2);
+        backend.copy_from_host(values.data(), weight);
+      }
+    AmaxCounter counter;
+    backend.set_observer(&counter);
+    std::vector<int64_t> passes;
+    for (int64_t step = 1; step <= 3; ++step) {
+      counter.count = 0;
+      session.step(batches, batch * seq, 1e-3, step);
+      passes.push_back(counter.count);
+      // Each weight's record equals the amax op over the weight the next forward casts.
+      const std::vector<float> records = test::download(backend, session.model().linears().current_amax());
+      for (int64_t layer = 0; layer < config.model.layers; ++layer) {
+        for (int kind = 0; kind < kLinearKinds; ++kind) {
+          const Tensor weight = session.params().weight(layout.layer_group(layer), weights[kind]);
+          Buffer amax = backend.allocate("amax", Shape{1}, DType::f32, Lifetime::scratch);
+          backend.amax(weight, amax, false);
+          const size_t slot = static_cast<size_t>(3 * (layer * kLinearKinds + kind) + 1);
+          EXPECT_EQ(numerics::float_to_bits(records[slot]), numerics::float_to_bits(test::download(backend, amax)[0]))
+              << family << " step " << step << " layer " << layer << " " << linear_kind_name(static_cast<LinearKind>(kind));
+        }
+      }
+    }
+    backend.set_observer(nullptr);
+    // Step 1 casts the initial weights with passes of their own (4 a block); later steps take the
+    // optimizer's records. The test's own amax ops above come after each count.
+    const int64_t kept = family_kind == ModelFamily::llama ? 1 : 2;  // attention output (+ dqkv)
+    EXPECT_EQ(passes[0], (kept + 4) * config.model.layers) << family;
+    EXPECT_EQ(passes[1], kept * config.model.layers) << family;
+    EXPECT_EQ(passes[2], kept * config.model.layers) << family;
+  }
 }
 
 // Collects the names of allocations.

@@ -275,14 +275,20 @@ void Backend::rope_forward(const Tensor& qkv, const AttentionShape& shape, float
   double rotated = static_cast<double>(qkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
   record({OpKind::rope_forward, phase_, qkv.dtype, 3 * rotated,
           2 * rotated * dtype_bits(qkv.dtype) / 8.0});
-  impl_rope(qkv, shape, theta, false);
+  impl_rope(qkv, shape, theta, false, Tensor());
 }
 
-void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta) {
+void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta, const Tensor& out_amax) {
   check_attention_shape(shape, dqkv, "rope_backward");
   double rotated = static_cast<double>(dqkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
-  record({OpKind::rope_backward, phase_, dqkv.dtype, 3 * rotated, 2 * rotated * dtype_bits(dqkv.dtype) / 8.0});
-  impl_rope(dqkv, shape, theta, true);
+  // The amax also reads the v heads.
+  const double v_bytes = out_amax.defined() ? static_cast<double>(dqkv.rows() * shape.kv_heads * shape.head_dim) *
+                                                  dtype_bits(dqkv.dtype) / 8.0
+                                            : 0.0;
+  record({OpKind::rope_backward, phase_, dqkv.dtype, 3 * rotated,
+          2 * rotated * dtype_bits(dqkv.dtype) / 8.0 + v_bytes});
+  impl_rope(dqkv, shape, theta, true, kernel_amax(out_amax));
+  finish_amax(dqkv, out_amax);
 }
 
 // Causal attention does half of the full T×T work: QKᵀ and PV forward (2 GEMMs), and in
@@ -467,11 +473,14 @@ void Backend::amax(const Tensor& x, const Tensor& out, bool accumulate, bool had
 }
 
 void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                       const QuantizedTensor& columnwise, const Tensor& amax_out) {
+                       const QuantizedTensor& columnwise, const Tensor& amax_out, const ScaleFromAmax& from) {
   require_contiguous(x, "quantize");
   MXTRAIN_ASSERT(x.rank() == 2, "quantize: x %s must be a matrix", x.describe().c_str());
   MXTRAIN_ASSERT(rowwise.data.defined() || columnwise.data.defined(), "quantize: no copy requested");
-  double bytes = b(x) + b(amax_out) * 2;
+  MXTRAIN_ASSERT(!from.defined() || (from.amax.dtype == DType::f32 && from.amax.numel() >= 1 &&
+                                     from.args.rule == ScaleUpdateArgs::Rule::current),
+                 "quantize: the scale comes from an f32 amax by the current rule");
+  double bytes = b(x) + b(amax_out) * 2 + (from.defined() ? b(from.amax) + b(scale) : 0);
   double flops = 0;
   for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
     if (!copy->data.defined()) continue;
@@ -488,7 +497,9 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
     flops += n(x) * (copy->spec.mode == ScalingMode::per_tensor ? 2 : 3) + (copy->spec.hadamard ? 5 * n(x) : 0);
   }
   record({OpKind::quantize, phase_, x.dtype, flops, bytes});
-  impl_quantize(x, scale, rowwise, columnwise, amax_out);
+  MXTRAIN_ASSERT(!from.defined() || (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
+                 "quantize: a scale from an amax is per-tensor FP8's");
+  impl_quantize(x, scale, rowwise, columnwise, amax_out, from);
 }
 
 void Backend::dequantize(const QuantizedTensor& q, const Tensor& out) {
@@ -565,7 +576,17 @@ void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, co
   MXTRAIN_ASSERT(args.decay_count >= 0 && args.decay_count <= param.numel(), "adamw: decay_count");
   record({OpKind::adamw, phase_, grad.dtype, 16 * n(param),
           2 * b(param) + b(grad) + 2 * b(m) + 2 * b(v) + b(compute_copy)});
+  const Tensor& written = compute_copy.defined() ? compute_copy : param;
+  for (const AmaxSegment& segment : args.weight_amaxes)
+    MXTRAIN_ASSERT(segment.begin >= 0 && segment.begin < segment.end && segment.end <= param.numel() &&
+                       segment.amax.dtype == DType::f32 && segment.amax.numel() >= 1,
+                   "adamw: amax segment [%lld, %lld) of %lld elements", static_cast<long long>(segment.begin),
+                   static_cast<long long>(segment.end), static_cast<long long>(param.numel()));
   impl_adamw(param, grad, m, v, compute_copy, grad_norm_sq, args);
+  if (records_output_amax()) return;
+  // Part of the op, untraced (as finish_amax): the pass a recording kernel spares.
+  for (const AmaxSegment& segment : args.weight_amaxes)
+    impl_amax(written.slice_flat(segment.begin, Shape{segment.end - segment.begin}), segment.amax, true, false);
 }
 
 }  // namespace mxtrain

@@ -141,6 +141,24 @@ struct ScaleUpdateArgs {
   bool power_of_2_scales = false; // current: round scales down to powers of two
 };
 
+// Current scaling inside the cast (quantize): the cast first sets scale[0] from amax[0] by the
+// current rule of args (what fp8_scale_update(amax, scale, ..., args) would write), then casts
+// with it — one op instead of a scale update and a cast, as TransformerEngine's current-scaling
+// quantizer computes its scale in the cast kernel.
+struct ScaleFromAmax {
+  Tensor amax;           // f32 [1]: the amax of the tensor being cast
+  ScaleUpdateArgs args;  // rule current
+  bool defined() const { return amax.defined(); }
+};
+
+// A weight inside an optimizer shard, elements [begin, end), whose amax the optimizer step
+// records as it writes the new values (current scaling's weight amax: the cast that follows the
+// step then skips its own pass over the weight).
+struct AmaxSegment {
+  int64_t begin = 0, end = 0;
+  Tensor amax;  // f32 [1]: max= the amax of the new compute copy (the master without one) there
+};
+
 struct AdamWArgs {
   float learning_rate = 0;
   float beta1 = 0.9f, beta2 = 0.95f, epsilon = 1e-8f;
@@ -149,6 +167,7 @@ struct AdamWArgs {
   int64_t decay_count = 0;     // elements [0, decay_count) get weight decay, the rest not
   float grad_multiplier = 1;   // e.g. 1/loss_scale; applied before clipping
   float max_grad_norm = 0;     // 0 = no clipping
+  std::vector<AmaxSegment> weight_amaxes;  // recorded on the way where the backend can
 };
 
 class Backend {
@@ -231,7 +250,8 @@ class Backend {
   // Rotary embedding in place on the q and k parts of qkv [batch*seq, (heads+2*kv_heads)*head_dim],
   // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
   void rope_forward(const Tensor& qkv, const AttentionShape& shape, float theta);
-  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta);  // inverse rotation
+  // The inverse rotation; out_amax (as the norms'): the amax of all of dqkv after it, v included.
+  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta, const Tensor& out_amax = {});
   // Causal grouped-query attention. qkv packed as above; out [batch*seq, heads*head_dim];
   // lse f32 [batch, heads, seq] = log-sum-exp of each softmax row (kept for backward).
   void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape);
@@ -269,11 +289,12 @@ class Backend {
   // an undefined copy's data is skipped. per_tensor: codes = fp8(x · scale[0]), scale f32 [1],
   // and each copy's own scale_inverse[0] = 1 / scale[0] (a 16-byte-aligned buffer of its own:
   // cuBLAS 13 rejects FP8 scale pointers inside arrays); amax (optional, f32 [1]) max= max |x|
-  // (delayed scaling records it during the cast).
+  // (delayed scaling records it during the cast). from (per_tensor, optional): scale is an output,
+  // set from from.amax first (ScaleFromAmax).
   // mxfp8: block scales computed here. nvfp4: each copy's amax must already hold its matrix's
   // amax (the amax op). Both copies use one read of x where the backend can.
   void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
-                const Tensor& amax);
+                const Tensor& amax, const ScaleFromAmax& from = {});
   // out (f32/bf16/f16) = the values q encodes, in x's layout [R, C] (a columnwise copy is
   // transposed back; an RHT copy stays in the Hadamard domain).
   void dequantize(const QuantizedTensor& q, const Tensor& out);
@@ -293,7 +314,9 @@ class Backend {
   // Decoupled-weight-decay Adam on a flat f32 master tensor. grad (any float dtype) is
   // multiplied by args.grad_multiplier and, when args.max_grad_norm > 0, by
   // min(1, max_grad_norm / (sqrt(grad_norm_sq[0]) + 1e-6)). compute_copy (optional, bf16/f16)
-  // receives the rounded new weights.
+  // receives the rounded new weights. args.weight_amaxes: each segment's amax max= the amax of
+  // the new weights there, as the amax op would take it over that slice of compute_copy (param
+  // without one) — recorded by the kernel where records_output_amax(), else a pass after it.
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
              const Tensor& grad_norm_sq, const AdamWArgs& args);
 
@@ -329,7 +352,8 @@ class Backend {
                                             const Tensor& residual, const Tensor& out);
   virtual void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                            const Tensor& dbias, bool accumulate) = 0;
-  virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) = 0;
+  virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+                         const Tensor& out_amax) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                       const AttentionShape& shape) = 0;
   virtual void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -346,7 +370,7 @@ class Backend {
   virtual void impl_scale(const Tensor& x, float factor) = 0;
   virtual void impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) = 0;
   virtual void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                             const QuantizedTensor& columnwise, const Tensor& amax) = 0;
+                             const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from) = 0;
   virtual void impl_dequantize(const QuantizedTensor& q, const Tensor& out) = 0;
   // Default: throws Error(unsupported); backends that answer supports(linear_forward, e4m3 |
   // e8m0 | e2m1) override it.

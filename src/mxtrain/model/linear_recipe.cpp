@@ -190,10 +190,9 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
   if (options.format == LinearFormat::fp8_current) {
     current_amax_ = backend.allocate("fp8.current.amax", Shape{1, 3 * linears}, DType::f32, Lifetime::parameter);
     current_scale_ = backend.allocate("fp8.current.scale", Shape{3 * linears}, DType::f32, Lifetime::parameter);
-    current_scale_inverse_ =
-        backend.allocate("fp8.current.scale_inverse", Shape{3 * linears}, DType::f32, Lifetime::parameter);
     current_source_.assign(static_cast<size_t>(3 * linears), nullptr);
     recorded_amax_.assign(static_cast<size_t>(3 * linears), nullptr);
+    cast_weights_.assign(static_cast<size_t>(linears), Tensor());
   }
 }
 
@@ -250,7 +249,7 @@ QuantizeSpec LinearRecipe::spec_for(Role role, bool columnwise) {
 }
 
 void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role, bool reuse_scale, Tensor* scale,
-                                     Tensor* amax_record) {
+                                     Tensor* amax_record, ScaleFromAmax* from) {
   if (options_.format == LinearFormat::fp8_delayed) {
     // This step's scale (from the history up to the last step); the cast records its amax in
     // history slot 0, which is the first row of the slot-major history.
@@ -260,7 +259,8 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
     *amax_record = (forward ? forward_history_ : backward_history_).tensor().slice_flat(index, Shape{1});
     return;
   }
-  // Current scaling: this tensor's amax, then its scale, before the cast (§2.2).
+  // Current scaling: this tensor's amax, then its scale, before the cast (§2.2); the cast forms
+  // the scale from the amax itself (ScaleFromAmax) and stores it for a reuse.
   const int64_t index = 3 * linear + static_cast<int64_t>(role);
   const Tensor amax = current_amax_.tensor().slice_flat(index, Shape{1, 1});
   *scale = current_scale_.tensor().slice_flat(index, Shape{1});
@@ -268,14 +268,15 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
   const void*& source = current_source_[static_cast<size_t>(index)];
   if (reuse_scale && source == x.data) return;
   source = role == Role::gradient ? nullptr : x.data;
+  if (role == Role::weight) cast_weights_[static_cast<size_t>(linear)] = x;
   // The kernel that wrote x may have recorded its amax in this slot already (amax_record).
   const void*& recorded = recorded_amax_[static_cast<size_t>(index)];
   if (recorded != x.data) backend_.amax(x, amax, false);
   recorded = nullptr;
-  ScaleUpdateArgs args;
-  args.rule = ScaleUpdateArgs::Rule::current;
-  args.scaled_max = role == Role::gradient && gradient_element_ == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
-  backend_.fp8_scale_update(amax, *scale, current_scale_inverse_.tensor().slice_flat(index, Shape{1}), args);
+  from->amax = amax;
+  from->args.rule = ScaleUpdateArgs::Rule::current;
+  from->args.scaled_max =
+      role == Role::gradient && gradient_element_ == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
 }
 
 LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Role role, bool rowwise,
@@ -283,8 +284,9 @@ LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Ro
                                              Lifetime columnwise_lifetime) {
   Operand operand;
   Tensor scale, amax_record;
+  ScaleFromAmax from;
   const bool tensor_scaled = per_tensor(options_.format);
-  if (tensor_scaled) per_tensor_scales(x, linear, role, reuse_scale, &scale, &amax_record);
+  if (tensor_scaled) per_tensor_scales(x, linear, role, reuse_scale, &scale, &amax_record, &from);
   auto make = [&](bool transposed, Buffer& data, Buffer& scales, Buffer& amax, QuantizedTensor& q) {
     q.spec = spec_for(role, transposed);
     q.transposed = transposed;
@@ -309,7 +311,7 @@ LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Ro
   };
   if (rowwise) make(false, operand.row_data, operand.row_scales, operand.row_amax, operand.rowwise);
   if (columnwise) make(true, operand.col_data, operand.col_scales, operand.col_amax, operand.columnwise);
-  backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_record);
+  backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_record, from);
   return operand;
 }
 
@@ -336,6 +338,27 @@ Tensor LinearRecipe::amax_record(int64_t layer, LinearKind kind, bool gradient, 
   const int64_t index = 3 * linear + static_cast<int64_t>(gradient ? Role::gradient : Role::input);
   recorded_amax_[static_cast<size_t>(index)] = x.data;
   return current_amax_.tensor().slice_flat(index, Shape{1});
+}
+
+std::vector<LinearRecipe::WeightAmax> LinearRecipe::weight_amaxes() {
+  std::vector<WeightAmax> weights;
+  if (!options_.producer_amaxes || options_.format != LinearFormat::fp8_current) return weights;
+  for (size_t linear = 0; linear < cast_weights_.size(); ++linear) {
+    if (!cast_weights_[linear].defined()) continue;
+    const int64_t index = 3 * static_cast<int64_t>(linear) + static_cast<int64_t>(Role::weight);
+    weights.push_back({static_cast<int64_t>(linear), cast_weights_[linear],
+                       current_amax_.tensor().slice_flat(index, Shape{1})});
+  }
+  if (weights.empty()) return weights;
+  // Every amax of this step has been taken by its cast: one fill zeroes the records to come.
+  backend_.fill(current_amax_, 0.0f);
+  std::fill(recorded_amax_.begin(), recorded_amax_.end(), nullptr);
+  return weights;
+}
+
+void LinearRecipe::weight_amax_recorded(const WeightAmax& weight) {
+  const int64_t index = 3 * weight.linear + static_cast<int64_t>(Role::weight);
+  recorded_amax_[static_cast<size_t>(index)] = weight.weight.data;
 }
 
 bool LinearRecipe::saves_inputs(int64_t layer) const {
@@ -463,6 +486,7 @@ void LinearRecipe::finish_step() {
   for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();
   // The optimizer has changed the weights: their current scales are stale.
   for (size_t i = 1; i < current_source_.size(); i += 3) current_source_[i] = nullptr;
+  std::fill(cast_weights_.begin(), cast_weights_.end(), Tensor());
   if (options_.format == LinearFormat::fp8_delayed) {
     ScaleUpdateArgs args;
     args.rule = ScaleUpdateArgs::Rule::delayed;

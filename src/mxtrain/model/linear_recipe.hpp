@@ -22,6 +22,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/numerics/scaling.hpp"
@@ -97,6 +98,18 @@ class LinearRecipe {
   // cast of that role takes the record only if it is of the same x; undefined (nothing to
   // record) for other formats and high-precision layers.
   Tensor amax_record(int64_t layer, LinearKind kind, bool gradient, const Tensor& x);
+  // Current scaling, right before the optimizer step: the quantized weights cast this step, each
+  // with the amax slot where the step may record the amax of its new values (AdamWArgs'
+  // weight_amaxes), all slots zeroed here (one fill). The caller reports each weight the step
+  // did record (weight_amax_recorded); the next cast of that weight takes the record instead of
+  // an amax pass over it. Empty for other formats, or without producer_amaxes.
+  struct WeightAmax {
+    int64_t linear = 0;
+    Tensor weight;  // as the casts saw it (a view of the store's compute copy or master)
+    Tensor amax;    // f32 [1]
+  };
+  std::vector<WeightAmax> weight_amaxes();
+  void weight_amax_recorded(const WeightAmax& weight);
   // Whether forward can keep block `layer`'s quantized inputs (per-tensor FP8 layers), and
   // whether it holds one for this linear now.
   bool saves_inputs(int64_t layer) const;
@@ -122,6 +135,9 @@ class LinearRecipe {
   const Tensor& backward_history() const { return backward_history_.tensor(); }
   const Tensor& forward_scale() const { return forward_scale_.tensor(); }
   const Tensor& backward_scale() const { return backward_scale_.tensor(); }
+  // Current-scaling amaxes [1, 3·linears]: input, weight and gradient of linear i at 3i, 3i+1,
+  // 3i+2. Undefined for other formats.
+  const Tensor& current_amax() const { return current_amax_.tensor(); }
 
  private:
   enum class Role : uint8_t { input, weight, gradient };
@@ -133,11 +149,12 @@ class LinearRecipe {
   Operand quantize(const Tensor& x, int64_t linear, Role role, bool rowwise, bool columnwise, const std::string& name,
                    bool reuse_scale = false, Lifetime columnwise_lifetime = Lifetime::scratch);
   QuantizeSpec spec_for(Role role, bool columnwise);
-  // The per-tensor FP8 scale of this tensor (current scaling computes it here from x's amax) and
-  // where delayed scaling records the cast's amax. (Each quantized copy carries its own decode
-  // scale, written by the cast into a buffer of its own.)
+  // The per-tensor FP8 scale of this tensor and where delayed scaling records the cast's amax;
+  // current scaling: x's amax (a pass here unless a producer or the optimizer recorded it), from
+  // which the cast forms the scale (from; undefined when the scale is reused). (Each quantized
+  // copy carries its own decode scale, written by the cast into a buffer of its own.)
   void per_tensor_scales(const Tensor& x, int64_t linear, Role role, bool reuse_scale, Tensor* scale,
-                         Tensor* amax_record);
+                         Tensor* amax_record, ScaleFromAmax* from);
   Buffer dequantized(const QuantizedTensor& q, DType dtype, const std::string& name);
   Tensor bias_as(const Tensor& bias, DType dtype, Buffer& storage);
   std::string name_of(int64_t layer, LinearKind kind) const;
@@ -152,14 +169,17 @@ class LinearRecipe {
   // Delayed scaling.
   Buffer forward_history_, forward_scale_, forward_scale_inverse_;
   Buffer backward_history_, backward_scale_, backward_scale_inverse_;
-  // Current scaling: amax [1, 3·linears], scale, scale_inverse [3·linears] (input, weight, gradient).
-  Buffer current_amax_, current_scale_, current_scale_inverse_;
+  // Current scaling: amax [1, 3·linears] and scale [3·linears] (input, weight, gradient); the casts
+  // write the scales (ScaleFromAmax).
+  Buffer current_amax_, current_scale_;
   // The tensor each current scale was computed from (input and weight slots; null = none): an
   // input's until the next forward of its linear, a weight's until the end of the step.
   std::vector<const void*> current_source_;
   // The tensor whose amax a producing kernel recorded in each current-scaling slot (amax_record),
   // until the cast that takes it.
   std::vector<const void*> recorded_amax_;
+  // Per linear, the weight its current scale was last computed from this step (weight_amaxes).
+  std::vector<Tensor> cast_weights_;
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;

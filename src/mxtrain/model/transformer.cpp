@@ -230,7 +230,8 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.qkv.reset();
     s.attn.reset();
     s.lse.reset();
-    if (llama) backend_.rope_backward(dqkv, shape, config_.rope_theta);
+    if (llama)
+      backend_.rope_backward(dqkv, shape, config_.rope_theta, linears_.amax_record(l, LinearKind::qkv, true, dqkv));
     recompute(s.norm1, LinearKind::qkv, [&] {
       s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,

@@ -8,6 +8,20 @@
 
 namespace mxtrain {
 
+namespace {
+
+// Where `part` lies in `whole`, in elements; -1 unless wholly inside it, in the same dtype.
+int64_t element_offset(const Tensor& whole, const Tensor& part) {
+  if (!whole.defined() || !part.defined() || whole.dtype != part.dtype) return -1;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(whole.data), at = reinterpret_cast<uintptr_t>(part.data);
+  const uintptr_t element = static_cast<uintptr_t>(dtype_bits(whole.dtype) / 8);
+  if (at < begin || (at - begin) % element != 0) return -1;
+  const int64_t offset = static_cast<int64_t>((at - begin) / element);
+  return offset + part.numel() <= whole.numel() ? offset : -1;
+}
+
+}  // namespace
+
 std::string resolve_device(const std::string& requested) {
   if (requested == "auto") return backend_available("cuda") ? "cuda" : "cpu";
   if (requested == "cuda" && !backend_available("cuda")) {
@@ -124,10 +138,24 @@ StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, i
     apply = loss_scaler_->update(!std::isfinite(backend_.read_scalar(grad_norm_sq_)), step_number);
     args.grad_multiplier = 1.0f / loss_scale;
   }
+  // Current scaling: the step records the new amax of each quantized weight it writes whole
+  // (a local store's weights are views of its shards), sparing the next casts their passes.
+  std::vector<LinearRecipe::WeightAmax> weights;
+  if (apply) weights = model_->linears().weight_amaxes();
   for (const ParamShard& shard : params_->shards()) {
     if (!apply) break;
     args.decay_count = shard.decay_count;
+    args.weight_amaxes.clear();
+    std::vector<const LinearRecipe::WeightAmax*> recorded;
+    const Tensor& written = shard.compute_copy.defined() ? shard.compute_copy : shard.master;
+    for (const LinearRecipe::WeightAmax& weight : weights) {
+      const int64_t offset = element_offset(written, weight.weight);
+      if (offset < 0) continue;
+      args.weight_amaxes.push_back({offset, offset + weight.weight.numel(), weight.amax});
+      recorded.push_back(&weight);
+    }
     backend_.adamw(shard.master, shard.grad, shard.m, shard.v, shard.compute_copy, grad_norm_sq_, args);
+    for (const LinearRecipe::WeightAmax* weight : recorded) model_->linears().weight_amax_recorded(*weight);
   }
   params_->zero_grads();
   model_->linears().finish_step();

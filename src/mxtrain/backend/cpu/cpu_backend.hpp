@@ -38,7 +38,8 @@ class CpuBackend final : public Backend {
                                   bool accumulate) override;
   void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                    const Tensor& dbias, bool accumulate) override;
-  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) override;
+  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+                 const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;
   void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -56,7 +57,8 @@ class CpuBackend final : public Backend {
   // quantize_cpu.cpp: through numerics/, the reference quantizers.
   void impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) override;
   void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                     const QuantizedTensor& columnwise, const Tensor& amax) override;
+                     const QuantizedTensor& columnwise, const Tensor& amax,
+                     const ScaleFromAmax& from) override;
   void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
   void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
                              const Tensor& out, bool accumulate) override;

@@ -152,7 +152,12 @@ void CpuBackend::impl_amax(const Tensor& x, const Tensor& out, bool accumulate, 
 }
 
 void CpuBackend::impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                               const QuantizedTensor& columnwise, const Tensor& amax) {
+                               const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from) {
+  if (from.defined()) {
+    cpu::require_f32("quantize (scale from amax)", {&from.amax, &scale});
+    scale.ptr<float>()[0] = numerics::current_scale_from_amax(from.amax.ptr<float>()[0], from.args.scaled_max,
+                                                               from.args.epsilon, from.args.power_of_2_scales);
+  }
   const std::vector<float> values = as_floats(x, "quantize");
   if (rowwise.data.defined()) quantize_copy(values, scale, rowwise);
   if (columnwise.data.defined()) quantize_copy(transposed(values, x.rows(), x.cols()), scale, columnwise);

@@ -12,7 +12,8 @@
 
 namespace mxtrain {
 
-void CpuBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) {
+// out_amax: never defined here (records_output_amax() is false; Backend runs the pass).
+void CpuBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse, const Tensor&) {
   const char* op = inverse ? "rope_backward" : "rope_forward";
   cpu::require_f32(op, {&qkv});
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && shape.seq > 0, "%s: head_dim %lld must be even", op,

@@ -3,6 +3,9 @@
 // of m, v, master, copy). The clipping factor is computed on the device from grad_norm_sq[0],
 // so the step never waits on the host. Operation order follows torch.optim.AdamW's
 // single-tensor path exactly as the CPU oracle does (lerp for m, mul+addcmul for v, addcdiv).
+// Current scaling's weight amaxes (args.weight_amaxes) are recorded as the new weights are
+// written: each warp adds the max |value| of its vectors to its segment's amax, so the next
+// cast of each weight skips its own pass (a read of every quantized weight a step).
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
@@ -14,6 +17,25 @@ namespace {
 constexpr int kThreads = 256;
 
 struct NoCopy {};  // copy type when the master is itself the compute weight
+
+// Up to kSegments weight-amax segments a launch (a layer group holds 4 quantized weights); the
+// rest take an amax pass after the step.
+constexpr int kSegments = 8;
+struct AmaxSegments {
+  int count = 0;
+  int64_t begin[kSegments] = {}, end[kSegments] = {};
+  unsigned* bits[kSegments] = {};
+};
+
+// Elements [first, first + n): the segment holding all of them, -1 if none holds any, -2 if
+// they are split (segments are disjoint).
+__device__ __forceinline__ int segment_of(const AmaxSegments& a, int64_t first, int64_t n) {
+  for (int i = 0; i < a.count; ++i) {
+    const int64_t low = max(first, a.begin[i]), high = min(first + n, a.end[i]);
+    if (low < high) return low == first && high == first + n ? i : -2;
+  }
+  return -1;
+}
 
 struct AdamWScalars {
   float decay_factor, m_weight, beta2, v_weight, negative_step_size, bias_correction2_sqrt, epsilon, multiplier;
@@ -30,9 +52,12 @@ __device__ __forceinline__ float torch_lerp(float start, float end, float weight
 
 template <int W, typename G, typename C>
 __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, const float* grad_norm_sq,
-                             int64_t vectors, AdamWScalars s) {
+                             int64_t vectors, AdamWScalars s, AmaxSegments amaxes) {
+  // The weights' values as stored: the compute copy's type, or the master's.
+  using Stored = std::conditional_t<std::is_same_v<C, NoCopy>, float, C>;
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (vec >= vectors) return;
+  if (amaxes.count == 0 && vec >= vectors) return;  // with segments, whole warps reach the record
+  const bool active = vec < vectors;
   float clip = 1.0f;
   if (s.max_grad_norm > 0.0f) {
     const float coefficient = s.max_grad_norm / (sqrtf(grad_norm_sq[0]) + 1e-6f);
@@ -40,24 +65,48 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
   }
   const int64_t base = vec * W;
   float p[W], g[W], first[W], second[W];
-  load<W>(param + base, p);
-  load<W>(grad + base, g);
-  load<W>(m + base, first);
-  load<W>(v + base, second);
+  if (active) {
+    load<W>(param + base, p);
+    load<W>(grad + base, g);
+    load<W>(m + base, first);
+    load<W>(v + base, second);
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float gi = __fmul_rn(__fmul_rn(g[i], s.multiplier), clip);
+      float weight = p[i];
+      if (base + i < s.decay_count) weight = __fmul_rn(weight, s.decay_factor);
+      first[i] = torch_lerp(first[i], gi, s.m_weight);
+      second[i] = __fadd_rn(__fmul_rn(second[i], s.beta2), __fmul_rn(__fmul_rn(s.v_weight, gi), gi));
+      const float denominator = __fadd_rn(__fdiv_rn(sqrtf(second[i]), s.bias_correction2_sqrt), s.epsilon);
+      p[i] = __fadd_rn(weight, __fdiv_rn(__fmul_rn(s.negative_step_size, first[i]), denominator));
+    }
+    store<W>(param + base, p);
+    store<W>(m + base, first);
+    store<W>(v + base, second);
+    if constexpr (!std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
+  }
+  if (amaxes.count == 0) return;
+  // The vector's segment (-1: none, -2: split between two) and its max |value| bits; rounding
+  // to the stored type is monotonic, so record_warp_amax rounds the max once.
+  int segment = -1;
+  unsigned bits = 0;
+  if (active) {
+    segment = segment_of(amaxes, base, W);
+#pragma unroll
+    for (int i = 0; i < W; ++i) bits = max(bits, abs_bits(p[i]));
+  }
+  const int first_lane = __shfl_sync(0xffffffffu, segment, 0);
+  if (__all_sync(0xffffffffu, segment == first_lane)) {
+    if (first_lane >= 0) record_warp_amax<Stored>(bits, amaxes.bits[first_lane]);
+    return;
+  }
+  // A warp across a segment boundary (or the grid's end): each element on its own.
+  if (!active) return;
 #pragma unroll
   for (int i = 0; i < W; ++i) {
-    const float gi = __fmul_rn(__fmul_rn(g[i], s.multiplier), clip);
-    float weight = p[i];
-    if (base + i < s.decay_count) weight = __fmul_rn(weight, s.decay_factor);
-    first[i] = torch_lerp(first[i], gi, s.m_weight);
-    second[i] = __fadd_rn(__fmul_rn(second[i], s.beta2), __fmul_rn(__fmul_rn(s.v_weight, gi), gi));
-    const float denominator = __fadd_rn(__fdiv_rn(sqrtf(second[i]), s.bias_correction2_sqrt), s.epsilon);
-    p[i] = __fadd_rn(weight, __fdiv_rn(__fmul_rn(s.negative_step_size, first[i]), denominator));
+    const int own = segment_of(amaxes, base + i, 1);
+    if (own >= 0) atomicMax(amaxes.bits[own], abs_bits(round_to<Stored>(p[i])));
   }
-  store<W>(param + base, p);
-  store<W>(m + base, first);
-  store<W>(v + base, second);
-  if constexpr (!std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
 }
 
 }  // namespace
@@ -85,6 +134,14 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
   const float* norm = args.max_grad_norm > 0 ? static_cast<const float*>(grad_norm_sq.data) : nullptr;
   const bool vector = n % 8 == 0 && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
                       aligned16(compute_copy);
+  AmaxSegments segments;
+  for (const AmaxSegment& segment : args.weight_amaxes) {
+    if (segments.count == kSegments) break;
+    segments.begin[segments.count] = segment.begin;
+    segments.end[segments.count] = segment.end;
+    segments.bits[segments.count] = static_cast<unsigned*>(segment.amax.data);
+    ++segments.count;
+  }
   auto launch = [&](auto grad_tag, auto copy_tag) {
     using G = decltype(grad_tag);
     using C = decltype(copy_tag);
@@ -95,9 +152,10 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
     float* second = static_cast<float*>(v.data);
     if (vector) {
       adamw_kernel<8, G, C><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm,
-                                                                                  n / 8, s);
+                                                                                  n / 8, s, segments);
     } else {
-      adamw_kernel<1, G, C><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm, n, s);
+      adamw_kernel<1, G, C><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm, n, s,
+                                                                             segments);
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   };
@@ -112,7 +170,12 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
       case DType::f32: launch(grad_tag, float{}); return;
       default: unsupported_dtype("adamw (compute copy)", compute_copy.dtype);
     }
-  });
+  });  // Segments past the launch's capacity: an amax pass each over the new weights.
+  const Tensor& written = compute_copy.defined() ? compute_copy : param;
+  for (size_t i = kSegments; i < args.weight_amaxes.size(); ++i) {
+    const AmaxSegment& segment = args.weight_amaxes[i];
+    amax(written.slice_flat(segment.begin, Shape{segment.end - segment.begin}), segment.amax, true, false, stream);
+  }
 }
 
 }  // namespace mxtrain::cuda_kernels

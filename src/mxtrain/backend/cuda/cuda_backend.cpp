@@ -300,11 +300,12 @@ const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, float theta)
   return pointer;
 }
 
-void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) {
+void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+                            const Tensor& out_amax) {
   MXTRAIN_ASSERT(qkv.is_contiguous(), "rope: %s must be contiguous", qkv.describe().c_str());
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && theta > 0, "rope: head_dim %lld, theta %g",
                  static_cast<long long>(shape.head_dim), static_cast<double>(theta));
-  cuda_kernels::rope(qkv, shape, rope_table(shape.seq, shape.head_dim, theta), inverse, stream_);
+  cuda_kernels::rope(qkv, shape, rope_table(shape.seq, shape.head_dim, theta), inverse, out_amax, stream_);
 }
 
 void CudaBackend::impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -363,14 +364,14 @@ void CudaBackend::impl_amax(const Tensor& x, const Tensor& out, bool accumulate,
 }
 
 void CudaBackend::impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                                const QuantizedTensor& columnwise, const Tensor& amax) {
+                                const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from) {
   // The block kernels store whole 8- and 16-byte groups of codes.
   auto aligned = [](const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0; };
   for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
     MXTRAIN_ASSERT(!copy->data.defined() || aligned(copy->data), "quantize: %s must be 16-byte aligned",
                    copy->data.describe().c_str());
   }
-  cuda_kernels::quantize(x, scale, rowwise, columnwise, amax, stream_);
+  cuda_kernels::quantize(x, scale, rowwise, columnwise, amax, from, stream_);
 }
 
 void CudaBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {

@@ -50,7 +50,9 @@ void reduce_column_partials(const float* partials, int64_t chunks, const Tensor&
 
 // ---- rope.cu --------------------------------------------------------------------------------
 // table: f32 [seq, head_dim/2] cos followed by f32 [seq, head_dim/2] sin.
-void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bool inverse, cudaStream_t stream);
+// out_amax (optional): the amax of all of qkv afterwards, v heads included (they are only read).
+void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bool inverse, const Tensor& out_amax,
+          cudaStream_t stream);
 
 // ---- embedding.cu ---------------------------------------------------------------------------
 void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
@@ -66,7 +68,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& lo
 // The precision recipes' kernels (backend.hpp states the contracts); bit-identical to numerics/.
 void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream);
 void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
-              const Tensor& amax, cudaStream_t stream);
+              const Tensor& amax, const ScaleFromAmax& from, cudaStream_t stream);
 void dequantize(const QuantizedTensor& q, const Tensor& out, cudaStream_t stream);
 void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                       const ScaleUpdateArgs& args, cudaStream_t stream);

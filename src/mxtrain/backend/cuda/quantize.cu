@@ -25,49 +25,38 @@ namespace nm = mxtrain::numerics;
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ unsigned block_max_bits(unsigned bits) {
-  __shared__ unsigned partial[32];
-  bits = __reduce_max_sync(0xffffffffu, bits);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = bits;
-  __syncthreads();
-  unsigned result = 0;
-  if (warp == 0) {
-    result = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0u;
-    result = __reduce_max_sync(0xffffffffu, result);
-  }
-  return result;  // valid in thread 0
-}
-
-// Every thread of the block calls them; thread 0 adds the block's amax to *out_bits (if any).
-__device__ __forceinline__ void publish_amax_bits(unsigned amax_bits, unsigned* out_bits) {
-  const unsigned bits = block_max_bits(amax_bits);
-  if (threadIdx.x == 0 && out_bits != nullptr) atomicMax(out_bits, bits);
-}
-
-__device__ __forceinline__ void publish_amax(float amax, unsigned* out_bits) {
-  publish_amax_bits(nm::float_to_bits(amax), out_bits);
-}
-
 // ---- amax ------------------------------------------------------------------------------------
-
+// The max of abs_bits (NaN-propagating: device_common.cuh) over x; each warp adds its max to
+// *out_bits (record_warp_amax). Four 16-byte loads in flight a thread: one at a time kept the
+// pass at 2.9 TB/s on an H200.
 template <int W, typename T>
 __global__ void amax_kernel(const T* x, int64_t vectors, unsigned* out_bits) {
-  float amax = 0.0f;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  unsigned amax = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr int kLoads = 4;
+  for (; v + (kLoads - 1) * stride < vectors; v += kLoads * stride) {
+    float e[kLoads][W];
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) load<W>(x + (v + k * stride) * W, e[k]);
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k)
+#pragma unroll
+      for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(e[k][i]));
+  }
+  for (; v < vectors; v += stride) {
     float e[W];
     load<W>(x + v * W, e);
 #pragma unroll
-    for (int i = 0; i < W; ++i) amax = nm::nan_propagating_max(amax, nm::abs_value(e[i]));
+    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(e[i]));
   }
-  publish_amax(amax, out_bits);
+  record_warp_amax<T>(amax, out_bits);
 }
 
 // amax of xᵀ after the RHT of each 16-element chunk of its rows (16 rows of x at one column).
 template <typename T>
 __global__ void amax_hadamard_transposed_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out_bits) {
-  float amax = 0.0f;
+  unsigned amax = 0;
   const int64_t chunks = rows / 16 * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -77,9 +66,9 @@ __global__ void amax_hadamard_transposed_kernel(const T* x, int64_t rows, int64_
     for (int j = 0; j < 16; ++j) chunk[j] = to_float<T>(x[(first_row + j) * cols + col]);
     nm::random_hadamard_transform16(chunk, rotated);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) amax = nm::nan_propagating_max(amax, nm::abs_value(rotated[j]));
+    for (int j = 0; j < 16; ++j) amax = max(amax, abs_bits(rotated[j]));
   }
-  publish_amax(amax, out_bits);
+  record_warp_amax<float>(amax, out_bits);
 }
 
 // ---- per-tensor FP8: cast and transpose in one pass -------------------------------------------
@@ -97,6 +86,14 @@ constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 256;
 constexpr int kCastVectors = kCastRows * kCastCols / 8 / kCastThreads;  // 4 per thread
 static_assert(kCastVectors == 4, "a thread packs its 4 rows of a column into one 32-bit word");
 constexpr int kCastPitch = kCastRows + 4;  // bytes per transposed row: 2-way bank conflicts at most
+
+// ScaleFromAmax on the device: amax null = the scale is an input.
+struct CurrentScaleArgs {
+  const float* amax = nullptr;
+  float* scale_out = nullptr;
+  float scaled_max = 0.0f, epsilon = 0.0f;
+  bool power_of_2_scales = false;
+};
 
 __device__ __forceinline__ uint8_t fp8_nan_patch(uint8_t code, uint32_t bits, nm::Fp8Format format) {
   if ((bits & 0x7fffffffu) <= 0x7f800000u) return code;
@@ -131,8 +128,8 @@ template <typename T>
 __global__ void __launch_bounds__(kCastThreads, 4)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* scale_pointer,
                               nm::Fp8Format format, uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
-                              float* rowwise_inverse, float* columnwise_inverse, unsigned* amax_bits, bool vector_in,
-                              bool vector_rowwise, bool vector_columnwise) {
+                              float* rowwise_inverse, float* columnwise_inverse, unsigned* amax_bits,
+                              CurrentScaleArgs current, bool vector_in, bool vector_rowwise, bool vector_columnwise) {
   __shared__ __align__(16) uint8_t tile[kCastCols][kCastPitch];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCastRows, col0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
   // The loads stay in x's own type until they are used (4 registers per vector for bf16).
@@ -153,8 +150,14 @@ __global__ void __launch_bounds__(kCastThreads, 4)
       for (int i = 0; i < 8; ++i) e[i] = (gr < rows && gc + i < cols) ? x[gr * cols + gc + i] : from_float<T>(0.0f);
     }
   }
-  const float scale = scale_pointer[0];
+  // Current scaling: every block forms the scale from the amax itself (the same bits), and the
+  // first also stores it for later casts of the same tensor.
+  const float scale = current.amax != nullptr
+                          ? nm::current_scale_from_amax(current.amax[0], current.scaled_max, current.epsilon,
+                                                        current.power_of_2_scales)
+                          : scale_pointer[0];
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    if (current.amax != nullptr) current.scale_out[0] = scale;
     // Each copy carries its decode scale, as the reference's 1 / scale.
     if (rowwise_inverse != nullptr) rowwise_inverse[0] = nm::div_rn(1.0f, scale);
     if (columnwise_inverse != nullptr) columnwise_inverse[0] = nm::div_rn(1.0f, scale);
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(kCastThreads, 4)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float value = to_float<T>(e[i]);
-      vector_max = max(vector_max, nm::float_to_bits(value) & 0x7fffffffu);
+      vector_max = max(vector_max, abs_bits(value));
       scaled[i] = nm::mul_rn(value, scale);
     }
     amax = max(amax, vector_max);
@@ -219,7 +222,7 @@ __global__ void __launch_bounds__(kCastThreads, 4)
       }
     }
   }
-  if (amax_bits != nullptr) publish_amax_bits(amax, amax_bits);
+  if (amax_bits != nullptr) record_warp_amax<T>(amax, amax_bits);
 }
 
 // ---- block quantizers: one thread per block of the copy ---------------------------------------
@@ -486,8 +489,7 @@ void quantize_block_copy(const T* x, const Tensor& x_tensor, const QuantizedTens
 }  // namespace
 
 void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream) {
-  unsigned* bits = static_cast<unsigned*>(out.data);
-  if (!accumulate) MXTRAIN_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(float), stream));
+  unsigned* bits = accumulate ? static_cast<unsigned*>(out.data) : start_amax_record(out, stream);
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_float<true>(x.dtype, "amax", [&](auto tag) {
@@ -507,7 +509,7 @@ void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_tra
 }
 
 void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
-              const Tensor& amax_out, cudaStream_t stream) {
+              const Tensor& amax_out, const ScaleFromAmax& from, cudaStream_t stream) {
   const int64_t rows = x.rows(), cols = x.cols();
   const QuantizedTensor& any = rowwise.data.defined() ? rowwise : columnwise;
   dispatch_float<true>(x.dtype, "quantize", [&](auto tag) {
@@ -526,10 +528,18 @@ void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwi
       dim3 grid(blocks_for(cols, kCastCols), blocks_for(rows, kCastRows));
       float* row_inverse = rowwise.data.defined() ? static_cast<float*>(rowwise.scale_inverse.data) : nullptr;
       float* col_inverse = columnwise.data.defined() ? static_cast<float*>(columnwise.scale_inverse.data) : nullptr;
+      CurrentScaleArgs current;
+      if (from.defined()) {
+        current.amax = static_cast<const float*>(from.amax.data);
+        current.scale_out = static_cast<float*>(scale.data);
+        current.scaled_max = from.args.scaled_max;
+        current.epsilon = from.args.epsilon;
+        current.power_of_2_scales = from.args.power_of_2_scales;
+      }
       fp8_cast_transpose_kernel<T><<<grid, kCastThreads, 0, stream>>>(
           data, rows, cols, static_cast<const float*>(scale.data), fp8_format(any.spec.element), row_out, col_out,
-          row_inverse, col_inverse, amax_out.defined() ? static_cast<unsigned*>(amax_out.data) : nullptr, vector_in,
-          vector_rowwise, vector_columnwise);
+          row_inverse, col_inverse, amax_out.defined() ? static_cast<unsigned*>(amax_out.data) : nullptr, current,
+          vector_in, vector_rowwise, vector_columnwise);
       MXTRAIN_CUDA_CHECK_LAUNCH();
       return;
     }

@@ -154,7 +154,7 @@ void DryrunBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, co
   Buffer scalars = allocate("gemm.nvfp4_scalars", Shape{2}, DType::f32, Lifetime::scratch);
 }
 
-void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, float theta, bool) {
+void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, float theta, bool, const Tensor&) {
   // cuda_backend.cpp rope_table: one f32 [2, seq, head_dim/2] table per (seq, head_dim, theta).
   if (!cuda_.enabled) return;
   auto key = std::make_tuple(shape.seq, shape.head_dim, theta);

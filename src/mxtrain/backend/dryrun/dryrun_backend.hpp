@@ -79,7 +79,8 @@ class DryrunBackend final : public Backend {
   void impl_linear_backward_input(const Tensor&, const Tensor&, const Tensor&, bool) override {}
   void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                    const Tensor& dbias, bool accumulate) override;
-  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse) override;
+  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+                 const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;
   void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -93,8 +94,8 @@ class DryrunBackend final : public Backend {
   void impl_sum(const Tensor&, const Tensor&, bool, bool) override {}
   void impl_scale(const Tensor&, float) override {}
   void impl_amax(const Tensor&, const Tensor&, bool, bool) override {}
-  void impl_quantize(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&,
-                     const Tensor&) override {}
+  void impl_quantize(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&, const Tensor&,
+                     const ScaleFromAmax&) override {}
   void impl_dequantize(const QuantizedTensor&, const Tensor&) override {}
   void impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&, const Tensor&,
                              bool) override;
