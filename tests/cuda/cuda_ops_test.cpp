@@ -575,7 +575,7 @@ TEST_F(CudaDataOps, AdamWRecordsEachSegmentsAmax) {
         const float want = cuda().read_scalar(reference), got = cuda().read_scalar(records[i]);
         EXPECT_EQ(numerics::float_to_bits(got), numerics::float_to_bits(want))
             << tag << " segment " << i << " [" << segment.begin << ", " << segment.end << "): " << got << " vs " << want;
-        EXPECT_GE(want, 10.0f) << tag << " segment " << i;
+        EXPECT_GE(want, 9.0f) << tag << " segment " << i;  // the planted value, decayed a little
         EXPECT_LT(want, 50.0f) << tag << " segment " << i;
       }
     }
