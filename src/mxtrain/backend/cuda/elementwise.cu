@@ -3,7 +3,8 @@
 // the length (row length for SwiGLU) is a multiple of 8, else one element. All math is FP32 in
 // registers with one rounding on store, so bf16 outputs pass through bf16 exactly once. Unary,
 // binary and SwiGLU maps can record their output's amax (amax_out non-null: device_common.cuh);
-// their threads past the end stay to the last line, where the warp combines its amax.
+// their threads past the end stay to the last line, where the warp combines its amax (launches
+// that record nothing skip the amax arithmetic).
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
@@ -33,8 +34,10 @@ __global__ void unary_kernel(const TIn* a, TOut* out, int64_t vectors, Op op, un
 #pragma unroll
     for (int i = 0; i < W; ++i) y[i] = op(x[i]);
     store<W>(out + v * W, y);
+    if (amax_out != nullptr) {
 #pragma unroll
-    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+      for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+    }
   }
   if (amax_out != nullptr) record_warp_amax<TOut>(amax, amax_out);
 }
@@ -50,8 +53,10 @@ __global__ void binary_kernel(const TA* a, const TB* b, TOut* out, int64_t vecto
 #pragma unroll
     for (int i = 0; i < W; ++i) y[i] = op(x[i], z[i]);
     store<W>(out + v * W, y);
+    if (amax_out != nullptr) {
 #pragma unroll
-    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+      for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+    }
   }
   if (amax_out != nullptr) record_warp_amax<TOut>(amax, amax_out);
 }
@@ -172,8 +177,10 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t vectors,
 #pragma unroll
     for (int i = 0; i < W; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     store<W>(out + row * ffn + col, y);
+    if (amax_out != nullptr) {
 #pragma unroll
-    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+      for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+    }
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
@@ -200,8 +207,10 @@ __global__ void swiglu_backward_kernel(const T* dout, const T* gate_up, T* dgate
     }
     store<W>(dgate_up + in_offset, dg);
     store<W>(dgate_up + in_offset + ffn, du);
+    if (amax_out != nullptr) {
 #pragma unroll
-    for (int i = 0; i < W; ++i) amax = max(amax, max(abs_bits(dg[i]), abs_bits(du[i])));
+      for (int i = 0; i < W; ++i) amax = max(amax, max(abs_bits(dg[i]), abs_bits(du[i])));
+    }
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }

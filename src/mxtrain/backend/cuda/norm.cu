@@ -98,7 +98,33 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
 }
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * weight
-// (RMSNorm drops the mean(dxhat) term and uses xhat = x * rstd).
+// (RMSNorm drops the mean(dxhat) term and uses xhat = x * rstd). Both backward kernels use these
+// three pieces, so the plain and the fused path give the same bits.
+template <int W>
+__device__ __forceinline__ void add_dx_sums(const float (&d)[W], const float (&v)[W], const float (&w)[W], float mean,
+                                            float rstd, float& sum_dxhat, float& sum_dxhat_xhat) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const float dxhat = d[i] * w[i];
+    sum_dxhat += dxhat;
+    sum_dxhat_xhat += dxhat * (v[i] - mean) * rstd;
+  }
+}
+
+// The row's two means from each lane's partial sums (one row per warp).
+template <bool kLayer>
+__device__ __forceinline__ void dx_row_means(float sum_dxhat, float sum_dxhat_xhat, int cols, float& mean_dxhat,
+                                             float& mean_dxhat_xhat) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  mean_dxhat = kLayer ? warp_sum(sum_dxhat) * inv_cols : 0.0f;
+  mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
+}
+
+__device__ __forceinline__ float dx_value(float d, float w, float xhat, float rstd, float mean_dxhat,
+                                          float mean_dxhat_xhat) {
+  return rstd * (d * w - mean_dxhat - xhat * mean_dxhat_xhat);
+}
+
 template <int W, typename T, typename Wt, bool kLayer>
 __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in,
                                         const float* rstd_in, T* dx, int64_t rows, int cols, bool accumulate,
@@ -116,16 +142,10 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
     load<W>(dout + base + c, d);
     load<W>(x + base + c, v);
     load<W>(weight + c, w);
-#pragma unroll
-    for (int i = 0; i < W; ++i) {
-      float dxhat = d[i] * w[i];
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += dxhat * (v[i] - mean) * rstd;
-    }
+    add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
   }
-  const float inv_cols = 1.0f / static_cast<float>(cols);
-  const float mean_dxhat = kLayer ? warp_sum(sum_dxhat) * inv_cols : 0.0f;
-  const float mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
+  float mean_dxhat, mean_dxhat_xhat;
+  dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, cols, mean_dxhat, mean_dxhat_xhat);
 
   unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
@@ -141,8 +161,7 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
     }
 #pragma unroll
     for (int i = 0; i < W; ++i) {
-      float xhat = (v[i] - mean) * rstd;
-      g[i] += rstd * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+      g[i] += dx_value(d[i], w[i], (v[i] - mean) * rstd, rstd, mean_dxhat, mean_dxhat_xhat);
       amax = max(amax, abs_bits(g[i]));
     }
     store<W>(dx + base + c, g);
@@ -161,7 +180,6 @@ __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* 
   const int64_t chunk = blockIdx.x;
   const int64_t begin = chunk * rows_per_chunk;
   const int64_t end = min(rows, begin + rows_per_chunk);
-  const float inv_cols = 1.0f / static_cast<float>(cols);
   float acc_w[K][W], acc_b[K][W];
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -182,15 +200,10 @@ __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* 
       load<W>(dout + base + c, d);
       load<W>(x + base + c, v);
       load<W>(weight + c, w);
-#pragma unroll
-      for (int i = 0; i < W; ++i) {
-        const float dxhat = d[i] * w[i];
-        sum_dxhat += dxhat;
-        sum_dxhat_xhat += dxhat * (v[i] - mean) * rstd;
-      }
+      add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
     }
-    const float mean_dxhat = kLayer ? warp_sum(sum_dxhat) * inv_cols : 0.0f;
-    const float mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
+    float mean_dxhat, mean_dxhat_xhat;
+    dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, cols, mean_dxhat, mean_dxhat_xhat);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * W;
@@ -208,7 +221,7 @@ __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* 
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         const float xhat = (v[i] - mean) * rstd;
-        g[i] += rstd * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+        g[i] += dx_value(d[i], w[i], xhat, rstd, mean_dxhat, mean_dxhat_xhat);
         acc_w[k][i] += d[i] * xhat;
         if constexpr (kBias) acc_b[k][i] += d[i];
         amax = max(amax, abs_bits(g[i]));
