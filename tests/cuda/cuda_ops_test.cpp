@@ -276,14 +276,20 @@ TEST_P(CudaOps, LinearWithResidual) {
   }
 }
 
+// The RoPE tests' grouped-query shape: 2 x 48 tokens, 4 query and 2 KV heads.
+AttentionShape rope_test_shape(int64_t head_dim) {
+  AttentionShape shape;
+  shape.batch = 2;
+  shape.seq = 48;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = head_dim;
+  return shape;
+}
+
 TEST_P(CudaOps, RopeForwardAndBackward) {
   for (int64_t head_dim : {64, 128, 20}) {
-    AttentionShape shape;
-    shape.batch = 2;
-    shape.seq = 48;
-    shape.heads = 4;
-    shape.kv_heads = 2;
-    shape.head_dim = head_dim;
+    const AttentionShape shape = rope_test_shape(head_dim);
     const Shape qkv_shape{shape.batch * shape.seq, shape.qkv_cols()};
     const std::string tag = dtype_text(dtype()) + " head_dim " + std::to_string(head_dim);
     auto qkv = both(random_as(static_cast<size_t>(qkv_shape.numel()), 30, dtype()), qkv_shape);
@@ -442,12 +448,7 @@ TEST_P(CudaOps, OutputAmaxesAreTheAmaxOfTheOutput) {
     // RoPE's backward records all of dqkv, v heads included (they keep the largest value, or the
     // NaN), and rotates exactly as without a record.
     for (int64_t head_dim : {64, 128, 20}) {
-      AttentionShape shape;
-      shape.batch = 2;
-      shape.seq = 48;
-      shape.heads = 4;
-      shape.kv_heads = 2;
-      shape.head_dim = head_dim;
+      const AttentionShape shape = rope_test_shape(head_dim);
       const Shape qkv_shape{shape.batch * shape.seq, shape.qkv_cols()};
       std::vector<float> values = random_as(static_cast<size_t>(qkv_shape.numel()), 47, dtype(), -3, 3);
       values[static_cast<size_t>(5 * shape.qkv_cols() + (shape.heads + shape.kv_heads) * head_dim + 3)] =
