@@ -190,9 +190,8 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
   if (options.format == LinearFormat::fp8_current) {
     current_amax_ = backend.allocate("fp8.current.amax", Shape{1, 3 * linears}, DType::f32, Lifetime::parameter);
     current_scale_ = backend.allocate("fp8.current.scale", Shape{3 * linears}, DType::f32, Lifetime::parameter);
-    current_source_.assign(static_cast<size_t>(3 * linears), nullptr);
+    current_source_.assign(static_cast<size_t>(3 * linears), Tensor());
     recorded_amax_.assign(static_cast<size_t>(3 * linears), nullptr);
-    cast_weights_.assign(static_cast<size_t>(linears), Tensor());
   }
 }
 
@@ -265,10 +264,9 @@ void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role,
   const Tensor amax = current_amax_.tensor().slice_flat(index, Shape{1, 1});
   *scale = current_scale_.tensor().slice_flat(index, Shape{1});
   *amax_record = Tensor();
-  const void*& source = current_source_[static_cast<size_t>(index)];
-  if (reuse_scale && source == x.data) return;
-  source = role == Role::gradient ? nullptr : x.data;
-  if (role == Role::weight) cast_weights_[static_cast<size_t>(linear)] = x;
+  Tensor& source = current_source_[static_cast<size_t>(index)];
+  if (reuse_scale && source.defined() && source.data == x.data) return;
+  source = role == Role::gradient ? Tensor() : x;
   // The kernel that wrote x may have recorded its amax in this slot already (amax_record).
   const void*& recorded = recorded_amax_[static_cast<size_t>(index)];
   if (recorded != x.data) backend_.amax(x, amax, false);
@@ -343,11 +341,10 @@ Tensor LinearRecipe::amax_record(int64_t layer, LinearKind kind, bool gradient, 
 std::vector<LinearRecipe::WeightAmax> LinearRecipe::weight_amaxes() {
   std::vector<WeightAmax> weights;
   if (!options_.producer_amaxes || options_.format != LinearFormat::fp8_current) return weights;
-  for (size_t linear = 0; linear < cast_weights_.size(); ++linear) {
-    if (!cast_weights_[linear].defined()) continue;
-    const int64_t index = 3 * static_cast<int64_t>(linear) + static_cast<int64_t>(Role::weight);
-    weights.push_back({static_cast<int64_t>(linear), cast_weights_[linear],
-                       current_amax_.tensor().slice_flat(index, Shape{1})});
+  for (int64_t linear = 0; 3 * linear < static_cast<int64_t>(current_source_.size()); ++linear) {
+    const int64_t index = 3 * linear + static_cast<int64_t>(Role::weight);
+    const Tensor& weight = current_source_[static_cast<size_t>(index)];
+    if (weight.defined()) weights.push_back({linear, weight, current_amax_.tensor().slice_flat(index, Shape{1})});
   }
   if (weights.empty()) return weights;
   // Every amax of this step has been taken by its cast: one fill zeroes the records to come.
@@ -485,8 +482,7 @@ void LinearRecipe::finish_step() {
   stash_.reset();
   for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();
   // The optimizer has changed the weights: their current scales are stale.
-  for (size_t i = 1; i < current_source_.size(); i += 3) current_source_[i] = nullptr;
-  std::fill(cast_weights_.begin(), cast_weights_.end(), Tensor());
+  for (size_t i = 1; i < current_source_.size(); i += 3) current_source_[i] = Tensor();
   if (options_.format == LinearFormat::fp8_delayed) {
     ScaleUpdateArgs args;
     args.rule = ScaleUpdateArgs::Rule::delayed;

@@ -172,14 +172,13 @@ class LinearRecipe {
   // Current scaling: amax [1, 3·linears] and scale [3·linears] (input, weight, gradient); the casts
   // write the scales (ScaleFromAmax).
   Buffer current_amax_, current_scale_;
-  // The tensor each current scale was computed from (input and weight slots; null = none): an
-  // input's until the next forward of its linear, a weight's until the end of the step.
-  std::vector<const void*> current_source_;
+  // The tensor each current scale was computed from (input and weight slots; undefined = none):
+  // an input's until the next forward of its linear, a weight's until the end of the step (the
+  // weights cast this step, for weight_amaxes).
+  std::vector<Tensor> current_source_;
   // The tensor whose amax a producing kernel recorded in each current-scaling slot (amax_record),
   // until the cast that takes it.
   std::vector<const void*> recorded_amax_;
-  // Per linear, the weight its current scale was last computed from this step (weight_amaxes).
-  std::vector<Tensor> cast_weights_;
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;
