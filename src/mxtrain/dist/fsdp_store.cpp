@@ -239,9 +239,7 @@ GradTarget FsdpParameterStore::grad_target(int group, int index) {
 }
 
 Tensor FsdpParameterStore::grad(int group, int index) {
-  GradTarget target = grad_target(group, index);
-  if (!target.accumulate) backend_.fill(target.tensor, 0.0f);
-  return target.tensor;
+  return gradient_to_add_to(backend_, grad_target(group, index));
 }
 
 // ---- gradients: accumulate, reduce, fold into the shard -----------------------------------------

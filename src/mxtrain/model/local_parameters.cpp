@@ -84,9 +84,7 @@ GradTarget LocalParameterStore::grad_target(int group, int index) {
 }
 
 Tensor LocalParameterStore::grad(int group, int index) {
-  GradTarget target = grad_target(group, index);
-  if (!target.accumulate) backend_.fill(target.tensor, 0.0f);
-  return target.tensor;
+  return gradient_to_add_to(backend_, grad_target(group, index));
 }
 
 void LocalParameterStore::finish_backward() {

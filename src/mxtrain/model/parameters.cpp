@@ -4,6 +4,11 @@
 
 namespace mxtrain {
 
+Tensor gradient_to_add_to(Backend& backend, const GradTarget& target) {
+  if (!target.accumulate) backend.fill(target.tensor, 0.0f);
+  return target.tensor;
+}
+
 bool GradWrites::claim(size_t index) {
   MXTRAIN_ASSERT(index < written_.size(), "gradient of parameter %zu outside its group of %zu", index,
                  written_.size());

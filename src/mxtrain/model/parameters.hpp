@@ -56,6 +56,10 @@ class GradWrites {
   bool padding_zeroed_ = false;
 };
 
+// What the stores' grad() hands a writer that only adds: the target, zero-filled first when this
+// is the parameter's first write.
+Tensor gradient_to_add_to(Backend& backend, const GradTarget& target);
+
 class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
