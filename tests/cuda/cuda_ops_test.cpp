@@ -341,10 +341,15 @@ TEST_P(CudaOps, Embedding) {
 }
 
 TEST_P(CudaOps, CrossEntropyInPlace) {
-  // valid_vocab < cols: padding columns must be ignored and zeroed.
-  for (auto [cols, valid] : {std::pair<int64_t, int64_t>{1024, 1000}, {264, 257}, {50, 50}}) {
-    const int64_t rows = 37;
-    const std::string tag = dtype_text(dtype()) + " V" + std::to_string(valid) + "/" + std::to_string(cols);
+  // valid_vocab < cols: padding columns must be ignored and zeroed. 300 rows of 2048 (bf16):
+  // the streamed kernel (a block per SM, two or three rows each, through both row buffers),
+  // with a vector straddling valid_vocab, as GPT-2's 50257 of 50304 columns.
+  struct Case {
+    int64_t rows, cols, valid;
+  };
+  for (auto [rows, cols, valid] : {Case{37, 1024, 1000}, Case{37, 264, 257}, Case{37, 50, 50}, Case{300, 2048, 1997}}) {
+    const std::string tag = dtype_text(dtype()) + " " + std::to_string(rows) + " rows, V" + std::to_string(valid) +
+                            "/" + std::to_string(cols);
     std::vector<int32_t> ids(static_cast<size_t>(rows));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 131 + 7) % valid);
     Buffer cpu_targets = upload_i32(cpu(), ids, Shape{rows});

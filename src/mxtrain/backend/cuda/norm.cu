@@ -2,17 +2,20 @@
 //
 // Forward: one warp per row. The row is read once for the statistics (twice for LayerNorm:
 // mean, then the centred variance, as the CPU oracle does) and once more to write the output;
-// the re-reads hit L1/L2, so DRAM sees one read of the input and one write of the output. The
-// fused add writes sum = round(a + b) and normalises the rounded sum, exactly what a separate
-// add followed by a norm would compute.
+// the re-reads hit L1/L2, so DRAM sees one read of the input and one write of the output. Rows
+// of at most 2048 16-bit values stay in registers instead (norm_forward_held_kernel: all of a
+// row's loads in flight at once; same sums in the same order). The fused add writes
+// sum = round(a + b) and normalises the rounded sum, exactly what a separate add followed by a
+// norm would compute.
 //
 // Backward: one warp per row computes dx (two row reductions, then the elementwise formula)
-// and, in the same pass, adds dout * xhat (and dout) into per-lane registers for its columns, so
-// dout and x are read from device memory once. Each block owns a fixed chunk of rows; its
-// warps' register partials are summed in warp order through shared memory into one f32
-// partial row per chunk, and a second kernel adds the chunks' partials in chunk order into
-// dweight/dbias. No float atomics, so the result is bit-reproducible. Rows too wide for the
-// register partials (more than 16 vectors per lane, hidden > 4096 in bf16) use a separate
+// and, in the same pass, adds dout * xhat (and dout) into the warp's own row of shared memory,
+// so dout and x are read from device memory once (for hidden <= 2048 in bf16 the row stays in
+// registers between the passes: one memory round trip per row). Each block owns a fixed chunk
+// of rows; its warps' rows are summed in warp order into one f32 partial row per chunk, and a
+// second kernel adds the chunks' partials in chunk order into dweight/dbias. No float atomics,
+// so the result is bit-reproducible. Rows too wide for the fused kernel (more than 16 vectors
+// per lane, hidden > 4096 in bf16, or over 96 KB of shared rows) use a separate
 // column-partials kernel that reads dout and x a second time.
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
@@ -22,6 +25,31 @@ namespace {
 
 constexpr int kRowThreads = 256;  // 8 rows (warps) per block
 constexpr int kColumnThreads = 64;
+constexpr int kFusedWarps = 4;    // the fused backward's block: 4 warps, a row per warp at a time
+
+// out[0..W) += v in shared memory (W = 8: two 16-byte accesses; out 32-byte aligned).
+template <int W> __device__ __forceinline__ void add_to_shared(float* out, const float (&v)[W]) {
+  if constexpr (W == 1) {
+    out[0] += v[0];
+  } else {
+    float4* p = reinterpret_cast<float4*>(out);
+    float4 a = p[0], b = p[1];
+    a.x += v[0]; a.y += v[1]; a.z += v[2]; a.w += v[3];
+    b.x += v[4]; b.y += v[5]; b.z += v[6]; b.w += v[7];
+    p[0] = a;
+    p[1] = b;
+  }
+}
+
+// The 8-wide vector of a 2-byte type as loaded (one 16-byte access), widened when used.
+template <typename T> __device__ __forceinline__ uint4 load_raw(const T* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+template <typename T> __device__ __forceinline__ void widen(const uint4& raw, float (&v)[8]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = to_float<T>(e[i]);
+}
 
 template <int W, typename T, typename Wt, bool kLayer, bool kAdd>
 __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weight, const Wt* bias, T* out,
@@ -87,14 +115,124 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
       for (int i = 0; i < W; ++i) y[i] = v[i] * rstd * w[i];
     }
     store<W>(out + base + c, y);
+    if (amax_out != nullptr) {
 #pragma unroll
-    for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+      for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
+    }
   }
   if (lane == 0) {
     rstd_out[row] = rstd;
     if constexpr (kLayer) mean_out[row] = mean;
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);  // a row per warp: all lanes are here
+}
+
+// The forward for rows of at most 32 * 8 * K 16-bit values (K <= 8: hidden <= 2048): each lane
+// loads its K vectors of the row (of a and b, for the fused add) back to back and keeps them in
+// registers, so a row costs one memory round trip instead of a dependent load per vector; the
+// sums run in the generic kernel's order (vector by vector, element by element), so both give
+// the same bits.
+template <int K, typename T, typename Wt, bool kLayer, bool kAdd>
+__global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt* weight, const Wt* bias, T* out,
+                                         float* mean_out, float* rstd_out, int64_t rows, int cols, float eps,
+                                         unsigned* amax_out) {
+  static_assert(sizeof(T) == 2, "16-bit rows");
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t base = row * cols;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  uint4 held[K];  // the row's values as stored (the rounded sum, for the fused add)
+  if constexpr (kAdd) {
+    uint4 held_b[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * 8;
+      if (c < cols) {
+        held[k] = *reinterpret_cast<const uint4*>(a + base + c);
+        held_b[k] = *reinterpret_cast<const uint4*>(b + base + c);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * 8;
+      if (c < cols) {
+        float va[8], vb[8], v[8];
+        widen<T>(held[k], va);
+        widen<T>(held_b[k], vb);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = va[i] + vb[i];
+        store<8>(x + base + c, v);  // rounds to T
+        store<8>(reinterpret_cast<T*>(&held[k]), v);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * 8;
+      if (c < cols) held[k] = *reinterpret_cast<const uint4*>(x + base + c);
+    }
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if ((k * 32 + lane) * 8 >= cols) break;
+    float v[8];
+    widen<T>(held[k], v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) total += kLayer ? v[i] : v[i] * v[i];
+  }
+  total = warp_sum(total);
+  float mean = 0.0f, rstd;
+  if constexpr (kLayer) {
+    mean = total * inv_cols;
+    float centred = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if ((k * 32 + lane) * 8 >= cols) break;
+      float v[8];
+      widen<T>(held[k], v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) centred += (v[i] - mean) * (v[i] - mean);
+    }
+    centred = warp_sum(centred);
+    rstd = 1.0f / sqrtf(centred * inv_cols + eps);
+  } else {
+    rstd = 1.0f / sqrtf(total * inv_cols + eps);
+  }
+  unsigned amax = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = (k * 32 + lane) * 8;
+    if (c >= cols) break;
+    float v[8], w[8], y[8];
+    widen<T>(held[k], v);
+    load<8>(weight + c, w);
+    if constexpr (kLayer) {
+      float bb[8];
+      if (bias != nullptr) {
+        load<8>(bias + c, bb);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bb[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = (v[i] - mean) * rstd * w[i] + bb[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = v[i] * rstd * w[i];
+    }
+    store<8>(out + base + c, y);
+    if (amax_out != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = max(amax, abs_bits(y[i]));
+    }
+  }
+  if (lane == 0) {
+    rstd_out[row] = rstd;
+    if constexpr (kLayer) mean_out[row] = mean;
+  }
+  if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * weight
@@ -160,45 +298,71 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
       for (int i = 0; i < W; ++i) g[i] = 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < W; ++i) {
-      g[i] += dx_value(d[i], w[i], (v[i] - mean) * rstd, rstd, mean_dxhat, mean_dxhat_xhat);
-      amax = max(amax, abs_bits(g[i]));
-    }
+    for (int i = 0; i < W; ++i) g[i] += dx_value(d[i], w[i], (v[i] - mean) * rstd, rstd, mean_dxhat, mean_dxhat_xhat);
     store<W>(dx + base + c, g);
+    if (amax_out != nullptr) {
+#pragma unroll
+      for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(g[i]));
+    }
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
 
 // The fused backward: dx plus per-chunk partials of dweight (and dbias), K vectors per lane.
+// With 16-byte vectors of a 2-byte type and K <= 8 (kHold: hidden <= 2048 in bf16) the first
+// pass keeps the row's dout, x and, when accumulating, dx in registers as loaded, so a row costs
+// one round trip to memory; wider rows re-read dout and x in the second pass. Each warp adds its
+// rows' dout * xhat (and dout) into its own shared-memory row, in row order; the block then sums
+// its warps' rows in warp order into one partial row per chunk.
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias>
-__global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in,
-                                           const float* rstd_in, T* dx, float* partial_weight, float* partial_bias,
-                                           int64_t rows, int cols, int64_t rows_per_chunk, bool accumulate,
-                                           unsigned* amax_out) {
-  extern __shared__ float warp_partials[];  // [warps][cols]
+__global__ void __launch_bounds__(kFusedWarps * 32)
+norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
+                           T* dx, float* partial_weight, float* partial_bias, int64_t rows, int cols,
+                           int64_t rows_per_chunk, bool accumulate, unsigned* amax_out) {
+  constexpr bool kHold = W == 8 && sizeof(T) == 2 && K <= 8;
+  constexpr int kHeld = kHold ? K : 1;
+  constexpr int kSums = kBias ? 2 : 1;
+  extern __shared__ float warp_partials[];  // [warps][kSums][cols]: dweight's row, then dbias's
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t chunk = blockIdx.x;
   const int64_t begin = chunk * rows_per_chunk;
   const int64_t end = min(rows, begin + rows_per_chunk);
-  float acc_w[K][W], acc_b[K][W];
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int i = 0; i < W; ++i) acc_w[k][i] = acc_b[k][i] = 0.0f;
+  float* sum_w = warp_partials + static_cast<int64_t>(warp) * kSums * cols;
+  float* sum_b = sum_w + cols;
+  for (int c = lane; c < kSums * cols; c += 32) sum_w[c] = 0.0f;  // the warp's own rows
+  __syncwarp();
 
   unsigned amax = 0;
   for (int64_t row = begin + warp; row < end; row += warps) {
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
     const float rstd = rstd_in[row];
+    uint4 held_d[kHeld], held_x[kHeld], held_g[kHeld];
+    if constexpr (kHold) {
+      // All of the row's loads first, then the math: one memory latency per row.
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int c = (k * 32 + lane) * W;
+        if (c < cols) {
+          held_d[k] = load_raw(dout + base + c);
+          held_x[k] = load_raw(x + base + c);
+          if (accumulate) held_g[k] = load_raw(dx + base + c);
+        }
+      }
+    }
     float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * W;
       if (c >= cols) break;
       float d[W], v[W], w[W];
-      load<W>(dout + base + c, d);
-      load<W>(x + base + c, v);
+      if constexpr (kHold) {
+        widen<T>(held_d[k], d);
+        widen<T>(held_x[k], v);
+      } else {
+        load<W>(dout + base + c, d);
+        load<W>(x + base + c, v);
+      }
       load<W>(weight + c, w);
       add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
     }
@@ -209,48 +373,50 @@ __global__ void norm_backward_fused_kernel(const T* dout, const T* x, const Wt* 
       const int c = (k * 32 + lane) * W;
       if (c >= cols) break;
       float d[W], v[W], w[W], g[W];
-      load<W>(dout + base + c, d);
-      load<W>(x + base + c, v);
-      load<W>(weight + c, w);
-      if (accumulate) {
-        load<W>(dx + base + c, g);
+      if constexpr (kHold) {
+        widen<T>(held_d[k], d);
+        widen<T>(held_x[k], v);
+        if (accumulate) widen<T>(held_g[k], g);
       } else {
+        load<W>(dout + base + c, d);
+        load<W>(x + base + c, v);
+        if (accumulate) load<W>(dx + base + c, g);
+      }
+      if (!accumulate) {
 #pragma unroll
         for (int i = 0; i < W; ++i) g[i] = 0.0f;
       }
+      load<W>(weight + c, w);
+      float pw[W], pb[W];
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         const float xhat = (v[i] - mean) * rstd;
         g[i] += dx_value(d[i], w[i], xhat, rstd, mean_dxhat, mean_dxhat_xhat);
-        acc_w[k][i] += d[i] * xhat;
-        if constexpr (kBias) acc_b[k][i] += d[i];
-        amax = max(amax, abs_bits(g[i]));
+        pw[i] = d[i] * xhat;
+        pb[i] = d[i];
       }
       store<W>(dx + base + c, g);
+      add_to_shared<W>(sum_w + c, pw);
+      if constexpr (kBias) add_to_shared<W>(sum_b + c, pb);
+      if (amax_out != nullptr) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(g[i]));
+      }
     }
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 
-  // Warp partials -> one partial row per chunk, summed in warp order.
-  auto publish = [&](float (&acc)[K][W], float* out) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = (k * 32 + lane) * W;
-      if (c < cols) {
-#pragma unroll
-        for (int i = 0; i < W; ++i) warp_partials[warp * cols + c + i] = acc[k][i];
-      }
+  // Warp rows -> one partial row per chunk, summed in warp order.
+  __syncthreads();
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    float total_w = 0.0f, total_b = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      total_w += warp_partials[static_cast<int64_t>(w) * kSums * cols + c];
+      if constexpr (kBias) total_b += warp_partials[static_cast<int64_t>(w) * kSums * cols + cols + c];
     }
-    __syncthreads();
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      float total = 0.0f;
-      for (int w = 0; w < warps; ++w) total += warp_partials[w * cols + c];
-      out[chunk * cols + c] = total;
-    }
-    __syncthreads();
-  };
-  publish(acc_w, partial_weight);
-  if constexpr (kBias) publish(acc_b, partial_bias);
+    partial_weight[chunk * cols + c] = total_w;
+    if constexpr (kBias) partial_bias[chunk * cols + c] = total_b;
+  }
 }
 
 // partial_weight[chunk, c] = sum over the chunk's rows of dout * xhat; partial_bias likewise of dout.
@@ -290,10 +456,23 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const unsigned blocks = blocks_for(rows, kRowThreads / 32);
+  // 16-byte vectors of a 16-bit type, at most 8 per lane: the held-row kernel.
+  const int held_k = vector && sizeof(T) == 2 ? (cols <= 32 * 8 * 4 ? 4 : cols <= 32 * 8 * 8 ? 8 : 0) : 0;
   auto go = [&](auto width, auto layer, auto fused) {
     constexpr int W = decltype(width)::value;
     constexpr bool kLayer = decltype(layer)::value;
     constexpr bool kAdd = decltype(fused)::value;
+    if constexpr (W == 8 && sizeof(T) == 2) {
+      if (held_k > 0) {
+        auto kernel = held_k == 4 ? norm_forward_held_kernel<4, T, Wt, kLayer, kAdd>
+                                  : norm_forward_held_kernel<8, T, Wt, kLayer, kAdd>;
+        kernel<<<blocks, kRowThreads, 0, stream>>>(
+            data_or_null<const T>(a), data_or_null<const T>(b), static_cast<T*>(x.data),
+            static_cast<const Wt*>(weight.data), data_or_null<const Wt>(bias), static_cast<T*>(out.data),
+            data_or_null<float>(mean), static_cast<float*>(rstd.data), rows, cols, eps, amax);
+        return;
+      }
+    }
     norm_forward_kernel<W, T, Wt, kLayer, kAdd><<<blocks, kRowThreads, 0, stream>>>(
         data_or_null<const T>(a), data_or_null<const T>(b), static_cast<T*>(x.data),
         static_cast<const Wt*>(weight.data), data_or_null<const Wt>(bias), static_cast<T*>(out.data),
@@ -368,13 +547,17 @@ void launch_backward_partials(NormKind kind, bool vector, bool with_bias, const 
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-constexpr int kFusedWarps = 4;
-
-// Rows per chunk of the fused backward: enough chunks (about 1024) to fill the GPU with
-// kFusedWarps warps each, at least 16 rows per chunk; a function of the row count only.
+// Rows per chunk of the fused backward: about 512 chunks (one wave of 4 blocks per SM on an
+// H100/H200), at least 32 rows each (8 per warp, so the per-chunk partial row stays small next
+// to the rows' traffic); a function of the row count only, so results do not depend on the GPU.
 int64_t fused_chunks(int64_t rows) {
-  const int64_t rows_per_chunk = std::max<int64_t>(16, (rows + 1023) / 1024);
+  const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + 511) / 512);
   return (rows + rows_per_chunk - 1) / rows_per_chunk;
+}
+
+// Shared memory of the fused backward: each warp's dweight row (and dbias row).
+size_t fused_shared_bytes(int64_t cols, bool with_bias) {
+  return static_cast<size_t>(kFusedWarps) * (with_bias ? 2 : 1) * static_cast<size_t>(cols) * sizeof(float);
 }
 
 // Vectors per lane the fused kernel needs for `cols`, rounded up to 4, 8 or 16; 0 = too wide.
@@ -394,7 +577,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-  const size_t shared_bytes = static_cast<size_t>(kFusedWarps) * cols * sizeof(float);
+  const size_t shared_bytes = fused_shared_bytes(cols, with_bias);
   auto go = [&](auto width, auto vectors, auto layer, auto has_bias) {
     constexpr int W = decltype(width)::value;
     constexpr int K = decltype(vectors)::value;
@@ -421,8 +604,8 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
       go(width, K4{}, layer, has_bias);
     } else if (lanes_k == 8) {
       go(width, K8{}, layer, has_bias);
-    } else if constexpr (!decltype(has_bias)::value) {
-      go(width, K16{}, layer, has_bias);  // with a bias, 16 would spill: norm_backward never asks
+    } else {
+      go(width, K16{}, layer, has_bias);
     }
   };
   const bool layer = kind == NormKind::layer;
@@ -485,10 +668,7 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
   const bool with_bias = layer && dbias.defined();
   const bool vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
   const int lanes_k = fused_vectors_per_lane(cols, vector ? 8 : 1);
-  const size_t fused_shared = static_cast<size_t>(kFusedWarps) * static_cast<size_t>(cols) * sizeof(float);
-  // Layer norm with a bias gradient keeps two register partials per column: at 16 vectors per
-  // lane that would spill, so those shapes take the two-kernel path.
-  const bool fused = dweight.defined() && lanes_k > 0 && fused_shared <= 96 * 1024 && !(with_bias && lanes_k > 8);
+  const bool fused = dweight.defined() && lanes_k > 0 && fused_shared_bytes(cols, with_bias) <= 96 * 1024;
   if (fused) {
     const int64_t chunks = fused_chunks(rows);
     Buffer partials = backend.allocate("norm_backward.partials", Shape{with_bias ? 2 * chunks : chunks, cols},
