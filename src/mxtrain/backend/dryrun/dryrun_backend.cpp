@@ -38,10 +38,10 @@ int64_t column_reduction_chunks(int64_t rows) { return std::max<int64_t>(1, std:
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-// norm.cu: the fused backward's row chunks (at least 16 rows, about 1024 chunks) and the lanes
+// norm.cu: the fused backward's row chunks (at least 32 rows, about 512 chunks) and the lanes
 // it needs per row; 0 = too wide for it.
 int64_t fused_norm_chunks(int64_t rows) {
-  const int64_t rows_per_chunk = std::max<int64_t>(16, (rows + 1023) / 1024);
+  const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + 511) / 512);
   return (rows + rows_per_chunk - 1) / rows_per_chunk;
 }
 int fused_norm_vectors_per_lane(int64_t cols, int width) {
@@ -124,7 +124,8 @@ void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const 
   const bool with_bias = kind == NormKind::layer && dbias.defined();
   const bool vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
   const int lanes = fused_norm_vectors_per_lane(cols, vector ? 8 : 1);
-  const bool fused = dweight.defined() && lanes > 0 && 4 * 4 * cols <= 96 * 1024 && !(with_bias && lanes > 8);
+  // fused_shared_bytes: 4 warps' rows of f32 sums (two rows each with a bias) within 96 KB.
+  const bool fused = dweight.defined() && lanes > 0 && 4 * (with_bias ? 2 : 1) * 4 * cols <= 96 * 1024;
   if (!fused && !dweight.defined()) return;
   const int64_t chunks = fused ? fused_norm_chunks(rows) : column_reduction_chunks(rows);
   Buffer partials =
