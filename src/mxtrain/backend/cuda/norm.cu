@@ -173,29 +173,24 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
       if (c < cols) held[k] = *reinterpret_cast<const uint4*>(x + base + c);
     }
   }
-  float total = 0.0f;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if ((k * 32 + lane) * 8 >= cols) break;
-    float v[8];
-    widen<T>(held[k], v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) total += kLayer ? v[i] : v[i] * v[i];
-  }
-  total = warp_sum(total);
-  float mean = 0.0f, rstd;
-  if constexpr (kLayer) {
-    mean = total * inv_cols;
-    float centred = 0.0f;
+  // Σ term(v) over the row's held values, in the generic kernel's order, summed over the warp.
+  auto row_sum = [&](auto term) {
+    float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if ((k * 32 + lane) * 8 >= cols) break;
       float v[8];
       widen<T>(held[k], v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) centred += (v[i] - mean) * (v[i] - mean);
+      for (int i = 0; i < 8; ++i) sum += term(v[i]);
     }
-    centred = warp_sum(centred);
+    return warp_sum(sum);
+  };
+  const float total = row_sum([](float v) { return kLayer ? v : v * v; });
+  float mean = 0.0f, rstd;
+  if constexpr (kLayer) {
+    mean = total * inv_cols;
+    const float centred = row_sum([mean](float v) { return (v - mean) * (v - mean); });
     rstd = 1.0f / sqrtf(centred * inv_cols + eps);
   } else {
     rstd = 1.0f / sqrtf(total * inv_cols + eps);
