@@ -149,8 +149,8 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * 8;
       if (c < cols) {
-        held[k] = *reinterpret_cast<const uint4*>(a + base + c);
-        held_b[k] = *reinterpret_cast<const uint4*>(b + base + c);
+        held[k] = load_raw(a + base + c);
+        held_b[k] = load_raw(b + base + c);
       }
     }
 #pragma unroll
@@ -170,7 +170,7 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * 8;
-      if (c < cols) held[k] = *reinterpret_cast<const uint4*>(x + base + c);
+      if (c < cols) held[k] = load_raw(x + base + c);
     }
   }
   // Σ term(v) over the row's held values, in the generic kernel's order, summed over the warp.
