@@ -3,7 +3,7 @@
 // block), then — when a gradient is wanted — a second pass that overwrites the logits with
 // grad_scale * (softmax - onehot), zero in padding columns. So full FP32 logits never exist:
 // the chunk stays in the activation dtype, and device memory sees one read and one write of the
-// logits. Three kernels share that row math (fold_row, row_log_sum_exp, write_gradient):
+// logits. Three kernels:
 //
 // - Streamed (Hopper and later, 16-byte rows, two rows fit in shared memory: GPT-2's and Llama's
 //   vocabularies in bf16): one persistent 1024-thread block per SM walks its rows with two row
@@ -15,6 +15,8 @@
 // - Cached: one block per row; the first pass also copies the row into shared memory, so the
 //   second pass reads it from there.
 // - Uncached (rows too long for shared memory): the second pass reads device memory again.
+// The two one-block-per-row kernels are one template sharing fold_row, row_log_sum_exp and
+// write_gradient; the streamed kernel has its own three-pass row math (shared_row_*).
 // The streamed kernel sums in a different order (three passes instead of one online pass), so
 // its last bits differ from the others'; each is checked against the CPU oracle.
 //
@@ -254,23 +256,29 @@ int device_attribute(cudaDeviceAttr attribute) {
   return value;
 }
 
+size_t shared_memory_limit() {
+  static const size_t limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  return limit;
+}
+
+// Allows `kernel` the device's whole opt-in shared memory: the dynamic limit is the opt-in
+// maximum less the kernel's static shared memory (the block reductions' few hundred bytes).
+// Returns that dynamic limit. Callers keep the result in a static: once per kernel.
+template <typename Kernel> size_t allow_all_shared_memory(Kernel kernel) {
+  cudaFuncAttributes attributes{};
+  MXTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const size_t dynamic = shared_memory_limit() - attributes.sharedSizeBytes;
+  MXTRAIN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
+  return dynamic;
+}
+
 template <int W, typename T, bool kCache>
 void launch(T* data, const int32_t* ids, float* out, int64_t rows, int64_t cols, int64_t valid_vocab,
             float grad_scale, int threads, size_t shared_bytes, cudaStream_t stream) {
   if constexpr (kCache) {
-    // Once per instantiation: allow this kernel the device's whole opt-in shared memory.
-    // The dynamic limit is the opt-in maximum less the kernel's static shared memory (the
-    // block reductions' few hundred bytes).
-    static const bool raised = [] {
-      const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-      cudaFuncAttributes attributes{};
-      MXTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&attributes, cross_entropy_kernel<W, T, true>));
-      MXTRAIN_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel<W, T, true>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              limit - static_cast<int>(attributes.sharedSizeBytes)));
-      return true;
-    }();
-    (void)raised;
+    static const size_t dynamic = allow_all_shared_memory(cross_entropy_kernel<W, T, true>);
+    (void)dynamic;
   }
   cross_entropy_kernel<W, T, kCache><<<static_cast<unsigned>(rows), threads, shared_bytes, stream>>>(
       data, ids, out, cols, valid_vocab, grad_scale);
@@ -281,23 +289,14 @@ void launch(T* data, const int32_t* ids, float* out, int64_t rows, int64_t cols,
 template <typename T>
 bool launch_streamed(T* data, const int32_t* ids, float* out, int64_t rows, int64_t cols, int64_t valid_vocab,
                      float grad_scale, cudaStream_t stream) {
+  static_assert(sizeof(T) == 2, "the streamed kernel's rows are 16-bit values");
   static const int capability = device_attribute(cudaDevAttrComputeCapabilityMajor);
   static const int processors = device_attribute(cudaDevAttrMultiProcessorCount);
-  static const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  static_assert(sizeof(T) == 2, "the streamed kernel's rows are 16-bit values");
   if (capability < 9 || cols % 8 != 0 || cols > (int64_t{1} << 30) || !aligned16(data)) return false;
+  static const size_t dynamic = allow_all_shared_memory(cross_entropy_streamed_kernel<T>);
   const size_t row_stride = (static_cast<size_t>(cols) * sizeof(T) + 127) / 128 * 128;
   const size_t shared_bytes = 2 * row_stride;
-  cudaFuncAttributes attributes{};
-  MXTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&attributes, cross_entropy_streamed_kernel<T>));
-  if (shared_bytes + attributes.sharedSizeBytes > static_cast<size_t>(limit)) return false;
-  static const bool raised = [&] {
-    MXTRAIN_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_streamed_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            limit - static_cast<int>(attributes.sharedSizeBytes)));
-    return true;
-  }();
-  (void)raised;
+  if (shared_bytes > dynamic) return false;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, processors));
   cross_entropy_streamed_kernel<T><<<blocks, kStreamThreads, shared_bytes, stream>>>(
       data, ids, out, rows, cols, valid_vocab, grad_scale, static_cast<uint32_t>(row_stride));
@@ -318,9 +317,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& lo
   const int threads = static_cast<int>(std::max<int64_t>(32, std::min<int64_t>(1024, wanted)));
   // The row cache (only when a second pass runs); the static reductions need under 1 KB more.
   const size_t row_bytes = (static_cast<size_t>(cols) * dtype_bits(logits.dtype) / 8 + 15) / 16 * 16;
-  const bool cache =
-      grad_scale != 0.0f &&
-      row_bytes + 1024 <= static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  const bool cache = grad_scale != 0.0f && row_bytes + 1024 <= shared_memory_limit();
   const size_t shared_bytes = cache ? row_bytes : 0;
   dispatch_float<true>(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
