@@ -276,6 +276,42 @@ TEST_P(CudaOps, LinearWithResidual) {
   }
 }
 
+// GELU on the GEMM against the CPU's GEMM, then GELU: cuBLASLt's GELU_AUX[_BIAS] and DGELU
+// epilogues for 16-bit operands whose rows are multiples of 8 elements, the GEMM and the GELU
+// kernel apart otherwise (f32, and the 20-column shape). The epilogues round once.
+TEST_P(CudaOps, LinearWithGelu) {
+  std::vector<GemmShape> shapes(std::begin(kGemmShapes), std::end(kGemmShapes));
+  shapes.push_back({48, 64, 20});
+  for (const GemmShape& g : shapes) {
+    for (bool with_bias : {false, true}) {
+      const std::string tag = dtype_text(dtype()) + " N" + std::to_string(g.rows) + " K" + std::to_string(g.in) +
+                              " M" + std::to_string(g.out) + (with_bias ? " bias" : "");
+      const Tensor no;
+      auto x = both(random_as(static_cast<size_t>(g.rows * g.in), 50, dtype()), Shape{g.rows, g.in});
+      auto weight = both(random_as(static_cast<size_t>(g.out * g.in), 51, dtype(), -0.1f, 0.1f), Shape{g.out, g.in});
+      auto bias = both(random_as(static_cast<size_t>(g.out), 52, dtype()), Shape{g.out});
+      auto pre = zeros(Shape{g.rows, g.out}, dtype());
+      auto act = zeros(Shape{g.rows, g.out}, dtype());
+      cpu().linear_forward_gelu(x.first, weight.first, with_bias ? bias.first.tensor() : no, pre.first, act.first);
+      cuda().linear_forward_gelu(x.second, weight.second, with_bias ? bias.second.tensor() : no, pre.second,
+                                 act.second);
+      EXPECT_LE(report_error("linear_forward_gelu pre " + tag, download(cuda(), pre.second), download(cpu(), pre.first)),
+                tolerance(dtype(), 1e-5, 5e-3));
+      EXPECT_LE(report_error("linear_forward_gelu out " + tag, download(cuda(), act.second), download(cpu(), act.first)),
+                tolerance(dtype(), 1e-5, 5e-3));
+
+      // dx[N,K] = (dout[N,M] · weight[M,K]) ⊙ gelu'(pre[N,K]); dx starts as garbage (overwritten).
+      auto dout = both(random_as(static_cast<size_t>(g.rows * g.out), 53, dtype()), Shape{g.rows, g.out});
+      auto input_pre = both(random_as(static_cast<size_t>(g.rows * g.in), 54, dtype(), -3.0f, 3.0f), Shape{g.rows, g.in});
+      auto dx = both(random_as(static_cast<size_t>(g.rows * g.in), 55, dtype()), Shape{g.rows, g.in});
+      cpu().linear_backward_input_gelu(dout.first, weight.first, input_pre.first, dx.first);
+      cuda().linear_backward_input_gelu(dout.second, weight.second, input_pre.second, dx.second);
+      EXPECT_LE(report_error("linear_backward_input_gelu " + tag, download(cuda(), dx.second), download(cpu(), dx.first)),
+                tolerance(dtype(), 1e-5, 5e-3));
+    }
+  }
+}
+
 // The RoPE tests' grouped-query shape: 2 x 48 tokens, 4 query and 2 KV heads.
 AttentionShape rope_test_shape(int64_t head_dim) {
   AttentionShape shape;

@@ -29,12 +29,13 @@ struct StepResult {
 };
 
 StepResult run_step(Backend& backend, const ModelConfig& config, DType activations, DType weights,
-                    const std::string& recompute = "none") {
+                    const std::string& recompute = "none", bool deterministic = false) {
   LocalParameterStore store(backend, config, weights, DType::f32);
   store.initialize(11);
   TransformerOptions options;
   options.activation_dtype = activations;
   options.recompute = RecomputePolicy::parse(recompute);
+  options.deterministic = deterministic;
   Transformer model(config, options, backend, store);
   const int64_t batch = 2, seq = 64, rows = batch * seq;
   std::vector<int32_t> tokens(static_cast<size_t>(rows)), targets(static_cast<size_t>(rows));
@@ -97,17 +98,38 @@ TEST_P(CudaStep, F32MatchesOracle) {
   compare(got, want, "f32", 5e-4, 1e-2);
 }
 
+// Deterministic runs (the fixture's backend has the deterministic attention backward; the model
+// then keeps GELU a kernel of its own): every policy reproduces the bits of "none".
 TEST_P(CudaStep, RecomputeAndRerunAreBitIdentical) {
   const ModelConfig c = config();
-  StepResult reference = run_step(cuda(), c, DType::bf16, DType::bf16, "none");
+  StepResult reference = run_step(cuda(), c, DType::bf16, DType::bf16, "none", true);
   for (const char* policy : {"none", "selective", "full"}) {
-    StepResult other = run_step(cuda(), c, DType::bf16, DType::bf16, policy);
+    StepResult other = run_step(cuda(), c, DType::bf16, DType::bf16, policy, true);
     EXPECT_EQ(reference.loss, other.loss) << policy;
     for (size_t i = 0; i < reference.grads.size(); ++i) {
       EXPECT_EQ(0, std::memcmp(reference.grads[i].data(), other.grads[i].data(),
                                reference.grads[i].size() * sizeof(float)))
           << reference.names[i] << " differs under recompute " << policy;
     }
+  }
+}
+
+// The default (non-deterministic) runs: GPT-2's kept layers take GELU from the up GEMM's
+// epilogue (GELU of the f32 sum), recomputing layers from the GELU kernel (of the rounded
+// pre-activation), so the policies agree to BF16 rounding instead of bit for bit (measured on
+// an H200: worst gradient rel L2 9.7e-3 for tiny-gpt2, as one bf16 rounding of the activation
+// carries through the tiny random model; llama's are bit-identical).
+TEST_P(CudaStep, RecomputeMatchesWithinRounding) {
+  const ModelConfig c = config();
+  StepResult reference = run_step(cuda(), c, DType::bf16, DType::bf16, "none");
+  for (const char* policy : {"selective", "full"}) {
+    StepResult other = run_step(cuda(), c, DType::bf16, DType::bf16, policy);
+    EXPECT_NEAR(reference.loss, other.loss, 1e-3) << policy;
+    for (size_t i = 0; i < reference.grads.size(); ++i)
+      EXPECT_LE(report_error(std::string("recompute ") + GetParam() + " " + policy + " " + reference.names[i],
+                             other.grads[i], reference.grads[i]),
+                2e-2)
+          << reference.names[i];
   }
 }
 

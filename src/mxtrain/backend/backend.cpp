@@ -230,6 +230,48 @@ void Backend::linear_backward_input(const Tensor& dout, const Tensor& weight, co
   impl_linear_backward_input(dout, weight, dx, accumulate);
 }
 
+void Backend::linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                                  const Tensor& out) {
+  require_same_shape(pre, out, "linear_forward_gelu");
+  MXTRAIN_ASSERT(pre.dtype == out.dtype, "linear_forward_gelu: pre %s, out %s", pre.describe().c_str(),
+                 out.describe().c_str());
+  // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the second output's
+  // write counts.
+  check_and_record_linear_forward("linear_forward_gelu", x, weight, bias, pre, b(out));
+  impl_linear_forward_gelu(x, weight, bias, pre, out);
+}
+
+void Backend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                                       const Tensor& out) {
+  impl_linear_forward(x, weight, bias, pre);
+  impl_gelu_forward(pre, out, Tensor());
+}
+
+void Backend::linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                         const Tensor& dx) {
+  MXTRAIN_ASSERT(weight.rank() == 2 && dout.cols() == weight.size(0) && dx.cols() == weight.size(1) &&
+                     dx.rows() == dout.rows(),
+                 "linear_backward_input_gelu: dout %s, weight %s, dx %s", dout.describe().c_str(),
+                 weight.describe().c_str(), dx.describe().c_str());
+  require_same_shape(pre, dx, "linear_backward_input_gelu");
+  MXTRAIN_ASSERT(pre.dtype == dx.dtype, "linear_backward_input_gelu: pre %s, dx %s", pre.describe().c_str(),
+                 dx.describe().c_str());
+  OpRecord op{OpKind::linear_backward_input, phase_, dout.dtype, 2.0 * n(dx) * static_cast<double>(dout.cols()),
+              b(dout) + b(weight) + b(dx) + b(pre)};
+  op.m = dx.rows();
+  op.n = dx.cols();
+  op.k = dout.cols();
+  record(op);
+  impl_linear_backward_input_gelu(dout, weight, pre, dx);
+}
+
+void Backend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                              const Tensor& dx) {
+  Buffer product = allocate("linear.gelu_input_grad", dx.shape, dx.dtype, Lifetime::scratch);
+  impl_linear_backward_input(dout, weight, product, false);
+  impl_gelu_backward(product, pre, dx, Tensor());
+}
+
 void Backend::linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                       const Tensor& residual, const Tensor& out) {
   require_same_shape(residual, out, "linear_forward_residual");

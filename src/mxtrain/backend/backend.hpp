@@ -8,8 +8,8 @@
 // Conventions: activations are row-major [rows, cols] with rows = batch * seq (token-major).
 // "accumulate" outputs are added to (+=); other outputs are overwritten. Ops run in order on the
 // backend's stream; host-visible results need synchronize() or read_scalar().
-// Interface version 3 (2: the quantization ops of the precision recipes; 3: the linear op with a
-// fused residual add).
+// Interface version 4 (2: the quantization ops of the precision recipes; 3: the linear op with a
+// fused residual add; 4: the linear ops with GELU fused on the forward and the input gradient).
 #pragma once
 #include <memory>
 #include <string>
@@ -172,7 +172,7 @@ struct AdamWArgs {
 
 class Backend {
  public:
-  static constexpr int kInterfaceVersion = 3;
+  static constexpr int kInterfaceVersion = 4;
   virtual ~Backend();
 
   virtual std::string_view name() const = 0;
@@ -243,6 +243,15 @@ class Backend {
                                const Tensor& out);
   // dx[N,K] (+)= dout[N,M] · weight[M,K].
   void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
+  // pre[N,M] = x · weightᵀ (+ bias), out = gelu(pre): GELU rides on the GEMM (cuda: cuBLASLt's
+  // GELU_AUX_BIAS epilogue, which applies GELU to the f32 sum, before its 16-bit rounding; the
+  // default runs the GEMM, then gelu_forward on the rounded pre). Recorded as linear_forward.
+  void linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                           const Tensor& out);
+  // dx[N,K] = (dout[N,M] · weight[M,K]) ⊙ gelu'(pre[N,K]) (overwritten): the GELU backward rides
+  // on the input-gradient GEMM (cuda: the DGELU epilogue, on the f32 product; the default rounds
+  // the product to dx's dtype in a scratch first). Recorded as linear_backward_input.
+  void linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx);
   // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]; dbias[M] (+)= column sums of dout (when defined).
   // accumulate = false overwrites both (a gradient's first write: beta = 0, no zero fill before).
   void linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
@@ -352,6 +361,12 @@ class Backend {
                                             const Tensor& residual, const Tensor& out);
   virtual void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                            const Tensor& dbias, bool accumulate) = 0;
+  // Defaults: the GEMM and the GELU op one after the other (backward through a scratch
+  // "linear.gelu_input_grad"). Backends with GELU epilogues override them.
+  virtual void impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                                        const Tensor& out);
+  virtual void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                               const Tensor& dx);
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                          const Tensor& out_amax) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,

@@ -149,7 +149,10 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(integer("train.logits_chunk_tokens", c.train.logits_chunk_tokens,
                          "rows of logits alive at once in the loss", 1));
   list.push_back(boolean("train.tf32", c.train.tf32, "TF32 tensor cores for fp32 precision on cuda"));
-  list.push_back(boolean("train.deterministic", c.train.deterministic, "deterministic attention backward on cuda"));
+  list.push_back(boolean("train.deterministic", c.train.deterministic,
+                         "bit-reproducible gradients on cuda: the deterministic attention backward, and GELU "
+                         "as a kernel of its own (not on the GEMM's epilogue), so every recompute policy gives "
+                         "the same bits"));
   list.push_back(boolean("train.gemm_autotune", c.train.gemm_autotune,
                          "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
                          "fastest (false: the heuristic's first choice, the same in every run)"));

@@ -478,6 +478,27 @@ void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor
   backend_.add(out, residual, out);
 }
 
+void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
+                                const Tensor& bias, const Tensor& pre, const Tensor& out, const Tensor& out_amax) {
+  if (!quantized(layer) && !out_amax.defined()) {
+    backend_.linear_forward_gelu(x, weight, bias, pre, out);
+    return;
+  }
+  forward(layer, kind, x, weight, bias, pre);
+  backend_.gelu_forward(pre, out, out_amax);
+}
+
+void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
+                                       const Tensor& pre, const Tensor& dx, const Tensor& dx_amax) {
+  if (!quantized(layer) && !dx_amax.defined()) {
+    backend_.linear_backward_input_gelu(dout, weight, pre, dx);
+    return;
+  }
+  Buffer product = backend_.allocate(name_of(layer, kind) + ".input_grad", dx.shape, dx.dtype, Lifetime::scratch);
+  backward_input(layer, kind, dout, weight, product, false);
+  backend_.gelu_backward(product, pre, dx, dx_amax);
+}
+
 void LinearRecipe::finish_step() {
   stash_.reset();
   for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();

@@ -91,6 +91,16 @@ class LinearRecipe {
   // the activation dtype runs the backend's fused op; a quantized layer its GEMM, then the add.
   void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const Tensor& residual, const Tensor& out, bool save_input = false);
+  // pre = x · Wᵀ (+ bias), out = gelu(pre) (contract as Backend::linear_forward_gelu): a layer in
+  // the activation dtype runs the backend's fused op; a quantized layer (or an out_amax to
+  // record) its GEMM, then gelu_forward.
+  void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Tensor& pre, const Tensor& out, const Tensor& out_amax = {});
+  // dx = (dout · W) ⊙ gelu'(pre), overwritten (contract as Backend::linear_backward_input_gelu):
+  // a layer in the activation dtype runs the backend's fused op; a quantized layer (or a dx_amax
+  // to record) backward_input into a scratch, then gelu_backward.
+  void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
+                           const Tensor& pre, const Tensor& dx, const Tensor& dx_amax = {});
   // Current scaling: where the kernel that writes x — the input (gradient = false), or the output
   // gradient (true), that linear `kind` of block `layer` casts next — records x's amax (the
   // backend ops' out_amax), so that the cast skips its own amax pass over x, as

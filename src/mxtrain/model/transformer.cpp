@@ -129,7 +129,19 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
 
   // MLP half.
   s.up = activation("mlp_up", l, config_.up_cols(), Lifetime::activation);
-  linears_.forward(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up, save_inputs);
+  // GPT-2's GELU rides on the up GEMM (cuBLASLt's GELU_AUX_BIAS epilogue: one pass over the FFN
+  // activation less) where the activation is kept for backward. The epilogue applies GELU to the
+  // f32 sum before rounding, so GELU recomputed from the stored 16-bit pre-activation can differ
+  // in the last bit: layers that recompute the activation, and deterministic runs (bit-identical
+  // gradients under every recompute policy), run the GELU kernel instead.
+  const bool gelu_on_gemm = config_.family != ModelFamily::llama && keep_inputs && !options_.deterministic;
+  if (gelu_on_gemm) {
+    s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::activation);
+    linears_.forward_gelu(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up, s.act,
+                          linears_.amax_record(l, LinearKind::down, false, s.act));
+  } else {
+    linears_.forward(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up, save_inputs);
+  }
   if (!keep_inputs) s.norm2.reset();
   if (!x_out.defined() && !keep_all) {
     // The rerun of full recomputation (no output wanted): the activation would be dropped
@@ -137,15 +149,14 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
     if (!keep_most) s = Saved{};
     return;
   }
-  s.act = activation("mlp_act", l, config_.ffn_hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
-  // GELU stays a kernel of its own: cuBLASLt's GELU_AUX epilogue (0.567 vs 0.656 ms for GPT-2
-  // 124M's up GEMM + GELU at 64x1024 on an H200) applies GELU before the bf16 rounding, so a
-  // recomputed activation could no longer be bit-identical to the stored one.
-  const Tensor act_amax = linears_.amax_record(l, LinearKind::down, false, s.act);
-  if (config_.family == ModelFamily::llama) {
-    backend_.swiglu_forward(s.up, s.act, act_amax);
-  } else {
-    backend_.gelu_forward(s.up, s.act, act_amax);
+  if (!gelu_on_gemm) {
+    s.act = activation("mlp_act", l, config_.ffn_hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
+    const Tensor act_amax = linears_.amax_record(l, LinearKind::down, false, s.act);
+    if (config_.family == ModelFamily::llama) {
+      backend_.swiglu_forward(s.up, s.act, act_amax);
+    } else {
+      backend_.gelu_forward(s.up, s.act, act_amax);
+    }
   }
   // The second residual add rides on the down GEMM (out = act · Wᵀ + b + mid).
   if (x_out.defined()) {
@@ -185,15 +196,20 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   }
   s.act.reset();
   {
-    // (cuBLASLt's DGELU_BGRAD epilogue measured no faster than this GEMM + GELU backward +
-    // column sums: 0.833 vs 0.830 ms at GPT-2 124M 64x1024 on an H200.)
-    Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
-    linears_.backward_input(l, LinearKind::down, dres, w(l, p.down_weight), dact, false);
     Buffer dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);
     const Tensor dup_amax = linears_.amax_record(l, LinearKind::up, true, dup);
-    if (llama) backend_.swiglu_backward(dact, s.up, dup, dup_amax);
-    else backend_.gelu_backward(dact, s.up, dup, dup_amax);
-    dact.reset();
+    if (llama) {
+      Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
+      linears_.backward_input(l, LinearKind::down, dres, w(l, p.down_weight), dact, false);
+      backend_.swiglu_backward(dact, s.up, dup, dup_amax);
+    } else {
+      // GELU's backward rides on the down projection's input-gradient GEMM (the DGELU epilogue,
+      // on the f32 product: 0.49 ms for GEMM and GELU vs 0.43 + 0.16 apart at GPT-2 1.5B's
+      // 16x1024 on an H200). It reads only the pre-activation, which every recompute policy
+      // reproduces bit for bit, so it needs no deterministic exception. (DGELU_BGRAD, which
+      // would also sum the bias gradient, measured 1.45 ms: the column-sum kernel stays.)
+      linears_.backward_input_gelu(l, LinearKind::down, dres, w(l, p.down_weight), s.up, dup, dup_amax);
+    }
     s.up.reset();
     // MLP: up projection and norm.
     recompute(s.norm2, LinearKind::up, [&] {

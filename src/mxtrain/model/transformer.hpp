@@ -18,6 +18,10 @@ struct TransformerOptions {
   RecomputePolicy recompute;
   int64_t logits_chunk_tokens = 8192;  // rows of logits alive at once in the loss
   LinearRecipeOptions linear;          // how the blocks' linear GEMMs run (high precision by default)
+  // Bit-identical gradients under every recompute policy (train.deterministic, with the
+  // deterministic attention backward): GELU then stays a kernel of its own in forward
+  // (layer_forward says why).
+  bool deterministic = false;
 };
 
 class Transformer {

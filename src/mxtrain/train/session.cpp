@@ -86,6 +86,7 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   options.activation_dtype = precision_.activation;
   options.recompute = RecomputePolicy::parse(config_.train.recompute);
   options.logits_chunk_tokens = config_.train.logits_chunk_tokens;
+  options.deterministic = config_.train.deterministic;
   options.linear = linear_recipe_options(config_, precision_);
   model_ = std::make_unique<Transformer>(config_.model, options, backend_, *params_);
   const int64_t rows = config_.train.micro_batch_size * config_.train.seq_len;

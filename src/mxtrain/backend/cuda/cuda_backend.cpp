@@ -230,6 +230,27 @@ void CudaBackend::impl_linear_forward_residual(const Tensor& x, const Tensor& we
   Backend::impl_linear_forward_residual(x, weight, bias, residual, out);
 }
 
+void CudaBackend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                           const Tensor& pre, const Tensor& out) {
+  if (gemm_->linear_forward_gelu(x, weight, bias, pre, out, stream_)) return;
+  log_unfused_gelu("linear_forward_gelu", out);
+  Backend::impl_linear_forward_gelu(x, weight, bias, pre, out);
+}
+
+void CudaBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                                  const Tensor& dx) {
+  if (gemm_->linear_backward_input_gelu(dout, weight, pre, dx, stream_)) return;
+  log_unfused_gelu("linear_backward_input_gelu", dx);
+  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx);
+}
+
+void CudaBackend::log_unfused_gelu(const char* op, const Tensor& out) {
+  if (logged_unfused_gelu_) return;
+  logged_unfused_gelu_ = true;
+  log::info(strf("cuda %s: no cuBLASLt GELU epilogue for %s (it needs 16-bit operands with rows a multiple of 8); "
+                 "the GEMM and the GELU kernel run apart", op, out.describe().c_str()));
+}
+
 void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                               const Tensor& dbias, bool accumulate) {
   if (x.rows() == 0) {  // an empty sum: nothing to add, zeros to overwrite with

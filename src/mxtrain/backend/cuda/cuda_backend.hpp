@@ -92,6 +92,10 @@ class CudaBackend final : public Backend {
                                    const Tensor& dbias, bool accumulate) override;
   void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                                     const Tensor& out) override;
+  void impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                                const Tensor& out) override;
+  void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                       const Tensor& dx) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -138,6 +142,8 @@ class CudaBackend final : public Backend {
   bool fused_bias_gradient_ = false;
   bool logged_bias_gradient_path_ = false;
   bool logged_unfused_residual_ = false;  // cuBLASLt had no beta = 1 algorithm: GEMM + add ran
+  bool logged_unfused_gelu_ = false;      // a GELU epilogue was unavailable: GEMM + GELU kernel ran
+  void log_unfused_gelu(const char* op, const Tensor& out);
 };
 
 }  // namespace mxtrain

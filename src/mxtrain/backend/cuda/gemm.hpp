@@ -47,6 +47,15 @@ class CublasLtGemm {
   // dx[N,K] (+)= dout[N,M] · weight[M,K].
   void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate,
                              cudaStream_t stream);
+  // The GELU epilogues (16-bit pre/out/dx whose rows are multiples of 8 elements, on 16-byte
+  // aligned addresses; false when a call does not qualify or cuBLASLt has no algorithm for it,
+  // and then nothing ran): pre = x · weightᵀ (+ bias) with out = gelu(pre) (GELU_AUX[_BIAS]:
+  // GELU of the f32 sum), and dx = (dout · weight) ⊙ gelu'(pre) (DGELU: the f32 product times
+  // GELU's derivative at the 16-bit pre, one rounding). cuBLASLt's GELU is the tanh form.
+  bool linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                           const Tensor& out, cudaStream_t stream);
+  bool linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
+                                  cudaStream_t stream);
   // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]. With bias_sum (f32 [M]) the BGRADB epilogue writes the
   // column sums of dout there in the same pass; returns false when cuBLASLt has no algorithm
   // for that epilogue (then nothing ran, and the caller must run the plain GEMM and a
@@ -62,7 +71,7 @@ class CublasLtGemm {
                         const Tensor& out, bool accumulate, const float* device_scalars, cudaStream_t stream);
 
  private:
-  enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2 };
+  enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2, gelu_aux = 3, gelu_aux_bias = 4, dgelu = 5 };
   struct Call {
     bool transpose_a = false, transpose_b = false;
     int64_t m = 0, n = 0, k = 0;
@@ -80,6 +89,7 @@ class CublasLtGemm {
     Epilogue epilogue = Epilogue::none;
     void* bias = nullptr;  // input for bias, output for bias_gradient_b
     DType bias_type = DType::f32;
+    void* aux = nullptr;   // the GELU epilogues' pre-activation (D's type and layout): out for gelu_aux*, in for dgelu
     ScalingMode scaling = ScalingMode::per_tensor;
     bool scaled = false;                   // A and B carry decode scales (quantized operands)
     const void* a_scale = nullptr;         // cuBLAS's A and B (the row-major mapping swaps them)
@@ -88,7 +98,7 @@ class CublasLtGemm {
     const float* device_scalars = nullptr; // alpha, beta on the device
   };
   struct Plan;
-  using Key = std::array<int64_t, 22>;
+  using Key = std::array<int64_t, 23>;
 
   // Runs the call; returns false only when `optional` and no algorithm exists for it.
   bool run(const Call& call, cudaStream_t stream, bool optional);

@@ -43,8 +43,20 @@ __global__ void column_partials_kernel(const T* x, float* partials, int64_t rows
   float acc[W];
 #pragma unroll
   for (int i = 0; i < W; ++i) acc[i] = 0.0f;
-#pragma unroll 4
-  for (int64_t r = begin; r < end; ++r) {
+  // Eight rows' loads in flight before their adds (the adds stay in row order): the kernel is
+  // latency-bound at one or four loads in flight per thread.
+  constexpr int kBatch = 8;
+  int64_t r = begin;
+  for (; r + kBatch <= end; r += kBatch) {
+    float v[kBatch][W];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) load<W>(x + (r + j) * cols + c, v[j]);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+      for (int i = 0; i < W; ++i) acc[i] += v[j][i];
+  }
+  for (; r < end; ++r) {
     float v[W];
     load<W>(x + r * cols + c, v);
 #pragma unroll

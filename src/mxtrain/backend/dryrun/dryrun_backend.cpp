@@ -96,6 +96,13 @@ bool DryrunBackend::supports(OpKind kind, DType dtype) const {
   }
 }
 
+void DryrunBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                                    const Tensor& dx) {
+  const bool epilogue = (dx.dtype == DType::bf16 || dx.dtype == DType::f16) && dx.cols() % 8 == 0;
+  if (cuda_.enabled && epilogue) return;
+  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx);
+}
+
 void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
   // reduce.cu column_sum: f32 partial sums per row chunk.
   if (!cuda_.enabled || x.numel() == 0) return;
@@ -124,8 +131,10 @@ void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const 
   const bool with_bias = kind == NormKind::layer && dbias.defined();
   const bool vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
   const int lanes = fused_norm_vectors_per_lane(cols, vector ? 8 : 1);
-  // fused_shared_bytes: 4 warps' rows of f32 sums (two rows each with a bias) within 96 KB.
-  const bool fused = dweight.defined() && lanes > 0 && 4 * (with_bias ? 2 : 1) * 4 * cols <= 96 * 1024;
+  // fused_shared_bytes: 4 warps' rows of f32 sums (two rows each with a bias; rows of 8-wide
+  // vectors padded to whole 256-column groups) within 96 KB.
+  const int64_t row = vector ? (cols + 255) / 256 * 256 : cols;
+  const bool fused = dweight.defined() && lanes > 0 && 4 * (with_bias ? 2 : 1) * 4 * row <= 96 * 1024;
   if (!fused && !dweight.defined()) return;
   const int64_t chunks = fused ? fused_norm_chunks(rows) : column_reduction_chunks(rows);
   Buffer partials =

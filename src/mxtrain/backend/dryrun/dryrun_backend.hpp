@@ -77,6 +77,9 @@ class DryrunBackend final : public Backend {
                           const Tensor& dx_amax) override;
   void impl_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_linear_backward_input(const Tensor&, const Tensor&, const Tensor&, bool) override {}
+  // cuda: the DGELU epilogue writes dx directly (no scratch) where it applies (cuda gemm.hpp).
+  void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                                       const Tensor& dx) override;
   void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                    const Tensor& dbias, bool accumulate) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
