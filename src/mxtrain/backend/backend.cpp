@@ -196,7 +196,8 @@ void Backend::norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, 
 }
 
 void Backend::check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight,
-                                              const Tensor& bias, const Tensor& out, double extra_bytes) {
+                                              const Tensor& bias, const Tensor& out, double extra_bytes,
+                                              double epilogue_bytes) {
   MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && out.cols() == weight.size(0) &&
                      out.rows() == x.rows(),
                  "%s: x %s, weight %s, out %s", op_name, x.describe().c_str(), weight.describe().c_str(),
@@ -208,6 +209,7 @@ void Backend::check_and_record_linear_forward(const char* op_name, const Tensor&
   op.m = out.rows();
   op.n = out.cols();
   op.k = x.cols();
+  op.epilogue_bytes = epilogue_bytes;
   record(op);
 }
 
@@ -237,7 +239,7 @@ void Backend::linear_forward_gelu(const Tensor& x, const Tensor& weight, const T
                  out.describe().c_str());
   // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the second output's
   // write counts.
-  check_and_record_linear_forward("linear_forward_gelu", x, weight, bias, pre, b(out));
+  check_and_record_linear_forward("linear_forward_gelu", x, weight, bias, pre, b(out), b(out));
   impl_linear_forward_gelu(x, weight, bias, pre, out);
 }
 
@@ -261,6 +263,7 @@ void Backend::linear_backward_input_gelu(const Tensor& dout, const Tensor& weigh
   op.m = dx.rows();
   op.n = dx.cols();
   op.k = dout.cols();
+  op.epilogue_bytes = b(pre);
   record(op);
   impl_linear_backward_input_gelu(dout, weight, pre, dx);
 }
@@ -278,7 +281,7 @@ void Backend::linear_forward_residual(const Tensor& x, const Tensor& weight, con
   MXTRAIN_ASSERT(residual.dtype == out.dtype, "linear_forward_residual: residual %s, out %s",
                  residual.describe().c_str(), out.describe().c_str());
   // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the residual's read counts.
-  check_and_record_linear_forward("linear_forward_residual", x, weight, bias, out, b(residual));
+  check_and_record_linear_forward("linear_forward_residual", x, weight, bias, out, b(residual), b(residual));
   impl_linear_forward_residual(x, weight, bias, residual, out);
 }
 

@@ -51,6 +51,9 @@ struct OpRecord {
   double flops = 0;     // floating-point operations (multiply-add = 2)
   double bytes = 0;     // minimal bytes read + written through device memory
   int64_t m = 0, n = 0, k = 0;  // GEMM shape (linear ops) or attention (batch*heads, seq, head_dim)
+  // Of `bytes`, what a GEMM's epilogue moves besides its operands and output (the GELU
+  // epilogues' second output or pre-activation input): traffic after the math, not under it.
+  double epilogue_bytes = 0;
 };
 
 struct AllocationEvent {
@@ -404,7 +407,7 @@ class Backend {
   void finish_amax(const Tensor& out, const Tensor& out_amax);
   // The argument checks and trace record shared by linear_forward and linear_forward_residual.
   void check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                       const Tensor& out, double extra_bytes);
+                                       const Tensor& out, double extra_bytes, double epilogue_bytes = 0);
   std::unique_ptr<CachingAllocator> allocator_;
   TraceObserver* observer_ = nullptr;
   Phase phase_ = Phase::other;

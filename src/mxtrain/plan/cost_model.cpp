@@ -20,6 +20,30 @@ bool is_attention(OpKind kind) { return kind == OpKind::attention_forward || kin
 
 }  // namespace
 
+double gpu_launches(OpKind kind) {
+  // What the cuda backend issues per op, from a CUPTI trace of a step (bench/cupti_trace.cpp):
+  // cuBLASLt and cuDNN clear a 4-byte tile counter before each kernel (llama-1b 8x2048: 271
+  // memsets for 270 GEMMs), cuDNN's backward adds its dO·O and dQ-conversion kernels, and the
+  // deterministic reductions (column sums, norm weight gradients, sums) finish in a second
+  // kernel.
+  switch (kind) {
+    case OpKind::linear_forward:
+    case OpKind::linear_backward_input:
+    case OpKind::linear_backward_weight:
+    case OpKind::attention_forward:
+    case OpKind::norm_backward:
+    case OpKind::sum:
+    case OpKind::sum_of_squares:
+    case OpKind::column_sum: return 2;
+    case OpKind::attention_backward: return 4;
+    default: return 1;
+  }
+}
+
+namespace {
+
+}  // namespace
+
 double gemm_efficiency(int64_t m, int64_t n, int64_t k, const GpuSpec& gpu, const GpuCalibration& calibration) {
   if (m <= 0 || n <= 0 || k <= 0) return calibration.gemm_peak_fraction;
   const double sms = std::max(1, gpu.multiprocessors);
@@ -51,7 +75,11 @@ double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& 
   if (is_gemm(op.kind)) {
     const double peak = gemm_peak_flops(gpu, op.dtype, tf32);
     MXTRAIN_ASSERT(peak > 0, "no GEMM peak for %s on %s", std::string(dtype_name(op.dtype)).c_str(), gpu.key.c_str());
-    seconds = std::max(memory_s, op.flops / (peak * gemm_efficiency(op.m, op.n, op.k, gpu, calibration)));
+    // The epilogue's own traffic (GELU's second tensor) follows each tile's math instead of
+    // hiding under it: measured on an H200, GELU_AUX and DGELU added about their bytes' time at
+    // full bandwidth to GPT-2 1.5B's GEMMs.
+    seconds = std::max(memory_s, op.flops / (peak * gemm_efficiency(op.m, op.n, op.k, gpu, calibration))) +
+              op.epilogue_bytes / bandwidth;
   } else if (is_attention(op.kind)) {
     // Flash attention runs on the bf16 tensor cores whatever the activations (f32 is staged).
     const double peak = gpu.bf16_flops;
@@ -64,7 +92,7 @@ double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& 
   } else if (op.kind == OpKind::copy_from_host || op.kind == OpKind::copy_to_host) {
     seconds = op.bytes / calibration.host_to_device_bytes_per_s;
   }
-  return seconds + calibration.launch_overhead_s;
+  return seconds + calibration.launch_overhead_s * gpu_launches(op.kind);
 }
 
 double collective_seconds(const CollectiveRecord& collective, const GpuSpec& gpu, const GpuCalibration& calibration,
@@ -132,10 +160,14 @@ StepTime price_step(const StepTrace& trace, const GpuSpec& gpu, const GpuCalibra
       const OpRecord& op = entry.op;
       const double count = static_cast<double>(entry.count) * repeat[slot];
       const double seconds = op_seconds(op, gpu, calibration, trace.tf32) * count;
-      time.launch_s += calibration.launch_overhead_s * count;
-      time.ops += count;
-      const double work = seconds - calibration.launch_overhead_s * count;
+      const double launches = gpu_launches(op.kind) * count;
+      time.launch_s += calibration.launch_overhead_s * launches;
+      time.ops += launches;
+      // A GEMM epilogue's extra traffic is memory-bound work (its class scales with bandwidth).
+      const double epilogue = op.epilogue_bytes / (gpu.hbm_bytes_per_s * calibration.bandwidth_fraction) * count;
+      const double work = seconds - calibration.launch_overhead_s * launches - epilogue;
       (is_gemm(op.kind) ? time.gemm_class_s : is_attention(op.kind) ? time.attention_class_s : time.memory_class_s) += work;
+      time.memory_class_s += epilogue;
       if (op.phase == Phase::recompute) time.recompute_s += seconds;
       else if (op.phase == Phase::optimizer) time.optimizer_s += seconds;
       else if (is_gemm(op.kind)) time.gemm_s += seconds;

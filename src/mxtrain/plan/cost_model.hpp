@@ -1,4 +1,5 @@
-// Prices a traced step on a GPU model. Each recorded op costs its launch overhead plus:
+// Prices a traced step on a GPU model. Each recorded op costs a launch overhead for each GPU
+// operation the cuda backend issues for it (gpu_launches) plus:
 //   GEMM (linear ops)      flops / (peak(dtype) · gemm_efficiency(m, n, k)), at least its bytes
 //                          over the achievable bandwidth;
 //   attention              flops / (peak · fraction · s/(s + s½) · d/(d + d½)), idem;
@@ -26,13 +27,15 @@ struct StepTime {
   double launch_s = 0;                   // launch overhead, included in the compute terms above
   // The same ops by class whatever their phase, launch overhead excluded (for calibration fits).
   double gemm_class_s = 0, attention_class_s = 0, memory_class_s = 0;
-  double ops = 0;                        // op launches in the step
+  double ops = 0;                        // GPU operations launched in the step (gpu_launches)
   double compute_s() const { return gemm_s + attention_s + memory_bound_s + recompute_s + optimizer_s; }
   double total_s = 0;                    // compute + exposed communication, times step_time_scale
 };
 
 // Fraction of the dense peak a GEMM of output m x n and depth k reaches (best tile).
 double gemm_efficiency(int64_t m, int64_t n, int64_t k, const GpuSpec& gpu, const GpuCalibration& calibration);
+// GPU operations (kernels, memsets) the cuda backend launches for one op of this kind.
+double gpu_launches(OpKind kind);
 // Seconds of one op, launch overhead included.
 double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration, bool tf32);
 // Where the ranks of a run sit.
