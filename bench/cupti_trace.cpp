@@ -8,6 +8,8 @@
 //   use:   CUDA_INJECTION64_PATH=$PWD/build/libmxtrain_cupti_trace.so CUPTI_TRACE_OUT=trace.csv mxtrain bench ...
 //          python3 bench/step_timeline.py trace.csv
 //
+// The library needs libcupti.so.13 on the loader path at run time (the CUDA toolkit's lib64; on
+// the GPU machine a copy carried in .gpu-libs, which scripts/gpu_env.sh puts on the path).
 // CSV columns: kind (K kernel, C memcpy, S memset), start_ns, end_ns, stream, name.
 #include <cupti.h>
 
