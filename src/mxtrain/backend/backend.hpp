@@ -52,7 +52,8 @@ struct OpRecord {
   double bytes = 0;     // minimal bytes read + written through device memory
   int64_t m = 0, n = 0, k = 0;  // GEMM shape (linear ops) or attention (batch*heads, seq, head_dim)
   // Of `bytes`, what a GEMM's epilogue moves besides its operands and output (the GELU
-  // epilogues' second output or pre-activation input): traffic after the math, not under it.
+  // epilogues' second output or pre-activation input, the residual GEMM's C): traffic after
+  // the math, not under it.
   double epilogue_bytes = 0;
 };
 

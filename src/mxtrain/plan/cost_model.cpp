@@ -42,6 +42,13 @@ double gpu_launches(OpKind kind) {
 
 namespace {
 
+// A GEMM epilogue's own traffic (OpRecord::epilogue_bytes) at the achievable bandwidth: it
+// follows each tile's math instead of hiding under it (measured on an H200, GELU_AUX and DGELU
+// added about their bytes' time at full bandwidth to GPT-2 1.5B's GEMMs).
+double epilogue_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration) {
+  return op.epilogue_bytes / (gpu.hbm_bytes_per_s * calibration.bandwidth_fraction);
+}
+
 }  // namespace
 
 double gemm_efficiency(int64_t m, int64_t n, int64_t k, const GpuSpec& gpu, const GpuCalibration& calibration) {
@@ -75,11 +82,8 @@ double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& 
   if (is_gemm(op.kind)) {
     const double peak = gemm_peak_flops(gpu, op.dtype, tf32);
     MXTRAIN_ASSERT(peak > 0, "no GEMM peak for %s on %s", std::string(dtype_name(op.dtype)).c_str(), gpu.key.c_str());
-    // The epilogue's own traffic (GELU's second tensor) follows each tile's math instead of
-    // hiding under it: measured on an H200, GELU_AUX and DGELU added about their bytes' time at
-    // full bandwidth to GPT-2 1.5B's GEMMs.
     seconds = std::max(memory_s, op.flops / (peak * gemm_efficiency(op.m, op.n, op.k, gpu, calibration))) +
-              op.epilogue_bytes / bandwidth;
+              epilogue_seconds(op, gpu, calibration);
   } else if (is_attention(op.kind)) {
     // Flash attention runs on the bf16 tensor cores whatever the activations (f32 is staged).
     const double peak = gpu.bf16_flops;
@@ -164,7 +168,7 @@ StepTime price_step(const StepTrace& trace, const GpuSpec& gpu, const GpuCalibra
       time.launch_s += calibration.launch_overhead_s * launches;
       time.ops += launches;
       // A GEMM epilogue's extra traffic is memory-bound work (its class scales with bandwidth).
-      const double epilogue = op.epilogue_bytes / (gpu.hbm_bytes_per_s * calibration.bandwidth_fraction) * count;
+      const double epilogue = epilogue_seconds(op, gpu, calibration) * count;
       const double work = seconds - calibration.launch_overhead_s * launches - epilogue;
       (is_gemm(op.kind) ? time.gemm_class_s : is_attention(op.kind) ? time.attention_class_s : time.memory_class_s) += work;
       time.memory_class_s += epilogue;
