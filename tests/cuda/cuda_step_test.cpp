@@ -3,7 +3,9 @@
 // parameter gradient. The mixed-precision run (bf16 activations and weights, f32 gradients)
 // is held to bf16 tolerances; the f32 run (f32 activations and weights, TF32 off) to tighter
 // ones, its only bf16 step being cuDNN attention. Then: recompute policies give bit-identical
-// gradients on the GPU too, and the deterministic step reproduces its own bits.
+// gradients on the GPU too, the deterministic step reproduces its own bits, and a session that
+// replays its step as a CUDA graph (train.cuda_graph) ends with the losses and weights of one
+// that runs op by op.
 //
 // Tolerances (relative L2 of each parameter's gradient; absolute for the mean loss of ~5.58).
 // Measured on an H200 (2026-11-29): bf16 loss off by 2e-4, worst gradient 1.25e-2 (the MLP
@@ -18,6 +20,8 @@
 #include "cuda/cuda_test_support.hpp"
 #include "mxtrain/model/local_parameters.hpp"
 #include "mxtrain/model/transformer.hpp"
+#include "mxtrain/train/precision.hpp"
+#include "mxtrain/train/session.hpp"
 
 namespace mxtrain::test {
 namespace {
@@ -131,6 +135,76 @@ TEST_P(CudaStep, RecomputeMatchesWithinRounding) {
                 2e-2)
           << reference.names[i];
   }
+}
+
+// Eight optimizer steps of two micro-batches, new tokens and a new learning rate every step,
+// and an evaluation after step 4, with and without step graphs; deterministic (attention's
+// backward, and GEMMs the heuristic's first choice) so both sessions compute the same bits.
+// With graphs, steps 1-2 run op by op, step 3 is captured and replayed, 4 replays, the
+// evaluation's allocations make the graph stale, 5-6 run op by op, 7 is captured again, 8
+// replays.
+struct SessionRun {
+  std::vector<double> losses;
+  std::vector<bool> replayed;
+  std::vector<std::vector<float>> weights;  // the f32 masters after the last step
+};
+
+SessionRun run_session(const char* preset, bool cuda_graph) {
+  RunConfig config;
+  config.model = model_preset(preset);
+  config.train.device = "cuda";
+  config.train.precision = "bf16";
+  config.train.micro_batch_size = 2;
+  config.train.seq_len = 64;
+  config.train.deterministic = true;
+  config.train.gemm_autotune = false;
+  config.train.cuda_graph = cuda_graph;
+  std::unique_ptr<Backend> backend = create_backend("cuda", backend_options(config));
+  const PrecisionPlan precision = resolve_precision(config, *backend);
+  TrainingSession session(config, *backend, precision, make_parameter_store(*backend, config, precision, nullptr, 1));
+  const int64_t rows = 2 * 64;
+  auto batches_for = [&](int step, std::vector<std::vector<int32_t>>& storage) {
+    storage.clear();
+    std::vector<TokenBatch> batches;
+    for (int micro = 0; micro < 2; ++micro) {
+      std::vector<float> noise = random_vector(static_cast<size_t>(2 * rows), 100 + 10 * step + micro, 0.0f, 1.0f);
+      std::vector<int32_t> tokens(static_cast<size_t>(rows)), targets(static_cast<size_t>(rows));
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int32_t>(noise[i] * static_cast<float>(config.model.vocab_size)) % config.model.vocab_size;
+        targets[i] =
+            static_cast<int32_t>(noise[rows + i] * static_cast<float>(config.model.vocab_size)) % config.model.vocab_size;
+      }
+      storage.push_back(std::move(tokens));
+      storage.push_back(std::move(targets));
+    }
+    for (int micro = 0; micro < 2; ++micro)
+      batches.push_back(TokenBatch{storage[2 * micro].data(), storage[2 * micro + 1].data(), 2, 64});
+    return batches;
+  };
+  SessionRun run;
+  std::vector<std::vector<int32_t>> storage;
+  for (int step = 1; step <= 8; ++step) {
+    std::vector<TokenBatch> batches = batches_for(step, storage);
+    run.losses.push_back(session.step(batches, 2 * rows, 1e-3 * step, step).loss);
+    run.replayed.push_back(session.replayed_graph());
+    if (step == 4) run.losses.push_back(session.evaluate(batches_for(50, storage)));
+  }
+  for (const ParamShard& shard : session.params().shards()) run.weights.push_back(download(*backend, shard.master));
+  return run;
+}
+
+TEST_P(CudaStep, GraphReplayMatchesOpByOp) {
+  SessionRun eager = run_session(GetParam(), false);
+  SessionRun graph = run_session(GetParam(), true);
+  const std::vector<bool> expected{false, false, true, true, false, false, true, true};
+  EXPECT_EQ(graph.replayed, expected);
+  EXPECT_EQ(eager.replayed, std::vector<bool>(8, false));
+  ASSERT_EQ(graph.losses.size(), eager.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
+  ASSERT_EQ(graph.weights.size(), eager.weights.size());
+  for (size_t i = 0; i < eager.weights.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
+        << "parameter group " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaStep, ::testing::Values("tiny", "tiny-gpt2"),

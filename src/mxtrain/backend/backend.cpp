@@ -3,6 +3,7 @@
 #include "mxtrain/backend/backend.hpp"
 
 #include <chrono>
+#include <cmath>
 
 #include "mxtrain/core/error.hpp"
 
@@ -610,6 +611,15 @@ void Backend::column_sum(const Tensor& x, const Tensor& out, bool accumulate) {
   impl_column_sum(x, out, accumulate);
 }
 
+AdamWStepFactors adamw_step_factors(const AdamWArgs& args) {
+  const double lr = args.learning_rate, beta1 = args.beta1, beta2 = args.beta2;
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(args.step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(args.step));
+  return AdamWStepFactors{static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay)),
+                          static_cast<float>(-(lr / bias_correction1)),
+                          static_cast<float>(std::sqrt(bias_correction2))};
+}
+
 void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) {
   MXTRAIN_ASSERT(param.dtype == DType::f32 && m.dtype == DType::f32 && v.dtype == DType::f32,
@@ -619,6 +629,9 @@ void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, co
   MXTRAIN_ASSERT(!compute_copy.defined() || compute_copy.numel() == param.numel(), "adamw: compute copy size");
   MXTRAIN_ASSERT(args.max_grad_norm <= 0 || grad_norm_sq.defined(), "adamw: clipping needs grad_norm_sq");
   MXTRAIN_ASSERT(args.decay_count >= 0 && args.decay_count <= param.numel(), "adamw: decay_count");
+  MXTRAIN_ASSERT(!args.step_factors.defined() ||
+                     (args.step_factors.dtype == DType::f32 && args.step_factors.numel() == 3),
+                 "adamw: step_factors must be f32 [3]");
   record({OpKind::adamw, phase_, grad.dtype, 16 * n(param),
           2 * b(param) + b(grad) + 2 * b(m) + 2 * b(v) + b(compute_copy)});
   const Tensor& written = compute_copy.defined() ? compute_copy : param;

@@ -172,11 +172,22 @@ struct AdamWArgs {
   float grad_multiplier = 1;   // e.g. 1/loss_scale; applied before clipping
   float max_grad_norm = 0;     // 0 = no clipping
   std::vector<AmaxSegment> weight_amaxes;  // recorded on the way where the backend can
+  // Optional f32 [3] on the device holding adamw_step_factors() of this step, read in place of
+  // the ones formed from learning_rate and step: a step captured in a graph (begin_capture)
+  // replays with the factors its session copies there from the host before each replay.
+  Tensor step_factors;
 };
+
+// The learning-rate and step dependent factors of an AdamW update, formed in double and rounded
+// to f32 as torch does: weight decay's 1 - lr * wd, -lr / (1 - beta1^step), sqrt(1 - beta2^step).
+struct AdamWStepFactors {
+  float decay_factor, negative_step_size, bias_correction2_sqrt;
+};
+AdamWStepFactors adamw_step_factors(const AdamWArgs& args);
 
 class Backend {
  public:
-  static constexpr int kInterfaceVersion = 4;
+  static constexpr int kInterfaceVersion = 5;
   virtual ~Backend();
 
   virtual std::string_view name() const = 0;
@@ -193,6 +204,24 @@ class Backend {
   // (exact for synchronous backends); cuda overrides it with CUDA events.
   virtual uint64_t record_timestamp();
   virtual double elapsed_ms(uint64_t start, uint64_t end);
+
+  // ---- step graphs ------------------------------------------------------------------------
+  // The ops issued between begin_capture() and end_capture() are recorded, not run, and
+  // replay() runs them again as recorded: same buffers, same arguments. Only copy_from_host is
+  // live: a recorded copy re-reads its host bytes at every replay, so the caller keeps them at
+  // the same address and writes each replay's values there first. A caller captures only work
+  // that neither reads results on the host nor depends on host state that changes between
+  // replays (AdamWArgs::step_factors carries the learning rate). Backends that cannot capture
+  // return false from begin_capture() and the caller runs its ops as usual; cuda captures into
+  // a CUDA graph.
+  virtual bool begin_capture() { return false; }
+  // True if the recording holds; false (logged) if the device refused it: nothing ran and
+  // there is nothing to replay.
+  virtual bool end_capture() { return false; }
+  // Runs the recording; false, and nothing runs, when there is none or it is stale (memory was
+  // allocated since the capture, so buffers the recording uses may belong to someone else).
+  virtual bool replay() { return false; }
+  virtual void drop_capture() {}
 
   // ---- memory -----------------------------------------------------------------------------
   Buffer allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime);

@@ -156,6 +156,10 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(boolean("train.gemm_autotune", c.train.gemm_autotune,
                          "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
                          "fastest (false: the heuristic's first choice, the same in every run)"));
+  list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
+                         "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
+                         "GPU; bf16, fp32; not fp16's loss scaling or the fp8/mxfp8/nvfp4 recipes); the same "
+                         "results as op by op"));
 
   PrecisionConfig& p = c.precision;
   list.push_back(choice("precision.fp8_format", p.fp8_format,

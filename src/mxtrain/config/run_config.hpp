@@ -31,6 +31,7 @@ struct TrainConfig {
   bool tf32 = false;                 // fp32 precision on cuda: TF32 tensor-core GEMMs
   bool deterministic = false;        // deterministic attention backward on cuda
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
+  bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
 };
 
 // How train.precision's recipe runs (reference/precision_recipes.md §2; docs/precision.md).

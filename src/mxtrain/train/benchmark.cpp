@@ -51,6 +51,7 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
     const uint64_t end = backend->record_timestamp();
     result.step_ms = backend->elapsed_ms(start, end) / static_cast<double>(options.timed_steps);
     result.final_loss = step.loss;
+    result.cuda_graph = session.replayed_graph();
     const MemoryStats memory = backend->memory_stats();
     result.peak_bytes = memory.peak_live_bytes;
     result.reserved_bytes = memory.peak_reserved_bytes;
@@ -104,6 +105,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
   json["peak_bytes"] = result.peak_bytes;
   json["reserved_bytes"] = result.reserved_bytes;
   json["loss"] = result.final_loss;
+  json["cuda_graph"] = result.cuda_graph;
   return json;
 }
 

@@ -28,6 +28,7 @@ struct BenchmarkResult {
   uint64_t peak_bytes = 0;       // allocator peak of live bytes
   uint64_t reserved_bytes = 0;   // allocator peak of reserved bytes
   double final_loss = 0;
+  bool cuda_graph = false;       // the timed steps replayed a captured step graph (train.cuda_graph)
 };
 
 BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& options);

@@ -95,7 +95,19 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   tokens_ = backend_.allocate("tokens", Shape{rows}, DType::i32, Lifetime::data);
   targets_ = backend_.allocate("targets", Shape{rows}, DType::i32, Lifetime::data);
   loss_sum_ = backend_.allocate("loss_sum", Shape{1}, DType::f32, Lifetime::scratch);
-  grad_norm_sq_ = backend_.allocate("grad_norm_sq", Shape{1}, DType::f32, Lifetime::scratch);
+  // [0] the squared gradient norm, [1, 4) a captured step's AdamW factors: one 512-byte block
+  // either way, so graphs cost no memory and the dryrun's bytes stay the run's.
+  step_scalars_ = backend_.allocate("step_scalars", Shape{4}, DType::f32, Lifetime::scratch);
+  grad_norm_sq_ = step_scalars_.tensor().slice_flat(0, Shape{1});
+  step_factors_ = step_scalars_.tensor().slice_flat(1, Shape{3});
+  // A graph holds steps whose every launch is the same from step to step apart from the
+  // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
+  // quantized recipes (scales and histories kept on the host side), not FSDP's collectives
+  // (untested under capture).
+  bool quantized = false;
+  for (int64_t l = 0; l < config_.model.layers; ++l) quantized = quantized || options.linear.quantized(l, config_.model.layers);
+  graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ && !quantized &&
+                    dynamic_cast<LocalParameterStore*>(params_.get()) != nullptr;
 }
 
 void TrainingSession::upload(const TokenBatch& batch) {
@@ -106,24 +118,7 @@ void TrainingSession::upload(const TokenBatch& batch) {
   backend_.copy_from_host(batch.targets, targets_);
 }
 
-StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
-                                 double learning_rate, int64_t step_number) {
-  MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
-  // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
-  const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
-  const float grad_scale = loss_scale / static_cast<float>(global_tokens);
-  backend_.fill(loss_sum_, 0.0f);
-  const int count = static_cast<int>(micro_batches.size());
-  for (int i = 0; i < count; ++i) {
-    params_->begin_micro_batch(i, count);
-    upload(micro_batches[static_cast<size_t>(i)]);
-    model_->forward_backward(tokens_, targets_, micro_batches[static_cast<size_t>(i)].batch,
-                             micro_batches[static_cast<size_t>(i)].seq, grad_scale, loss_sum_);
-  }
-  params_->finish_backward();
-
-  PhaseScope scope(backend_, Phase::optimizer);
-  params_->grad_norm_sq(grad_norm_sq_);
+AdamWArgs TrainingSession::adamw_args(double learning_rate, int64_t step_number) const {
   AdamWArgs args;
   args.learning_rate = static_cast<float>(learning_rate);
   args.beta1 = static_cast<float>(config_.optimizer.beta1);
@@ -132,6 +127,52 @@ StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, i
   args.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
   args.step = step_number;
   args.max_grad_norm = static_cast<float>(config_.optimizer.grad_clip);
+  return args;
+}
+
+void TrainingSession::stage_graph_inputs(const std::vector<TokenBatch>& micro_batches, double learning_rate,
+                                         int64_t step_number) {
+  host_tokens_.resize(micro_batches.size());
+  host_targets_.resize(micro_batches.size());
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const TokenBatch& batch = micro_batches[i];
+    const size_t n = static_cast<size_t>(batch.batch * batch.seq);
+    host_tokens_[i].assign(batch.tokens, batch.tokens + n);
+    host_targets_[i].assign(batch.targets, batch.targets + n);
+  }
+  const AdamWStepFactors factors = adamw_step_factors(adamw_args(learning_rate, step_number));
+  host_step_factors_[0] = factors.decay_factor;
+  host_step_factors_[1] = factors.negative_step_size;
+  host_step_factors_[2] = factors.bias_correction2_sqrt;
+}
+
+bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
+                               double learning_rate, int64_t step_number, bool captured) {
+  // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
+  const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
+  const float grad_scale = loss_scale / static_cast<float>(global_tokens);
+  backend_.fill(loss_sum_, 0.0f);
+  const int count = static_cast<int>(micro_batches.size());
+  for (int i = 0; i < count; ++i) {
+    params_->begin_micro_batch(i, count);
+    if (captured) {
+      backend_.copy_from_host(host_tokens_[static_cast<size_t>(i)].data(), tokens_);
+      backend_.copy_from_host(host_targets_[static_cast<size_t>(i)].data(), targets_);
+    } else {
+      upload(micro_batches[static_cast<size_t>(i)]);
+    }
+    model_->forward_backward(tokens_, targets_, micro_batches[static_cast<size_t>(i)].batch,
+                             micro_batches[static_cast<size_t>(i)].seq, grad_scale, loss_sum_);
+  }
+  params_->finish_backward();
+
+  PhaseScope scope(backend_, Phase::optimizer);
+  params_->grad_norm_sq(grad_norm_sq_);
+  AdamWArgs args = adamw_args(learning_rate, step_number);
+  if (captured) {
+    backend_.copy_from_host(host_step_factors_, step_factors_);
+    args.step_factors = step_factors_;
+  }
   bool apply = true;
   if (loss_scaler_) {
     // The norm of the unscaled gradients (clipping reads it); inf/NaN = the scaled ones overflowed.
@@ -160,6 +201,49 @@ StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, i
   }
   params_->zero_grads();
   model_->linears().finish_step();
+  return apply;
+}
+
+StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
+                                 double learning_rate, int64_t step_number) {
+  MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
+  const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
+  const GraphShape shape{static_cast<int64_t>(micro_batches.size()), micro_batches[0].batch, micro_batches[0].seq,
+                         global_tokens};
+  bool apply = true;
+  replayed_ = false;
+  if (graph_ready_) {
+    if (shape == graph_shape_) {
+      stage_graph_inputs(micro_batches, learning_rate, step_number);
+      replayed_ = backend_.replay();
+    }
+    if (!replayed_) {  // stale or a new shape: op by op again, then a new capture
+      backend_.drop_capture();
+      graph_ready_ = false;
+      eager_steps_ = 0;
+    }
+  }
+  if (!replayed_) {
+    const bool capture = graph_eligible_ && eager_steps_ >= kEagerSteps && backend_.begin_capture();
+    if (capture) {
+      stage_graph_inputs(micro_batches, learning_rate, step_number);
+      try {
+        run_step(micro_batches, global_tokens, learning_rate, step_number, true);
+      } catch (...) {
+        backend_.drop_capture();
+        throw;
+      }
+      graph_ready_ = backend_.end_capture();
+      graph_shape_ = shape;
+      replayed_ = graph_ready_ && backend_.replay();
+      // Refused by the device (logged): nothing ran; this step and the next go op by op.
+      if (!replayed_) graph_eligible_ = false;
+    }
+    if (!replayed_) {
+      apply = run_step(micro_batches, global_tokens, learning_rate, step_number, false);
+      ++eager_steps_;
+    }
+  }
 
   StepResult result;
   const double loss_sum = all_reduce_sum(backend_.read_scalar(loss_sum_));

@@ -65,12 +65,21 @@ class TrainingSession {
                   int64_t step_number);
   // Mean loss over the given batches (no gradients).
   double evaluate(const std::vector<TokenBatch>& batches);
+  // Whether the last step replayed a captured step graph (train.cuda_graph).
+  bool replayed_graph() const { return replayed_; }
 
   // Sum over ranks of a host value (identity for one process); set by the distributed layer.
   std::function<double(double)> all_reduce_sum = [](double value) { return value; };
 
  private:
   void upload(const TokenBatch& batch);
+  // The device work of one step; returns false if fp16's loss scaler skipped the update.
+  // captured: host inputs come from host_tokens_/host_targets_/host_step_factors_ (which a
+  // replay re-reads) and the optimizer takes its learning-rate factors from step_factors_.
+  bool run_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens, double learning_rate,
+                int64_t step_number, bool captured);
+  void stage_graph_inputs(const std::vector<TokenBatch>& micro_batches, double learning_rate, int64_t step_number);
+  AdamWArgs adamw_args(double learning_rate, int64_t step_number) const;
 
   RunConfig config_;
   Backend& backend_;
@@ -79,7 +88,26 @@ class TrainingSession {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<LossScaler> loss_scaler_;  // fp16 only
   Buffer tokens_, targets_;        // i32 [batch * seq], reused every micro-batch
-  Buffer loss_sum_, grad_norm_sq_; // f32 [1]
+  Buffer loss_sum_;                // f32 [1]
+  Buffer step_scalars_;            // f32 [4]: grad_norm_sq_, then step_factors_
+  Tensor grad_norm_sq_;            // f32 [1]
+
+  // Step graphs (train.cuda_graph): after kEagerSteps steps op by op, one step is captured and
+  // later steps of the same shape replay it, until the backend reports it stale (memory was
+  // allocated outside it, e.g. by evaluate) or the shape changes; then the count starts over.
+  static constexpr int kEagerSteps = 2;
+  struct GraphShape {
+    int64_t micro_batches = 0, batch = 0, seq = 0, global_tokens = 0;
+    bool operator==(const GraphShape&) const = default;
+  };
+  bool graph_eligible_ = false;
+  bool graph_ready_ = false;
+  bool replayed_ = false;
+  int eager_steps_ = 0;
+  GraphShape graph_shape_;
+  std::vector<std::vector<int32_t>> host_tokens_, host_targets_;  // the captured copies' sources
+  float host_step_factors_[3] = {};
+  Tensor step_factors_;  // f32 [3]: AdamWArgs::step_factors of a captured step
 };
 
 }  // namespace mxtrain

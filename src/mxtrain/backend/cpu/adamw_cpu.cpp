@@ -37,15 +37,17 @@ void CpuBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tenso
     const float coefficient = args.max_grad_norm / (norm + 1e-6f);
     clip = coefficient < 1.0f ? coefficient : 1.0f;
   }
-  const double lr = args.learning_rate, beta1 = args.beta1, beta2 = args.beta2;
-  const float decay_factor = static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay));
-  const float m_weight = static_cast<float>(1.0 - beta1);
+  AdamWStepFactors factors = adamw_step_factors(args);
+  if (args.step_factors.defined()) {
+    const float* f = args.step_factors.ptr<float>();
+    factors = AdamWStepFactors{f[0], f[1], f[2]};
+  }
+  const float decay_factor = factors.decay_factor;
+  const float m_weight = static_cast<float>(1.0 - static_cast<double>(args.beta1));
   const float beta2_f = args.beta2;
-  const float v_weight = static_cast<float>(1.0 - beta2);
-  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(args.step));
-  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(args.step));
-  const float negative_step_size = static_cast<float>(-(lr / bias_correction1));
-  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float v_weight = static_cast<float>(1.0 - static_cast<double>(args.beta2));
+  const float negative_step_size = factors.negative_step_size;
+  const float bias_correction2_sqrt = factors.bias_correction2_sqrt;
   const float epsilon = args.epsilon;
   const float multiplier = args.grad_multiplier;
 

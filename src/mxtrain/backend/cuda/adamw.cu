@@ -52,12 +52,17 @@ __device__ __forceinline__ float torch_lerp(float start, float end, float weight
 
 template <int W, typename G, typename C>
 __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, const float* grad_norm_sq,
-                             int64_t vectors, AdamWScalars s, AmaxSegments amaxes) {
+                             const float* step_factors, int64_t vectors, AdamWScalars s, AmaxSegments amaxes) {
   // The weights' values as stored: the compute copy's type, or the master's.
   using Stored = std::conditional_t<std::is_same_v<C, NoCopy>, float, C>;
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (amaxes.count == 0 && vec >= vectors) return;  // with segments, whole warps reach the record
   const bool active = vec < vectors;
+  if (step_factors != nullptr) {  // this step's factors, written on the device (a replayed graph)
+    s.decay_factor = step_factors[0];
+    s.negative_step_size = step_factors[1];
+    s.bias_correction2_sqrt = step_factors[2];
+  }
   float clip = 1.0f;
   if (s.max_grad_norm > 0.0f) {
     const float coefficient = s.max_grad_norm / (sqrtf(grad_norm_sq[0]) + 1e-6f);
@@ -117,21 +122,20 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
   if (n == 0) return;
   MXTRAIN_ASSERT(args.step >= 1, "adamw: step %lld must be >= 1", static_cast<long long>(args.step));
   // Scalars formed in double and rounded to f32 as torch (and the CPU oracle) do.
-  const double lr = args.learning_rate, beta1 = args.beta1, beta2 = args.beta2;
-  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(args.step));
-  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(args.step));
+  const AdamWStepFactors factors = adamw_step_factors(args);
   AdamWScalars s{};
-  s.decay_factor = static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay));
-  s.m_weight = static_cast<float>(1.0 - beta1);
+  s.decay_factor = factors.decay_factor;
+  s.m_weight = static_cast<float>(1.0 - static_cast<double>(args.beta1));
   s.beta2 = args.beta2;
-  s.v_weight = static_cast<float>(1.0 - beta2);
-  s.negative_step_size = static_cast<float>(-(lr / bias_correction1));
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.v_weight = static_cast<float>(1.0 - static_cast<double>(args.beta2));
+  s.negative_step_size = factors.negative_step_size;
+  s.bias_correction2_sqrt = factors.bias_correction2_sqrt;
   s.epsilon = args.epsilon;
   s.multiplier = args.grad_multiplier;
   s.max_grad_norm = args.max_grad_norm;
   s.decay_count = args.decay_count;
   const float* norm = args.max_grad_norm > 0 ? static_cast<const float*>(grad_norm_sq.data) : nullptr;
+  const float* step_factors = args.step_factors.defined() ? static_cast<const float*>(args.step_factors.data) : nullptr;
   const bool vector = n % 8 == 0 && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
                       aligned16(compute_copy);
   AmaxSegments segments;
@@ -152,10 +156,10 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
     float* second = static_cast<float*>(v.data);
     if (vector) {
       adamw_kernel<8, G, C><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm,
-                                                                                  n / 8, s, segments);
+                                                                                  step_factors, n / 8, s, segments);
     } else {
-      adamw_kernel<1, G, C><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm, n, s,
-                                                                             segments);
+      adamw_kernel<1, G, C><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm,
+                                                                             step_factors, n, s, segments);
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   };

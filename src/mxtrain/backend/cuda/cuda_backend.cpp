@@ -61,6 +61,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   properties_.multiprocessors = props.multiProcessorCount;
   MXTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t& event : events_) MXTRAIN_CUDA_CHECK(cudaEventCreate(&event));
+  MXTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&replay_done_, cudaEventDisableTiming));
 
   gemm_workspace_ = allocate("cublaslt.workspace", Shape{static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes)},
                              DType::u8, Lifetime::workspace);
@@ -76,6 +77,8 @@ CudaBackend::CudaBackend(const BackendOptions& options)
 CudaBackend::~CudaBackend() {
   // Nothing may still run on memory that is about to go back to the allocator.
   if (stream_) cudaStreamSynchronize(stream_);
+  drop_capture();
+  if (replay_done_) cudaEventDestroy(replay_done_);
   attention_.reset();
   gemm_.reset();
   rope_tables_.clear();
@@ -113,7 +116,82 @@ bool CudaBackend::supports(OpKind kind, DType dtype) const {
   }
 }
 
-void CudaBackend::synchronize() { MXTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  MXTRAIN_ASSERT(!capturing_, "a host wait inside a captured step (copy_to_host, read_scalar or synchronize)");
+  MXTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- step graphs --------------------------------------------------------------------------------
+
+bool CudaBackend::begin_capture() {
+  if (capturing_) return false;
+  drop_capture();
+  const cudaError_t status = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    log::info(strf("cuda: cannot capture the step in a CUDA graph (%s); it runs op by op", cudaGetErrorString(status)));
+    return false;
+  }
+  capturing_ = true;
+  return true;
+}
+
+bool CudaBackend::end_capture() {
+  MXTRAIN_ASSERT(capturing_, "end_capture without begin_capture");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  cudaError_t status = cudaStreamEndCapture(stream_, &graph);
+  if (status == cudaSuccess) status = cudaGraphInstantiateWithFlags(&graph_, graph, 0);
+  size_t nodes = 0;
+  if (status == cudaSuccess) status = cudaGraphGetNodes(graph, nullptr, &nodes);
+  if (graph) cudaGraphDestroy(graph);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    drop_capture();
+    log::info(strf("cuda: the step could not be captured in a CUDA graph (%s); it runs op by op",
+                   cudaGetErrorString(status)));
+    return false;
+  }
+  allocations_at_capture_ = memory_stats().allocations;
+  const std::string line = strf("cuda: the step replays as a CUDA graph of %zu nodes (%zu host copies)", nodes,
+                                host_inputs_.size());
+  if (logged_capture_) {
+    log::debug(line);
+  } else {
+    log::info(line);
+    logged_capture_ = true;
+  }
+  return true;
+}
+
+bool CudaBackend::replay() {
+  if (graph_ == nullptr) return false;
+  if (memory_stats().allocations != allocations_at_capture_) {
+    log::debug("cuda: memory was allocated since the step was captured; the graph is dropped");
+    drop_capture();
+    return false;
+  }
+  MXTRAIN_CUDA_CHECK(cudaEventSynchronize(replay_done_));
+  for (const HostInput& input : host_inputs_) std::memcpy(input.staging, input.host, input.bytes);
+  MXTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+  MXTRAIN_CUDA_CHECK(cudaEventRecord(replay_done_, stream_));
+  return true;
+}
+
+void CudaBackend::drop_capture() {
+  if (capturing_) {  // an op failed mid-capture: end it, keep nothing
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  if (graph_ != nullptr || !host_inputs_.empty()) cudaStreamSynchronize(stream_);
+  if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
+  graph_ = nullptr;
+  for (const HostInput& input : host_inputs_) cudaFreeHost(input.staging);
+  host_inputs_.clear();
+}
 
 uint64_t CudaBackend::record_timestamp() {
   const uint64_t id = next_timestamp_++;
@@ -166,6 +244,14 @@ void CudaBackend::impl_copy(const Tensor& source, const Tensor& out) {
 }
 
 void CudaBackend::impl_copy_from_host(const void* host, const Tensor& out) {
+  if (capturing_) {
+    // A copy node from staging of its own, which replay() refills from `host`.
+    void* staging = nullptr;
+    MXTRAIN_CUDA_CHECK(cudaHostAlloc(&staging, out.bytes(), cudaHostAllocDefault));
+    host_inputs_.push_back(HostInput{host, staging, out.bytes()});
+    MXTRAIN_CUDA_CHECK(cudaMemcpyAsync(out.data, staging, out.bytes(), cudaMemcpyHostToDevice, stream_));
+    return;
+  }
   // Pageable host memory is staged before cudaMemcpyAsync returns; pinned memory is read by
   // the DMA later, so wait for it: either way the caller may reuse `host` on return.
   cudaPointerAttributes attributes{};

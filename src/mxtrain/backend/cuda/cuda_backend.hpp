@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "mxtrain/backend/backend.hpp"
 
@@ -48,6 +49,15 @@ class CudaBackend final : public Backend {
   // CUDA events on the backend's stream; up to kTimestampSlots marks may be outstanding.
   uint64_t record_timestamp() override;
   double elapsed_ms(uint64_t start, uint64_t end) override;
+  // Step graphs: stream capture (relaxed mode: the caching allocator may still cudaMalloc)
+  // into a CUDA graph, instantiated once. A host copy in the capture goes through a pinned
+  // staging buffer of its own, refreshed from the caller's bytes before each replay. The graph
+  // goes stale when anything is allocated after the capture: its scratch lives in blocks the
+  // allocator counts as free, which only the graph may use until then.
+  bool begin_capture() override;
+  bool end_capture() override;
+  bool replay() override;
+  void drop_capture() override;
 
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_index_; }
@@ -144,6 +154,18 @@ class CudaBackend final : public Backend {
   bool logged_unfused_residual_ = false;  // cuBLASLt had no beta = 1 algorithm: GEMM + add ran
   bool logged_unfused_gelu_ = false;      // a GELU epilogue was unavailable: GEMM + GELU kernel ran
   void log_unfused_gelu(const char* op, const Tensor& out);
+
+  struct HostInput {
+    const void* host;  // the caller's bytes, re-read at each replay
+    void* staging;     // pinned; the graph's copy node reads it
+    size_t bytes;
+  };
+  bool capturing_ = false;
+  cudaGraphExec_t graph_ = nullptr;
+  cudaEvent_t replay_done_ = nullptr;  // the last replay's end: its copies have read the staging
+  std::vector<HostInput> host_inputs_;
+  size_t allocations_at_capture_ = 0;
+  bool logged_capture_ = false;
 };
 
 }  // namespace mxtrain
