@@ -5,6 +5,8 @@
 // rotation (sin negated). Each thread rotates W pairs of one head of one row. Backward can
 // record the amax of the whole dqkv for the QKV projection's FP8 cast (current scaling): its
 // threads then also cover the v heads, which they read but leave as they are.
+#include <cstdint>
+
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
@@ -13,7 +15,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <int W, typename T>
+// I: the index type of the item split, 32-bit when the item count allows (64-bit divisions are
+// long instruction sequences, and a thread moves only 32 bytes of activations).
+template <int W, typename I, typename T>
 __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_table, int64_t items, int64_t seq,
                             int rotated_heads, int heads, int head_dim, int64_t row_stride, float sin_sign,
                             unsigned* amax) {
@@ -24,12 +28,12 @@ __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_tab
   unsigned bits = 0;
   if (active) {
     const int half = head_dim / 2;
-    const int chunks = half / W;
-    const int chunk = static_cast<int>(item % chunks);
-    const int64_t head_row = item / chunks;
-    const int head = static_cast<int>(head_row % heads);
-    const int64_t row = head_row / heads;
-    const int64_t position = row % seq;
+    const I chunks = static_cast<I>(half / W);
+    const int chunk = static_cast<int>(static_cast<I>(item) % chunks);
+    const I head_row = static_cast<I>(item) / chunks;
+    const int head = static_cast<int>(head_row % static_cast<I>(heads));
+    const int64_t row = head_row / static_cast<I>(heads);
+    const int64_t position = static_cast<I>(row) % static_cast<I>(seq);
     const int i = chunk * W;
     T* first = qkv + row * row_stride + static_cast<int64_t>(head) * head_dim + i;
     T* second = first + half;
@@ -79,15 +83,14 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bo
   dispatch_float<true>(qkv.dtype, "rope", [&](auto tag) {
     using T = decltype(tag);
     T* data = static_cast<T*>(qkv.data);
-    if (vector) {
-      const int64_t items = rows * heads * (half / 8);
-      rope_kernel<8><<<blocks_for(items, kThreads), kThreads, 0, stream>>>(
-          data, cos_table, sin_table, items, shape.seq, rotated_heads, heads, head_dim, qkv.cols(), sin_sign, amax);
-    } else {
-      const int64_t items = rows * heads * half;
-      rope_kernel<1><<<blocks_for(items, kThreads), kThreads, 0, stream>>>(
-          data, cos_table, sin_table, items, shape.seq, rotated_heads, heads, head_dim, qkv.cols(), sin_sign, amax);
-    }
+    const int width = vector ? 8 : 1;
+    const int64_t items = rows * heads * (half / width);
+    const bool narrow = items <= UINT32_MAX;
+    auto kernel = vector ? (narrow ? rope_kernel<8, uint32_t, T> : rope_kernel<8, int64_t, T>)
+                         : (narrow ? rope_kernel<1, uint32_t, T> : rope_kernel<1, int64_t, T>);
+    kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(data, cos_table, sin_table, items, shape.seq,
+                                                                rotated_heads, heads, head_dim, qkv.cols(), sin_sign,
+                                                                amax);
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }
