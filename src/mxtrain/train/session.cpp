@@ -236,7 +236,7 @@ StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, i
       graph_ready_ = backend_.end_capture();
       graph_shape_ = shape;
       replayed_ = graph_ready_ && backend_.replay();
-      // Refused by the device (logged): nothing ran; this step and the next go op by op.
+      // Refused by the device (logged): nothing ran; this step and all later ones go op by op.
       if (!replayed_) graph_eligible_ = false;
     }
     if (!replayed_) {
