@@ -1,0 +1,194 @@
+// Every cuDNN SDPA execution plan for one attention shape, timed: the heuristics' lists (modes
+// A, B, FALLBACK, all plans built) and, for each engine those lists name, every value of each
+// of its knobs around the heuristics' choice. Prints one line per plan, fastest first.
+// Usage: attention_plans B T H KV D [fwd|bwd]
+// Build (not part of the CMake build; a measuring tool for the GPU machine):
+//   nvcc -std=c++20 -O2 -x cu bench/attention_plans.cpp -o build/attention_plans \
+//        -I<cudnn-frontend include> -lcudnn -lnvrtc -lcuda
+// Results: bench/results/h200_attention_plans.md.
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fe = cudnn_frontend;
+
+#define CK(x)                                                                   \
+  do {                                                                          \
+    cudaError_t e_ = (x);                                                       \
+    if (e_ != cudaSuccess) {                                                    \
+      std::printf("cuda %s at %d\n", cudaGetErrorString(e_), __LINE__);         \
+      std::exit(1);                                                             \
+    }                                                                           \
+  } while (0)
+
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+struct Shape {
+  int64_t B, T, H, KV, D;
+};
+
+std::shared_ptr<fe::graph::Graph> make_graph(const Shape& s, bool backward, cudnnHandle_t handle) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t W = (s.H + 2 * s.KV) * s.D;
+  std::vector<int64_t> qkv{s.T * W, s.D, W, 1}, o{s.T * s.H * s.D, s.D, s.H * s.D, 1};
+  auto t = [&](const char* n, int64_t uid, std::vector<int64_t> d, std::vector<int64_t> st) {
+    return g->tensor(fe::graph::Tensor_attributes().set_name(n).set_uid(uid).set_dim(d).set_stride(st));
+  };
+  auto q = t("Q", kQ, {s.B, s.H, s.T, s.D}, qkv);
+  auto k = t("K", kK, {s.B, s.KV, s.T, s.D}, qkv);
+  auto v = t("V", kV, {s.B, s.KV, s.T, s.D}, qkv);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  if (!backward) {
+    auto [out, stats] = g->sdpa(q, k, v,
+                                fe::graph::SDPA_attributes().set_name("f").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale));
+    out->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kO);
+    stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim({s.B, s.H, s.T, 1}).set_stride({s.H * s.T, s.T, 1, 1}).set_uid(kStats);
+  } else {
+    auto out = t("O", kO, {s.B, s.H, s.T, s.D}, o);
+    auto dout = t("dO", kDO, {s.B, s.H, s.T, s.D}, o);
+    auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("S").set_uid(kStats).set_dim({s.B, s.H, s.T, 1}).set_stride({s.H * s.T, s.T, 1, 1}).set_data_type(fe::DataType_t::FLOAT));
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, out, dout, stats,
+                                         fe::graph::SDPA_backward_attributes().set_name("b").set_causal_mask(true).set_attn_scale(scale));
+    dq->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(qkv).set_uid(kDQ);
+    dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
+    dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
+  }
+  if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good()) {
+    std::printf("graph failed\n");
+    std::exit(1);
+  }
+  return g;
+}
+
+struct Result {
+  float ms;
+  std::string name;
+};
+
+int main(int argc, char** argv) {
+  if (argc < 7) {
+    std::printf("usage: attention_plans B T H KV D fwd|bwd\n");
+    return 2;
+  }
+  Shape s{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
+  const bool backward = std::string(argv[6]) == "bwd";
+  cudnnHandle_t handle;
+  cudnnCreate(&handle);
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cudnnSetStream(handle, stream);
+  const int64_t W = (s.H + 2 * s.KV) * s.D;
+  void *qkv, *o, *stats, *dout, *dqkv, *ws;
+  CK(cudaMalloc(&qkv, s.B * s.T * W * 2));
+  CK(cudaMalloc(&dqkv, s.B * s.T * W * 2));
+  CK(cudaMalloc(&o, s.B * s.T * s.H * s.D * 2));
+  CK(cudaMalloc(&dout, s.B * s.T * s.H * s.D * 2));
+  CK(cudaMalloc(&stats, s.B * s.H * s.T * 4));
+  const size_t ws_bytes = size_t(1) << 30;
+  CK(cudaMalloc(&ws, ws_bytes));
+  CK(cudaMemset(qkv, 0x3c, s.B * s.T * W * 2));
+  CK(cudaMemset(dout, 0x3c, s.B * s.T * s.H * s.D * 2));
+  char* base = static_cast<char*>(qkv);
+  char* grad = static_cast<char*>(dqkv);
+  std::unordered_map<int64_t, void*> pack{{kQ, base}, {kK, base + s.H * s.D * 2}, {kV, base + (s.H + s.KV) * s.D * 2},
+                                          {kO, o}, {kStats, stats}};
+  if (backward) {
+    pack[kDO] = dout;
+    pack[kDQ] = grad;
+    pack[kDK] = grad + s.H * s.D * 2;
+    pack[kDV] = grad + (s.H + s.KV) * s.D * 2;
+    // Real O and stats from the forward.
+    auto f = make_graph(s, false, handle);
+    f->create_execution_plans({fe::HeurMode_t::A});
+    f->check_support(handle);
+    f->build_plans(handle);
+    f->execute(handle, pack, ws);
+    CK(cudaStreamSynchronize(stream));
+  }
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  auto time_plan = [&](fe::graph::Graph& g, int64_t i) -> float {
+    int64_t need = 0;
+    g.get_workspace_size_plan_at_index(i, need);
+    if (need > static_cast<int64_t>(ws_bytes)) return -1;
+    if (!g.execute_plan_at_index(handle, pack, ws, i).is_good()) return -1;
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return -1;
+    float best = 1e9f;
+    for (int round = 0; round < 5; ++round) {
+      cudaEventRecord(a, stream);
+      for (int r = 0; r < 4; ++r) g.execute_plan_at_index(handle, pack, ws, i);
+      cudaEventRecord(b, stream);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      best = std::min(best, ms / 4);
+    }
+    return best;
+  };
+  std::vector<Result> results;
+  std::map<int64_t, std::unordered_map<fe::KnobType_t, int64_t>> engines;
+  for (auto mode : {fe::HeurMode_t::A, fe::HeurMode_t::B, fe::HeurMode_t::FALLBACK}) {
+    auto g = make_graph(s, backward, handle);
+    if (!g->create_execution_plans({mode}).is_good()) continue;
+    g->check_support(handle);
+    g->build_plans(fe::BuildPlanPolicy_t::ALL);
+    const int64_t n = g->get_execution_plan_count();
+    std::printf("mode %d: %lld plans\n", static_cast<int>(mode), static_cast<long long>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      std::string name;
+      g->get_plan_name_at_index(i, name);
+      int64_t engine = -1;
+      std::unordered_map<fe::KnobType_t, int64_t> knobs;
+      if (g->get_engine_and_knobs_at_index(i, engine, knobs).is_good() && !engines.count(engine)) engines[engine] = knobs;
+      const float ms = time_plan(*g, i);
+      std::printf("  plan %lld %s engine %lld: %.4f ms\n", static_cast<long long>(i), name.c_str(),
+                  static_cast<long long>(engine), ms);
+      if (ms > 0) results.push_back({ms, "mode " + std::to_string(static_cast<int>(mode)) + " " + name});
+    }
+  }
+  for (auto& [engine, chosen] : engines) {
+    auto probe = make_graph(s, backward, handle);
+    std::vector<fe::Knob> knobs;
+    if (!probe->get_knobs_for_engine(engine, knobs).is_good()) continue;
+    std::printf("engine %lld knobs:", static_cast<long long>(engine));
+    for (auto& k : knobs)
+      std::printf(" [%d: %lld..%lld/%lld chosen %lld]", static_cast<int>(k.type), static_cast<long long>(k.minValue),
+                  static_cast<long long>(k.maxValue), static_cast<long long>(k.stride),
+                  static_cast<long long>(chosen.count(k.type) ? chosen[k.type] : -1));
+    std::printf("\n");
+    int builds = 0;
+    for (auto& k : knobs) {
+      const int64_t stride = k.stride > 0 ? k.stride : 1;
+      for (int64_t value = k.minValue; value <= k.maxValue && builds < 400; value += stride) {
+        auto choice = chosen;
+        if (choice.count(k.type) && choice[k.type] == value) continue;
+        choice[k.type] = value;
+        auto g = make_graph(s, backward, handle);
+        ++builds;
+        if (!g->create_execution_plan(engine, choice).is_good()) continue;
+        if (!g->check_support(handle).is_good()) continue;
+        if (!g->build_plan_at_index(0).is_good()) continue;
+        const float ms = time_plan(*g, 0);
+        std::string name;
+        g->get_plan_name_at_index(0, name);
+        std::printf("  knob %d = %lld: %s %.4f ms\n", static_cast<int>(k.type), static_cast<long long>(value),
+                    name.c_str(), ms);
+        if (ms > 0) results.push_back({ms, name + " knob " + std::to_string(static_cast<int>(k.type)) + "=" + std::to_string(value)});
+      }
+    }
+  }
+  std::sort(results.begin(), results.end(), [](const Result& x, const Result& y) { return x.ms < y.ms; });
+  std::printf("# fastest\n");
+  for (size_t i = 0; i < results.size() && i < 15; ++i) std::printf("%.4f ms  %s\n", results[i].ms, results[i].name.c_str());
+  return 0;
+}
