@@ -104,9 +104,8 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
   // quantized recipes (scales and histories kept on the host side), not FSDP's collectives
   // (untested under capture).
-  bool quantized = false;
-  for (int64_t l = 0; l < config_.model.layers; ++l) quantized = quantized || options.linear.quantized(l, config_.model.layers);
-  graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ && !quantized &&
+  graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ &&
+                    options.linear.format == LinearFormat::high_precision &&
                     dynamic_cast<LocalParameterStore*>(params_.get()) != nullptr;
 }
 
