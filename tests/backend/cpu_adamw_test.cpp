@@ -103,5 +103,40 @@ TEST_P(CpuAdamW, MatchesScalarReferenceOverSteps) {
 
 INSTANTIATE_TEST_SUITE_P(, CpuAdamW, testing::ValuesIn(kAdamWCases), CaseName());
 
+// Without clipping the update can leave the squared gradient norm (AdamWArgs::grad_norm_output):
+// the same value as the sum_of_squares op (on the cpu backend the same blocks in the same order,
+// so the same bits), the same update as without it, and `add` adds to what is there.
+TEST(CpuAdamWNorm, SumsTheSquaredGradientsItReads) {
+  CpuBackend backend(2);
+  const int64_t n = 3 * 8192 + 123;  // several of the backend's 8192-element blocks and a short one
+  const std::vector<float> initial = random_vector(static_cast<size_t>(n), 31);
+  const std::vector<float> grad = random_vector(static_cast<size_t>(n), 32);
+  Buffer tgrad = upload(backend, grad, Shape{n}, DType::bf16);
+  Buffer expected = zeros(backend, Shape{1});
+  backend.sum_of_squares(tgrad, expected, false);
+
+  AdamWArgs args;
+  args.learning_rate = 1e-2f;
+  args.weight_decay = 0.1f;
+  args.decay_count = n / 2;
+  std::vector<std::vector<float>> params;
+  for (AdamWArgs::NormOutput output :
+       {AdamWArgs::NormOutput::none, AdamWArgs::NormOutput::overwrite, AdamWArgs::NormOutput::add}) {
+    Buffer param = upload(backend, initial, Shape{n});
+    Buffer first = zeros(backend, Shape{n}), second = zeros(backend, Shape{n});
+    Buffer norm_sq = upload(backend, {3.0f}, Shape{1});
+    args.grad_norm_output = output;
+    backend.adamw(param, tgrad, first, second, Tensor(), norm_sq, args);
+    const float got = download(backend, norm_sq)[0], sum = download(backend, expected)[0];
+    if (output == AdamWArgs::NormOutput::none) EXPECT_EQ(got, 3.0f);
+    if (output == AdamWArgs::NormOutput::overwrite) EXPECT_EQ(got, sum);
+    if (output == AdamWArgs::NormOutput::add) EXPECT_NEAR(got, sum + 3.0f, 1e-6 * sum);
+    EXPECT_GT(sum, n / 4.0f);  // uniform in [-1, 1]: about n/3
+    params.push_back(download(backend, param));
+  }
+  EXPECT_EQ(params[0], params[1]);
+  EXPECT_EQ(params[0], params[2]);
+}
+
 }  // namespace
 }  // namespace mxtrain::test

@@ -625,6 +625,48 @@ TEST_F(CudaDataOps, AdamWRecordsEachSegmentsAmax) {
   }
 }
 
+// Without clipping the update can sum the squared gradients it reads (grad_norm_output): the
+// CPU's norm within f32 summation error, the update bit-identical to the one without it. The
+// larger size leaves more block partials (1,172) than the final sum's 1,024 threads, so each
+// adds several; the odd size takes the scalar kernel; `add` adds to what is there.
+TEST_F(CudaDataOps, AdamWSumsTheSquaredGradients) {
+  for (int64_t n : {int64_t{8 * 300001}, int64_t{10007}}) {
+    for (DType grad_dtype : {DType::f32, DType::bf16}) {
+      const std::string tag = "n " + std::to_string(n) + " grad " + dtype_text(grad_dtype);
+      const std::vector<float> param = random_vector(static_cast<size_t>(n), 70);
+      const std::vector<float> grad = rounded(random_vector(static_cast<size_t>(n), 71), grad_dtype);
+      AdamWArgs args;
+      args.learning_rate = 3e-3f;
+      args.weight_decay = 0.1f;
+      args.step = 2;
+      args.decay_count = n / 3;
+      args.grad_multiplier = 0.5f;
+      Buffer cg = upload(cpu(), grad, Shape{n}), cn = upload(cpu(), {0.0f}, Shape{1});
+      cpu().sum_of_squares(cg, cn, false);
+      const double want = 0.25 * cpu().read_scalar(cn);
+      Buffer gg = upload(cuda(), grad, Shape{n}, grad_dtype);
+      std::vector<std::vector<float>> masters;
+      for (AdamWArgs::NormOutput output :
+           {AdamWArgs::NormOutput::none, AdamWArgs::NormOutput::overwrite, AdamWArgs::NormOutput::add}) {
+        Buffer gp = upload(cuda(), param, Shape{n});
+        Buffer gm = upload(cuda(), std::vector<float>(static_cast<size_t>(n), 0.0f), Shape{n});
+        Buffer gv = upload(cuda(), std::vector<float>(static_cast<size_t>(n), 0.0f), Shape{n});
+        Buffer gn = upload(cuda(), {5.0f}, Shape{1});
+        Buffer gcopy = cuda().allocate("copy", Shape{n}, DType::bf16, Lifetime::scratch);
+        args.grad_norm_output = output;
+        cuda().adamw(gp, gg, gm, gv, gcopy, gn, args);
+        const double got = cuda().read_scalar(gn);
+        if (output == AdamWArgs::NormOutput::none) EXPECT_EQ(got, 5.0) << tag;
+        if (output == AdamWArgs::NormOutput::overwrite) EXPECT_NEAR(got, want, 1e-5 * want) << tag;
+        if (output == AdamWArgs::NormOutput::add) EXPECT_NEAR(got, want + 5.0, 1e-5 * want) << tag;
+        masters.push_back(download(cuda(), gp));
+      }
+      EXPECT_EQ(masters[0], masters[1]) << tag;
+      EXPECT_EQ(masters[0], masters[2]) << tag;
+    }
+  }
+}
+
 TEST_F(CudaDataOps, AdamWMatchesOracle) {
   const int64_t n = 10007;  // odd: the scalar path; the vector path runs in the model step
   for (DType grad_dtype : {DType::f32, DType::bf16}) {

@@ -201,6 +201,46 @@ TEST(Precision, TheOptimizerRecordsTheQuantizedWeightsAmaxesForCurrentScaling) {
   }
 }
 
+// Without clipping the step's norm comes out of the AdamW pass (AdamWArgs::grad_norm_output):
+// no sum_of_squares op runs, and the losses and reported norms are those of a run whose clip
+// never binds (max norm 1e9, which takes the separate pass) bit for bit on the CPU.
+TEST(Precision, WithoutClippingTheOptimizerPassReportsTheNorm) {
+  struct NormCounter final : TraceObserver {
+    int64_t passes = 0;
+    void on_op(const OpRecord& record) override { passes += record.kind == OpKind::sum_of_squares; }
+    void on_allocation(const AllocationEvent&) override {}
+  };
+  std::vector<std::vector<StepResult>> runs;
+  for (double clip : {0.0, 1e9}) {
+    RunConfig config = tiny("fp32");
+    config.optimizer.grad_clip = clip;
+    CpuBackend backend(2);
+    const PrecisionPlan plan = resolve_precision(config, backend);
+    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+    const int64_t batch = config.train.micro_batch_size, seq = config.train.seq_len;
+    std::vector<int32_t> tokens(static_cast<size_t>(batch * seq)), targets(tokens.size());
+    NormCounter counter;
+    backend.set_observer(&counter);
+    runs.emplace_back();
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int32_t>((i * 7 + 3 * step) % 97);
+        targets[i] = static_cast<int32_t>((i * 5 + step) % 97);
+      }
+      // Two micro-batches: the norm covers the accumulated gradients.
+      const std::vector<TokenBatch> batches(2, TokenBatch{tokens.data(), targets.data(), batch, seq});
+      runs.back().push_back(session.step(batches, 2 * batch * seq, 1e-3, step));
+    }
+    backend.set_observer(nullptr);
+    EXPECT_EQ(counter.passes > 0, clip > 0) << "clip " << clip;
+  }
+  for (size_t step = 0; step < runs[0].size(); ++step) {
+    EXPECT_EQ(runs[0][step].loss, runs[1][step].loss) << "step " << step + 1;
+    EXPECT_EQ(runs[0][step].grad_norm, runs[1][step].grad_norm) << "step " << step + 1;
+    EXPECT_GT(runs[0][step].grad_norm, 0.0) << "step " << step + 1;
+  }
+}
+
 // Collects the names of allocations.
 class AllocationLog final : public TraceObserver {
  public:

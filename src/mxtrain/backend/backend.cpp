@@ -632,7 +632,10 @@ void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, co
   MXTRAIN_ASSERT(!args.step_factors.defined() ||
                      (args.step_factors.dtype == DType::f32 && args.step_factors.numel() == 3),
                  "adamw: step_factors must be f32 [3]");
-  record({OpKind::adamw, phase_, grad.dtype, 16 * n(param),
+  const bool norm_out = args.grad_norm_output != AdamWArgs::NormOutput::none;
+  MXTRAIN_ASSERT(!norm_out || (args.max_grad_norm <= 0 && grad_norm_sq.defined() && grad_norm_sq.dtype == DType::f32),
+                 "adamw: the squared gradient norm comes out of the update only without clipping, into an f32 tensor");
+  record({OpKind::adamw, phase_, grad.dtype, (norm_out ? 18 : 16) * n(param),
           2 * b(param) + b(grad) + 2 * b(m) + 2 * b(v) + b(compute_copy)});
   const Tensor& written = compute_copy.defined() ? compute_copy : param;
   for (const AmaxSegment& segment : args.weight_amaxes)

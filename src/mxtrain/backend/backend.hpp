@@ -176,6 +176,12 @@ struct AdamWArgs {
   // the ones formed from learning_rate and step: a step captured in a graph (begin_capture)
   // replays with the factors its session copies there from the host before each replay.
   Tensor step_factors;
+  // Whether the update also sums the squares of the gradients it reads, (grad · grad_multiplier)²
+  // over its elements, into grad_norm_sq[0] (overwrite: = the sum; add: += the sum): the norm a
+  // run reports when nothing is clipped (max_grad_norm = 0, required), without a pass of its own
+  // over the gradients. Deterministic like sum_of_squares, not bit-equal to it (another order).
+  enum class NormOutput { none, overwrite, add };
+  NormOutput grad_norm_output = NormOutput::none;
 };
 
 // The learning-rate and step dependent factors of an AdamW update, formed in double and rounded
@@ -187,7 +193,7 @@ AdamWStepFactors adamw_step_factors(const AdamWArgs& args);
 
 class Backend {
  public:
-  static constexpr int kInterfaceVersion = 5;
+  static constexpr int kInterfaceVersion = 6;
   virtual ~Backend();
 
   virtual std::string_view name() const = 0;

@@ -104,6 +104,12 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
   // quantized recipes (scales and histories kept on the host side), not FSDP's collectives
   // (untested under capture).
+  // Without clipping (and without fp16's unscaling, which reads the norm before the update) the
+  // norm the step reports comes out of the AdamW pass, which reads every gradient anyway; a
+  // local store's shards are whole groups, so their sums are the norm (FSDP's would need an
+  // all-reduce after the update: it keeps its own pass).
+  norm_in_optimizer_ = config_.optimizer.grad_clip <= 0 && !loss_scaler_ &&
+                       dynamic_cast<LocalParameterStore*>(params_.get()) != nullptr;
   graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ &&
                     options.linear.format == LinearFormat::high_precision &&
                     dynamic_cast<LocalParameterStore*>(params_.get()) != nullptr;
@@ -166,7 +172,7 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   params_->finish_backward();
 
   PhaseScope scope(backend_, Phase::optimizer);
-  params_->grad_norm_sq(grad_norm_sq_);
+  if (!norm_in_optimizer_) params_->grad_norm_sq(grad_norm_sq_);
   AdamWArgs args = adamw_args(learning_rate, step_number);
   if (captured) {
     backend_.copy_from_host(host_step_factors_, step_factors_);
@@ -183,9 +189,13 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   // (a local store's weights are views of its shards), sparing the next casts their passes.
   std::vector<LinearRecipe::WeightAmax> weights;
   if (apply) weights = model_->linears().weight_amaxes();
+  bool first_shard = true;
   for (const ParamShard& shard : params_->shards()) {
     if (!apply) break;
     args.decay_count = shard.decay_count;
+    if (norm_in_optimizer_)
+      args.grad_norm_output = first_shard ? AdamWArgs::NormOutput::overwrite : AdamWArgs::NormOutput::add;
+    first_shard = false;
     args.weight_amaxes.clear();
     std::vector<const LinearRecipe::WeightAmax*> recorded;
     const Tensor& written = shard.compute_copy.defined() ? shard.compute_copy : shard.master;

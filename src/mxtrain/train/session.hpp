@@ -96,6 +96,7 @@ class TrainingSession {
   // later steps of the same shape replay it, until the backend reports it stale (memory was
   // allocated outside it, e.g. by evaluate) or the shape changes; then the count starts over.
   static constexpr int kEagerSteps = 2;
+  bool norm_in_optimizer_ = false;  // the AdamW pass sums the squared gradients (no clipping)
   struct GraphShape {
     int64_t micro_batches = 0, batch = 0, seq = 0, global_tokens = 0;
     bool operator==(const GraphShape&) const = default;

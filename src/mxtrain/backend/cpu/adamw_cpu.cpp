@@ -8,7 +8,9 @@
 //   p = p + (-lr/bc1 · m) / (sqrt(v)/sqrt(bc2) + eps)   (addcdiv_)
 // g = grad · grad_multiplier · clip with clip as torch.nn.utils.clip_grad_norm_ computes it in
 // f32: min(1, max_norm / (sqrt(norm²) + 1e-6)). Elementwise, so any split over threads is exact.
+// Without clipping the pass can also leave the squared gradient norm (AdamWArgs::grad_norm_output).
 #include <cmath>
+#include <vector>
 
 #include "mxtrain/backend/cpu/cpu_backend.hpp"
 #include "mxtrain/backend/cpu/cpu_internal.hpp"
@@ -55,9 +57,17 @@ void CpuBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tenso
   float* first = m.ptr<float>();
   float* second = v.ptr<float>();
   const int64_t decay_count = args.decay_count;
+  // The squared norm, when asked for, as impl_sum forms it: a double per element block, added in
+  // block order.
+  const bool norm_out = args.grad_norm_output != AdamWArgs::NormOutput::none;
+  std::vector<double> partials(norm_out ? static_cast<size_t>((param.numel() + cpu::kElementBlock - 1) /
+                                                              cpu::kElementBlock)
+                                        : 0);
   cpu::parallel_blocks(threads_, param.numel(), cpu::kElementBlock, [&](int64_t begin, int64_t end) {
+    double squares = 0;
     for (int64_t i = begin; i < end; ++i) {
       const float g = cpu::load_as_float(grad.data, grad.dtype, i) * multiplier * clip;
+      squares += static_cast<double>(g) * g;
       float weight = p[i];
       if (i < decay_count) weight *= decay_factor;
       first[i] = lerp(first[i], g, m_weight);
@@ -72,7 +82,12 @@ void CpuBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tenso
         default: compute_copy.ptr<float>()[i] = weight; break;
       }
     }
+    if (norm_out) partials[static_cast<size_t>(begin / cpu::kElementBlock)] = squares;
   });
+  if (!norm_out) return;
+  double total = args.grad_norm_output == AdamWArgs::NormOutput::add ? grad_norm_sq.ptr<float>()[0] : 0.0;
+  for (double partial : partials) total += partial;
+  grad_norm_sq.ptr<float>()[0] = static_cast<float>(total);
 }
 
 }  // namespace mxtrain

@@ -1,8 +1,10 @@
 // AdamW over one flat group shard in one launch: the f32 master, both moments and the
 // compute-dtype copy are updated in the same pass (one read of grad, m, v, master; one write
 // of m, v, master, copy). The clipping factor is computed on the device from grad_norm_sq[0],
-// so the step never waits on the host. Operation order follows torch.optim.AdamW's
-// single-tensor path exactly as the CPU oracle does (lerp for m, mul+addcmul for v, addcdiv).
+// so the step never waits on the host. Without clipping the same pass can also sum the squared
+// gradients it reads (AdamWArgs::grad_norm_output): the reported norm without a pass of its
+// own. Operation order follows torch.optim.AdamW's single-tensor path exactly as the CPU
+// oracle does (lerp for m, mul+addcmul for v, addcdiv).
 // Current scaling's weight amaxes (args.weight_amaxes) are recorded as the new weights are
 // written: each warp adds the max |value| of its vectors to its segment's amax, so the next
 // cast of each weight skips its own pass (a read of every quantized weight a step).
@@ -52,11 +54,14 @@ __device__ __forceinline__ float torch_lerp(float start, float end, float weight
 
 template <int W, typename G, typename C>
 __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, const float* grad_norm_sq,
-                             const float* step_factors, int64_t vectors, AdamWScalars s, AmaxSegments amaxes) {
+                             const float* step_factors, int64_t vectors, AdamWScalars s, AmaxSegments amaxes,
+                             float* norm_partials) {
   // The weights' values as stored: the compute copy's type, or the master's.
   using Stored = std::conditional_t<std::is_same_v<C, NoCopy>, float, C>;
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (amaxes.count == 0 && vec >= vectors) return;  // with segments, whole warps reach the record
+  // Past the end a thread leaves, unless its block still meets: whole warps for the amax
+  // record, the whole block for the norm's block sum.
+  if (amaxes.count == 0 && norm_partials == nullptr && vec >= vectors) return;
   const bool active = vec < vectors;
   if (step_factors != nullptr) {  // this step's factors, written on the device (a replayed graph)
     s.decay_factor = step_factors[0];
@@ -70,6 +75,7 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
   }
   const int64_t base = vec * W;
   float p[W], g[W], first[W], second[W];
+  float squares = 0.0f;
   if (active) {
     load<W>(param + base, p);
     load<W>(grad + base, g);
@@ -78,6 +84,7 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
 #pragma unroll
     for (int i = 0; i < W; ++i) {
       const float gi = __fmul_rn(__fmul_rn(g[i], s.multiplier), clip);
+      squares = __fmaf_rn(gi, gi, squares);
       float weight = p[i];
       if (base + i < s.decay_count) weight = __fmul_rn(weight, s.decay_factor);
       first[i] = torch_lerp(first[i], gi, s.m_weight);
@@ -89,6 +96,10 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
     store<W>(m + base, first);
     store<W>(v + base, second);
     if constexpr (!std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
+  }
+  if (norm_partials != nullptr) {  // one partial a block, added in block order after the kernel
+    squares = block_sum(squares);
+    if (threadIdx.x == 0) norm_partials[blockIdx.x] = squares;
   }
   if (amaxes.count == 0) return;
   // The vector's segment (-1: none, -2: split between two) and its max |value| bits; rounding
@@ -116,10 +127,15 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
 
 }  // namespace
 
-void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
-           const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream) {
+void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+           const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream) {
   const int64_t n = param.numel();
-  if (n == 0) return;
+  const bool norm_out = args.grad_norm_output != AdamWArgs::NormOutput::none;
+  if (n == 0) {
+    if (norm_out && args.grad_norm_output == AdamWArgs::NormOutput::overwrite)
+      MXTRAIN_CUDA_CHECK(cudaMemsetAsync(grad_norm_sq.data, 0, sizeof(float), stream));
+    return;
+  }
   MXTRAIN_ASSERT(args.step >= 1, "adamw: step %lld must be >= 1", static_cast<long long>(args.step));
   // Scalars formed in double and rounded to f32 as torch (and the CPU oracle) do.
   const AdamWStepFactors factors = adamw_step_factors(args);
@@ -146,6 +162,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
     segments.bits[segments.count] = static_cast<unsigned*>(segment.amax.data);
     ++segments.count;
   }
+  Buffer partials;  // the norm's, one a block
   auto launch = [&](auto grad_tag, auto copy_tag) {
     using G = decltype(grad_tag);
     using C = decltype(copy_tag);
@@ -154,14 +171,16 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
     const G* g = static_cast<const G*>(grad.data);
     float* first = static_cast<float*>(m.data);
     float* second = static_cast<float*>(v.data);
-    if (vector) {
-      adamw_kernel<8, G, C><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm,
-                                                                                  step_factors, n / 8, s, segments);
-    } else {
-      adamw_kernel<1, G, C><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, first, second, copy, norm,
-                                                                             step_factors, n, s, segments);
-    }
+    const int64_t vectors = vector ? n / 8 : n;
+    const unsigned blocks = blocks_for(vectors, kThreads);
+    auto kernel = vector ? adamw_kernel<8, G, C> : adamw_kernel<1, G, C>;
+    if (norm_out) partials = backend.allocate("adamw.norm_partials", Shape{blocks}, DType::f32, Lifetime::scratch);
+    kernel<<<blocks, kThreads, 0, stream>>>(p, g, first, second, copy, norm, step_factors, vectors, s, segments,
+                                            norm_out ? partials.tensor().ptr<float>() : nullptr);
     MXTRAIN_CUDA_CHECK_LAUNCH();
+    if (norm_out)
+      sum_partials_final(partials.tensor().ptr<float>(), blocks, grad_norm_sq.ptr<float>(),
+                         args.grad_norm_output == AdamWArgs::NormOutput::add, stream);
   };
   dispatch_float<true>(grad.dtype, "adamw", [&](auto grad_tag) {
     if (!compute_copy.defined()) {

@@ -461,7 +461,7 @@ void CudaBackend::impl_scale(const Tensor& x, float factor) { cuda_kernels::scal
 
 void CudaBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                              const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) {
-  cuda_kernels::adamw(param, grad, m, v, compute_copy, grad_norm_sq, args, stream_);
+  cuda_kernels::adamw(*this, param, grad, m, v, compute_copy, grad_norm_sq, args, stream_);
 }
 
 // ---- precision recipes --------------------------------------------------------------------------

@@ -37,6 +37,10 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
 // out[0] (+)= sum of x or of x^2; partials: f32 scratch of at least kSumMaxBlocks elements.
 constexpr int kSumMaxBlocks = 1024;
 void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, float* partials, cudaStream_t stream);
+// out[0] (+)= the sum of partials[0, count) in a fixed order (one block; thread t adds elements
+// t, t + kSumMaxBlocks, ...): the second stage of a reduction whose first stage ran inside
+// another kernel.
+void sum_partials_final(const float* partials, int64_t count, float* out, bool accumulate, cudaStream_t stream);
 // out[c] (+)= sum over rows of x[r, c] (x [rows, cols]), two-stage and deterministic.
 void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accumulate, cudaStream_t stream);
 // out[i] (+)= values[i] (values f32 [n]).
@@ -77,7 +81,8 @@ void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& 
 void nvfp4_gemm_scalars(const Tensor& amax_a, const Tensor& amax_b, float beta, float* scalars, cudaStream_t stream);
 
 // ---- adamw.cu -------------------------------------------------------------------------------
-void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
-           const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream);
+// With args.grad_norm_output it allocates scratch (from backend) for one partial sum a block.
+void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+           const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream);
 
 }  // namespace mxtrain::cuda_kernels

@@ -26,8 +26,9 @@ __global__ void sum_partials_kernel(const T* x, int64_t vectors, float* partials
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-__global__ void sum_final_kernel(const float* partials, int count, float* out, bool accumulate) {
-  float value = static_cast<int>(threadIdx.x) < count ? partials[threadIdx.x] : 0.0f;
+__global__ void sum_final_kernel(const float* partials, int64_t count, float* out, bool accumulate) {
+  float value = 0.0f;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) value += partials[i];
   value = block_sum(value);
   if (threadIdx.x == 0) out[0] = accumulate ? out[0] + value : value;
 }
@@ -128,6 +129,12 @@ void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, floa
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
   sum_final_kernel<<<1, kSumMaxBlocks, 0, stream>>>(partials, blocks, o, accumulate);
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void sum_partials_final(const float* partials, int64_t count, float* out, bool accumulate, cudaStream_t stream) {
+  MXTRAIN_ASSERT(count >= 1, "sum_partials_final: %lld partials", static_cast<long long>(count));
+  sum_final_kernel<<<1, kSumMaxBlocks, 0, stream>>>(partials, count, out, accumulate);
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
