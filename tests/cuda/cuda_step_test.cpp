@@ -33,8 +33,9 @@ struct StepResult {
 };
 
 StepResult run_step(Backend& backend, const ModelConfig& config, DType activations, DType weights,
-                    const std::string& recompute = "none", bool deterministic = false) {
-  LocalParameterStore store(backend, config, weights, DType::f32);
+                    const std::string& recompute = "none", bool deterministic = false,
+                    DType block_grads = DType::f32) {
+  LocalParameterStore store(backend, config, weights, DType::f32, {}, block_grads);
   store.initialize(11);
   TransformerOptions options;
   options.activation_dtype = activations;
@@ -95,6 +96,16 @@ TEST_P(CudaStep, MixedPrecisionMatchesOracle) {
   compare(got, want, "bf16", 2e-3, 3e-2);
 }
 
+// precision.grad_dtype's BF16 block gradients (a bf16 run, one micro-batch): each gradient is
+// its GEMM's or column sum's output rounded once to bf16 (2^-9 relative), inside the bf16 step's
+// tolerance.
+TEST_P(CudaStep, MixedPrecisionWithBf16BlockGradientsMatchesOracle) {
+  const ModelConfig c = config();
+  StepResult want = run_step(cpu(), c, DType::f32, DType::f32);
+  StepResult got = run_step(cuda(), c, DType::bf16, DType::bf16, "none", false, DType::bf16);
+  compare(got, want, "bf16 block gradients", 2e-3, 3e-2);
+}
+
 TEST_P(CudaStep, F32MatchesOracle) {
   const ModelConfig c = config();
   StepResult want = run_step(cpu(), c, DType::f32, DType::f32);
@@ -137,24 +148,31 @@ TEST_P(CudaStep, RecomputeMatchesWithinRounding) {
   }
 }
 
-// Eight optimizer steps of two micro-batches, new tokens and a new learning rate every step,
-// and an evaluation after step 4, with and without step graphs; deterministic (attention's
-// backward, and GEMMs the heuristic's first choice) so both sessions compute the same bits.
+// Eight optimizer steps of two micro-batches (and of one, "lean", below), new tokens and a new
+// learning rate every step, and an evaluation after step 4, with and without step graphs;
+// deterministic (attention's backward, and GEMMs the heuristic's first choice) so both
+// sessions compute the same bits: losses, reported gradient norms and final weights.
 // With graphs, steps 1-2 run op by op, step 3 is captured and replayed, 4 replays, the
 // evaluation's allocations make the graph stale, 5-6 run op by op, 7 is captured again, 8
 // replays.
 struct SessionRun {
-  std::vector<double> losses;
+  std::vector<double> losses;  // each step's loss and gradient norm, and the evaluation's loss
   std::vector<bool> replayed;
   std::vector<std::vector<float>> weights;  // the f32 masters after the last step
 };
 
-SessionRun run_session(const char* preset, bool cuda_graph) {
+// lean: one micro-batch a step and no clipping, so the blocks' gradients are BF16
+// (precision.grad_dtype = auto) and the AdamW pass sums the reported norm: the path of
+// bench/vs_torch.sh's runs.
+SessionRun run_session(const char* preset, bool cuda_graph, bool lean = false) {
+  const int micro_batches = lean ? 1 : 2;
   RunConfig config;
   config.model = model_preset(preset);
   config.train.device = "cuda";
   config.train.precision = "bf16";
   config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 2 * micro_batches;
+  if (lean) config.optimizer.grad_clip = 0;
   config.train.seq_len = 64;
   config.train.deterministic = true;
   config.train.gemm_autotune = false;
@@ -166,7 +184,7 @@ SessionRun run_session(const char* preset, bool cuda_graph) {
   auto batches_for = [&](int step, std::vector<std::vector<int32_t>>& storage) {
     storage.clear();
     std::vector<TokenBatch> batches;
-    for (int micro = 0; micro < 2; ++micro) {
+    for (int micro = 0; micro < micro_batches; ++micro) {
       std::vector<float> noise = random_vector(static_cast<size_t>(2 * rows), 100 + 10 * step + micro, 0.0f, 1.0f);
       std::vector<int32_t> tokens(static_cast<size_t>(rows)), targets(static_cast<size_t>(rows));
       for (size_t i = 0; i < tokens.size(); ++i) {
@@ -177,7 +195,7 @@ SessionRun run_session(const char* preset, bool cuda_graph) {
       storage.push_back(std::move(tokens));
       storage.push_back(std::move(targets));
     }
-    for (int micro = 0; micro < 2; ++micro)
+    for (int micro = 0; micro < micro_batches; ++micro)
       batches.push_back(TokenBatch{storage[2 * micro].data(), storage[2 * micro + 1].data(), 2, 64});
     return batches;
   };
@@ -185,7 +203,9 @@ SessionRun run_session(const char* preset, bool cuda_graph) {
   std::vector<std::vector<int32_t>> storage;
   for (int step = 1; step <= 8; ++step) {
     std::vector<TokenBatch> batches = batches_for(step, storage);
-    run.losses.push_back(session.step(batches, 2 * rows, 1e-3 * step, step).loss);
+    const auto result = session.step(batches, micro_batches * rows, 1e-3 * step, step);
+    run.losses.push_back(result.loss);
+    run.losses.push_back(result.grad_norm);
     run.replayed.push_back(session.replayed_graph());
     if (step == 4) run.losses.push_back(session.evaluate(batches_for(50, storage)));
   }
@@ -194,17 +214,20 @@ SessionRun run_session(const char* preset, bool cuda_graph) {
 }
 
 TEST_P(CudaStep, GraphReplayMatchesOpByOp) {
-  SessionRun eager = run_session(GetParam(), false);
-  SessionRun graph = run_session(GetParam(), true);
-  const std::vector<bool> expected{false, false, true, true, false, false, true, true};
-  EXPECT_EQ(graph.replayed, expected);
-  EXPECT_EQ(eager.replayed, std::vector<bool>(8, false));
-  ASSERT_EQ(graph.losses.size(), eager.losses.size());
-  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
-  ASSERT_EQ(graph.weights.size(), eager.weights.size());
-  for (size_t i = 0; i < eager.weights.size(); ++i)
-    EXPECT_EQ(0, std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
-        << "parameter group " << i;
+  for (bool lean : {false, true}) {
+    SCOPED_TRACE(lean ? "one micro-batch, bf16 block gradients, no clipping" : "two micro-batches");
+    SessionRun eager = run_session(GetParam(), false, lean);
+    SessionRun graph = run_session(GetParam(), true, lean);
+    const std::vector<bool> expected{false, false, true, true, false, false, true, true};
+    EXPECT_EQ(graph.replayed, expected);
+    EXPECT_EQ(eager.replayed, std::vector<bool>(8, false));
+    ASSERT_EQ(graph.losses.size(), eager.losses.size());
+    for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
+    ASSERT_EQ(graph.weights.size(), eager.weights.size());
+    for (size_t i = 0; i < eager.weights.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
+          << "parameter group " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaStep, ::testing::Values("tiny", "tiny-gpt2"),

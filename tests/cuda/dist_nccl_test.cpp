@@ -61,6 +61,7 @@ TEST_F(NcclOneRank, FsdpOverNcclTrainsLikeTheLocalStore) {
   config.model.layers = 2;
   config.model.ffn_hidden = 256;
   config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 4;  // two micro-batches a step (f32 gradients in both stores)
   config.train.seq_len = 64;
   config.train.device = "cuda";
   const PrecisionPlan precision = resolve_precision("bf16", "cuda", false);

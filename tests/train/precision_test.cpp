@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -129,6 +130,9 @@ TEST(Precision, ConfigKeysValidate) {
   EXPECT_THROW(set("precision.bf16_first_layers", "two"), Error);
   EXPECT_THROW(set("precision.mx_scale_rounding", "nearest"), Error);
   EXPECT_THROW(set("precision.margin", "101"), Error);
+  EXPECT_THROW(set("precision.grad_dtype", "fp16"), Error);
+  set("precision.grad_dtype", "bf16");
+  EXPECT_EQ(config.precision.grad_dtype, "bf16");
   set("precision.quantized_weights", "true");
   EXPECT_THROW(validate(config), Error);  // bf16 has nothing to quantize
   config.train.precision = "fp8";
@@ -264,6 +268,69 @@ size_t dryrun_peak(const RunConfig& config, AllocationLog* log = nullptr) {
   return backend.memory_stats().peak_live_bytes;
 }
 
+// precision.grad_dtype: auto gives the blocks BF16 gradients only in a bf16 run of one process
+// with one micro-batch a step; bf16 asked for elsewhere is a config error; f32 always holds.
+TEST(Precision, BlockGradientDtypeFollowsTheRun) {
+  RunConfig config = tiny("bf16");
+  const PrecisionPlan bf16 = resolve_precision("bf16", "cuda", false);
+  const PrecisionPlan fp32 = resolve_precision("fp32", "cuda", false);
+  const PrecisionPlan fp8 = resolve_precision("fp8", "cuda", false);
+  EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::bf16);
+  EXPECT_EQ(block_grad_dtype(config, fp32, 1), DType::f32);
+  EXPECT_EQ(block_grad_dtype(config, fp8, 1), DType::f32);
+  EXPECT_EQ(block_grad_dtype(config, bf16, 2), DType::f32);  // FSDP reduces f32
+  config.train.global_batch_size = 3 * config.train.micro_batch_size;
+  EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::f32);  // accumulation over micro-batches
+  EXPECT_EQ(block_grad_dtype(config, bf16, 3), DType::f32);
+  config.precision.grad_dtype = "bf16";
+  EXPECT_THROW(block_grad_dtype(config, bf16, 1), Error);
+  config.train.global_batch_size = 0;
+  EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::bf16);
+  EXPECT_THROW(block_grad_dtype(config, bf16, 2), Error);
+  EXPECT_THROW(block_grad_dtype(config, fp8, 1), Error);
+  config.precision.grad_dtype = "f32";
+  EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::f32);
+}
+
+// A bf16 run's block gradients take half the bytes of f32 ones (the dryrun's allocations), the
+// embedding's and head's keep f32, and the step's peak falls.
+TEST(Precision, Bf16BlockGradientsHalveTheirBytes) {
+  struct GradBytes final : TraceObserver {
+    std::map<std::string, size_t> bytes;
+    void on_op(const OpRecord&) override {}
+    void on_allocation(const AllocationEvent& event) override {
+      if (!event.is_free && event.lifetime == Lifetime::gradient) bytes[event.name] = event.bytes_requested;
+    }
+  };
+  RunConfig config = tiny("bf16");
+  config.train.device = "cuda";
+  std::map<std::string, size_t> bytes[2];
+  size_t peaks[2];
+  for (int i = 0; i < 2; ++i) {
+    config.precision.grad_dtype = i == 0 ? "auto" : "f32";
+    DryrunBackend backend(0, "h200");
+    GradBytes grads;
+    backend.set_observer(&grads);
+    const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
+    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+    const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size,
+                                                      config.train.seq_len});
+    session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
+    backend.set_observer(nullptr);
+    bytes[i] = grads.bytes;
+    peaks[i] = backend.memory_stats().peak_live_bytes;
+  }
+  const ModelLayout layout = build_layout(config.model);
+  ASSERT_EQ(bytes[0].size(), layout.groups.size());
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    const std::string name = layout.groups[g].name + ".grad";
+    const bool block = static_cast<int>(g) >= layout.first_layer_group && static_cast<int>(g) < layout.head_group;
+    EXPECT_EQ(bytes[1][name], 4 * static_cast<size_t>(layout.groups[g].numel)) << name;
+    EXPECT_EQ(bytes[0][name], (block ? 2 : 4) * static_cast<size_t>(layout.groups[g].numel)) << name;
+  }
+  EXPECT_LT(peaks[0], peaks[1]);
+}
+
 TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
   ConfigSources sources;
   sources.read_environment = false;
@@ -273,6 +340,7 @@ TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
   RunConfig fp8 = load_config(sources);
   RunConfig bf16 = fp8;
   bf16.train.precision = "bf16";
+  bf16.precision.grad_dtype = "f32";  // fp8's gradients: the runs differ in their weight copies only
   RunConfig quantized = fp8;
   quantized.precision.quantized_weights = true;
   quantized.precision.bf16_last_layers = "1";

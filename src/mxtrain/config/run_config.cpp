@@ -177,6 +177,10 @@ std::vector<Field> fields(RunConfig& c) {
                                "last blocks whose linear layers stay in BF16 (auto = min(4, layers/4) for nvfp4, else 0)"));
   list.push_back(boolean("precision.quantized_weights", p.quantized_weights,
                          "keep no BF16 weight copy: quantized layers quantize from the FP32 masters"));
+  list.push_back(choice("precision.grad_dtype", p.grad_dtype,
+                        "gradients of the blocks' weights: auto = bf16 for --precision bf16 with one micro-batch a "
+                        "step on one GPU (the GEMMs' output, as torch autocast leaves it), else f32",
+                        {"auto", "f32", "bf16"}));
   list.push_back(choice("precision.mx_scale_rounding", p.mx_scale_rounding,
                         "MXFP8 E8M0 scales: rceil (NVIDIA, TE, cuBLAS) or floor (OCP MX v1.0)", {"rceil", "floor"}));
   list.push_back(boolean("precision.nvfp4_rht", p.nvfp4_rht, "nvfp4: random Hadamard transform of the wgrad operands"));

@@ -43,6 +43,7 @@ struct PrecisionConfig {
   std::string bf16_first_layers = "auto";   // blocks kept in BF16 at the start: auto (0) or a count
   std::string bf16_last_layers = "auto";    // at the end: auto (nvfp4: min(4, layers/4); others 0) or a count
   bool quantized_weights = false;           // no BF16 weight copy: quantize from the FP32 masters
+  std::string grad_dtype = "auto";          // the blocks' gradients: auto | f32 | bf16 (precision.cpp)
   std::string mx_scale_rounding = "rceil";  // rceil (TE, cuBLAS) | floor (OCP MX v1.0)
   bool nvfp4_rht = true;                    // 16-point RHT on the wgrad operands
   bool nvfp4_stochastic_rounding = true;    // of gradients

@@ -14,9 +14,10 @@ void initial_group_values(const ModelConfig& config, const ParamGroup& group, ui
 }
 
 LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype,
-                                         DType grad_dtype, const std::vector<int64_t>& master_only_layers)
+                                         DType grad_dtype, const std::vector<int64_t>& master_only_layers,
+                                         std::optional<DType> block_grad_dtype)
     : backend_(backend), config_(config), layout_(build_layout(config)), compute_dtype_(compute_dtype),
-      grad_dtype_(grad_dtype) {
+      grad_dtype_(grad_dtype), block_grad_dtype_(block_grad_dtype.value_or(grad_dtype)) {
   groups_.resize(layout_.groups.size());
   std::vector<bool> master_only(layout_.groups.size(), false);
   for (int64_t layer : master_only_layers) master_only[static_cast<size_t>(layout_.layer_group(layer))] = true;
@@ -63,8 +64,10 @@ Tensor LocalParameterStore::weight(int group, int index) {
 const Buffer& LocalParameterStore::grad_buffer(size_t group) {
   GroupStorage& storage = groups_[group];
   if (!storage.grad.defined()) {
+    const int index = static_cast<int>(group);
+    const bool block = index >= layout_.first_layer_group && index < layout_.head_group;
     storage.grad = backend_.allocate(layout_.groups[group].name + ".grad", Shape{layout_.groups[group].numel},
-                                     grad_dtype_, Lifetime::gradient);
+                                     block ? block_grad_dtype_ : grad_dtype_, Lifetime::gradient);
     storage.written.reset(layout_.groups[group].params.size());
   }
   return storage.grad;

@@ -5,6 +5,7 @@
 // leaves a gradient undefined while it does not exist. A gradient's first writer overwrites it
 // (grad_target), so no zero fill runs in a step but for parameters no op reached.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "mxtrain/model/parameters.hpp"
@@ -15,8 +16,11 @@ class LocalParameterStore final : public ParameterStore {
  public:
   // master_only_layers: blocks whose group keeps no compute-dtype copy; weight() hands out their
   // FP32 masters (quantized_weights: the linear recipe quantizes those matrices from them).
+  // block_grad_dtype: the blocks' gradients (precision.cpp's block_grad_dtype; default
+  // grad_dtype); the embedding and head groups take grad_dtype.
   LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype, DType grad_dtype,
-                      const std::vector<int64_t>& master_only_layers = {});
+                      const std::vector<int64_t>& master_only_layers = {},
+                      std::optional<DType> block_grad_dtype = std::nullopt);
 
   // Fills master (and compute) weights from initial_values(); zeroes gradients and moments.
   void initialize(uint64_t seed);
@@ -24,6 +28,7 @@ class LocalParameterStore final : public ParameterStore {
   const ModelLayout& layout() const override { return layout_; }
   DType compute_dtype() const override { return compute_dtype_; }
   DType grad_dtype() const override { return grad_dtype_; }
+  DType block_grad_dtype() const { return block_grad_dtype_; }
   void acquire(int, Pass) override {}
   void release(int, Pass) override {}
   Tensor weight(int group, int index) override;
@@ -49,7 +54,7 @@ class LocalParameterStore final : public ParameterStore {
   Backend& backend_;
   ModelConfig config_;
   ModelLayout layout_;
-  DType compute_dtype_, grad_dtype_;
+  DType compute_dtype_, grad_dtype_, block_grad_dtype_;
   std::vector<GroupStorage> groups_;
 };
 

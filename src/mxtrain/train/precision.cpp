@@ -48,7 +48,7 @@ PrecisionPlan resolve_precision(const std::string& requested, const std::string&
     plan.loss_scaling = name == "fp16";
     plan.startup_line =
         name == "bf16"
-            ? "Precision bf16 (BF16 activations and weights, FP32 master weights, gradients and Adam states)"
+            ? "Precision bf16 (BF16 activations and weights, FP32 master weights and Adam states)"
             : "Precision fp16 (FP16 activations and weights, FP32 master weights, gradients and Adam states; dynamic "
               "loss scaling)";
     return plan;
@@ -65,6 +65,32 @@ PrecisionPlan resolve_precision(const std::string& requested, const std::string&
   plan.startup_line = "Precision " + name + " (" + linear_format_name(plan.linear) + " in the blocks' linear GEMMs, " +
                       (device == "cuda" ? "BF16" : "FP32") + " elsewhere)";
   return plan;
+}
+
+DType block_grad_dtype(const RunConfig& config, const PrecisionPlan& plan, int world_size) {
+  const std::string& asked = config.precision.grad_dtype;
+  if (asked == "f32") return DType::f32;
+  const int64_t micro = config.train.micro_batch_size;
+  const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro * world_size;
+  const bool one_micro_batch = global == micro * world_size;
+  const bool bf16_run = plan.name == "bf16";
+  if (asked != "bf16") return bf16_run && world_size == 1 && one_micro_batch ? DType::bf16 : DType::f32;
+  if (!bf16_run)
+    throw Error(ErrorKind::config, "precision.grad_dtype = bf16 needs the bf16 precision; this run is " + plan.name,
+                "use precision.grad_dtype = auto or f32, or --precision bf16");
+  if (world_size > 1)
+    throw Error(ErrorKind::config,
+                strf("precision.grad_dtype = bf16 is for one process; FSDP over %d ranks accumulates and reduces f32 "
+                     "gradients", world_size),
+                "use precision.grad_dtype = auto or f32 (dist.reduce_dtype = bf16 makes the reductions bf16)");
+  if (!one_micro_batch)
+    throw Error(ErrorKind::config,
+                strf("precision.grad_dtype = bf16 would add %lld micro-batches' gradients in BF16 (global batch %lld, "
+                     "micro-batch %lld)",
+                     static_cast<long long>(global / micro), static_cast<long long>(global),
+                     static_cast<long long>(micro)),
+                "use precision.grad_dtype = auto or f32 with gradient accumulation");
+  return DType::bf16;
 }
 
 DType mfu_dtype(const PrecisionPlan& plan) {

@@ -33,6 +33,15 @@ const std::vector<std::string>& precision_names();
 PrecisionPlan resolve_precision(const std::string& requested, const std::string& device, bool tf32);
 PrecisionPlan resolve_precision(const RunConfig& config, const Backend& backend);
 
+// The dtype of the blocks' weight gradients (precision.grad_dtype) in a run of world_size
+// processes. auto: BF16 when the run is bf16, on one process, with one micro-batch a step: each
+// gradient is then one GEMM's (or column sum's) output, written once and read by the norm and
+// the optimizer, and BF16 is what torch autocast leaves it as; F32 otherwise (accumulation over
+// micro-batches, FSDP's reductions, the other recipes). The embedding and head groups stay in
+// plan.grad: their gradients are sums of several writes a step (the head's token chunks, a tied
+// embedding). Throws Error(config) for bf16 where it would round sums.
+DType block_grad_dtype(const RunConfig& config, const PrecisionPlan& plan, int world_size);
+
 // The dtype whose dense peak MFU is measured against: FP8 for the per-tensor FP8 recipes (their
 // GEMMs run on the FP8 tensor cores, as TE and NeMo report), the activation dtype otherwise.
 DType mfu_dtype(const PrecisionPlan& plan);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/log.hpp"
 #include "mxtrain/dist/fsdp_store.hpp"
 #include "mxtrain/model/local_parameters.hpp"
 
@@ -57,9 +58,19 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
     for (int64_t l = 0; l < config.model.layers; ++l)
       if (linear.quantized(l, config.model.layers)) master_only_layers.push_back(l);
   }
+  const DType block_grad = block_grad_dtype(config, precision, world ? world->size() : 1);
+  if (backend.device() != Device::none) {
+    auto name = [](DType dtype) { return dtype == DType::bf16 ? "BF16" : dtype == DType::f32 ? "FP32" : "FP16"; };
+    log::info(block_grad == precision.grad
+                  ? strf("Gradients %s", name(precision.grad))
+                  : strf("Gradients %s in the blocks (one micro-batch a step on one GPU: each is one GEMM's output, "
+                         "as torch autocast leaves it), %s in the embedding and head; precision.grad_dtype = f32 "
+                         "keeps them all %s",
+                         name(block_grad), name(precision.grad), name(precision.grad)));
+  }
   if (world == nullptr) {
     auto store = std::make_unique<LocalParameterStore>(backend, config.model, precision.compute, precision.grad,
-                                                       master_only_layers);
+                                                       master_only_layers, block_grad);
     store->initialize(seed);
     return store;
   }
@@ -110,6 +121,8 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   // all-reduce after the update: it keeps its own pass).
   norm_in_optimizer_ = config_.optimizer.grad_clip <= 0 && !loss_scaler_ &&
                        dynamic_cast<LocalParameterStore*>(params_.get()) != nullptr;
+  if (auto* local = dynamic_cast<LocalParameterStore*>(params_.get()))
+    low_precision_block_grads_ = local->block_grad_dtype() != precision_.grad;
   graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ &&
                     options.linear.format == LinearFormat::high_precision &&
                     dynamic_cast<LocalParameterStore*>(params_.get()) != nullptr;
@@ -216,6 +229,12 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
 StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
                                  double learning_rate, int64_t step_number) {
   MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
+  if (low_precision_block_grads_ && micro_batches.size() > 1)
+    throw Error(ErrorKind::config,
+                strf("a step of %zu micro-batches would add the blocks' BF16 gradients in BF16 (precision.grad_dtype "
+                     "resolved for one micro-batch a step)",
+                     micro_batches.size()),
+                "set train.global_batch_size to the batch the step takes, or precision.grad_dtype = f32");
   const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
   const GraphShape shape{static_cast<int64_t>(micro_batches.size()), micro_batches[0].batch, micro_batches[0].seq,
                          global_tokens};
