@@ -84,6 +84,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
                                                                          : config.train.micro_batch_size},
                          {"precision", result.precision},
                          {"recompute", config.train.recompute},
+                         {"grad_clip", config.optimizer.grad_clip},
                          {"device", result.device},
                          {"gpu", result.device_name},
                          {"warmup_steps", options.warmup_steps},
