@@ -245,6 +245,44 @@ TEST(Precision, WithoutClippingTheOptimizerPassReportsTheNorm) {
   }
 }
 
+// The dryrun prices the AdamW pass's norm partials as the cuda backend allocates them (one f32
+// a block of 256 eight-element vectors, per group) when the norm comes out of it, none otherwise.
+TEST(Precision, TheDryrunAllocatesTheOptimizerNormPartials) {
+  struct Partials final : TraceObserver {
+    std::vector<size_t> bytes;
+    void on_op(const OpRecord&) override {}
+    void on_allocation(const AllocationEvent& event) override {
+      if (!event.is_free && event.name == "adamw.norm_partials") bytes.push_back(event.bytes_requested);
+    }
+  };
+  for (double clip : {0.0, 1.0}) {
+    RunConfig config = tiny("bf16");
+    config.train.device = "cuda";
+    config.optimizer.grad_clip = clip;
+    CudaAllocationModel cuda_model;
+    cuda_model.enabled = true;
+    DryrunBackend backend(0, "h200", cuda_model);
+    Partials partials;
+    backend.set_observer(&partials);
+    const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
+    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+    const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size,
+                                                      config.train.seq_len});
+    session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
+    backend.set_observer(nullptr);
+    const ModelLayout layout = build_layout(config.model);
+    if (clip > 0) {
+      EXPECT_TRUE(partials.bytes.empty());
+      continue;
+    }
+    ASSERT_EQ(partials.bytes.size(), layout.groups.size());
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+      const int64_t n = layout.groups[g].numel, vectors = n % 8 == 0 ? n / 8 : n;
+      EXPECT_EQ(partials.bytes[g], 4 * static_cast<size_t>((vectors + 255) / 256)) << layout.groups[g].name;
+    }
+  }
+}
+
 // Collects the names of allocations.
 class AllocationLog final : public TraceObserver {
  public:

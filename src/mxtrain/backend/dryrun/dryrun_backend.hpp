@@ -104,8 +104,8 @@ class DryrunBackend final : public Backend {
                              bool) override;
   void impl_fp8_scale_update(const Tensor&, const Tensor&, const Tensor&, const ScaleUpdateArgs&) override {}
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
-  void impl_adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                  const AdamWArgs&) override {}
+  void impl_adamw(const Tensor& param, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  const AdamWArgs& args) override;
 
  private:
   void grow_attention_workspace(size_t bytes);
