@@ -245,6 +245,32 @@ TEST(Precision, WithoutClippingTheOptimizerPassReportsTheNorm) {
   }
 }
 
+// Collects the names of allocations.
+class AllocationLog final : public TraceObserver {
+ public:
+  void on_op(const OpRecord&) override {}
+  void on_allocation(const AllocationEvent& event) override {
+    if (!event.is_free) names.insert(event.name);
+  }
+  std::set<std::string> names;
+};
+
+// The peak bytes of one dryrun step (bf16 activations, as on a GPU).
+// cuda_allocations: with the cuda backend's own scratch (CudaAllocationModel) as well.
+size_t dryrun_peak(const RunConfig& config, TraceObserver* log = nullptr, bool cuda_allocations = false) {
+  CudaAllocationModel cuda_model;
+  cuda_model.enabled = cuda_allocations;
+  DryrunBackend backend(0, "h200", cuda_model);
+  backend.set_native_quantized_gemms({DType::e4m3});  // Hopper: real FP8 GEMMs
+  if (log) backend.set_observer(log);
+  const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
+  TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+  const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size, config.train.seq_len});
+  session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
+  backend.set_observer(nullptr);
+  return backend.memory_stats().peak_live_bytes;
+}
+
 // The dryrun prices the AdamW pass's norm partials as the cuda backend allocates them (one f32
 // a block of 256 eight-element vectors, per group) when the norm comes out of it, none otherwise.
 TEST(Precision, TheDryrunAllocatesTheOptimizerNormPartials) {
@@ -259,17 +285,8 @@ TEST(Precision, TheDryrunAllocatesTheOptimizerNormPartials) {
     RunConfig config = tiny("bf16");
     config.train.device = "cuda";
     config.optimizer.grad_clip = clip;
-    CudaAllocationModel cuda_model;
-    cuda_model.enabled = true;
-    DryrunBackend backend(0, "h200", cuda_model);
     Partials partials;
-    backend.set_observer(&partials);
-    const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
-    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
-    const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size,
-                                                      config.train.seq_len});
-    session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
-    backend.set_observer(nullptr);
+    dryrun_peak(config, &partials, true);
     const ModelLayout layout = build_layout(config.model);
     if (clip > 0) {
       EXPECT_TRUE(partials.bytes.empty());
@@ -281,29 +298,6 @@ TEST(Precision, TheDryrunAllocatesTheOptimizerNormPartials) {
       EXPECT_EQ(partials.bytes[g], 4 * static_cast<size_t>((vectors + 255) / 256)) << layout.groups[g].name;
     }
   }
-}
-
-// Collects the names of allocations.
-class AllocationLog final : public TraceObserver {
- public:
-  void on_op(const OpRecord&) override {}
-  void on_allocation(const AllocationEvent& event) override {
-    if (!event.is_free) names.insert(event.name);
-  }
-  std::set<std::string> names;
-};
-
-// The peak bytes of one dryrun step (bf16 activations, as on a GPU).
-size_t dryrun_peak(const RunConfig& config, AllocationLog* log = nullptr) {
-  DryrunBackend backend(0, "h200");
-  backend.set_native_quantized_gemms({DType::e4m3});  // Hopper: real FP8 GEMMs
-  if (log) backend.set_observer(log);
-  const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
-  TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
-  const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size, config.train.seq_len});
-  session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
-  backend.set_observer(nullptr);
-  return backend.memory_stats().peak_live_bytes;
 }
 
 // precision.grad_dtype: auto gives the blocks BF16 gradients only in a bf16 run of one process
@@ -346,17 +340,9 @@ TEST(Precision, Bf16BlockGradientsHalveTheirBytes) {
   size_t peaks[2];
   for (int i = 0; i < 2; ++i) {
     config.precision.grad_dtype = i == 0 ? "auto" : "f32";
-    DryrunBackend backend(0, "h200");
     GradBytes grads;
-    backend.set_observer(&grads);
-    const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
-    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
-    const std::vector<TokenBatch> batch(1, TokenBatch{nullptr, nullptr, config.train.micro_batch_size,
-                                                      config.train.seq_len});
-    session.step(batch, config.train.micro_batch_size * config.train.seq_len, 1e-3, 1);
-    backend.set_observer(nullptr);
+    peaks[i] = dryrun_peak(config, &grads);
     bytes[i] = grads.bytes;
-    peaks[i] = backend.memory_stats().peak_live_bytes;
   }
   const ModelLayout layout = build_layout(config.model);
   ASSERT_EQ(bytes[0].size(), layout.groups.size());
