@@ -111,6 +111,9 @@ PrecisionComparison compare_precisions(const RunConfig& config, const PrecisionC
   for (const std::string& format : options.formats) {
     RunConfig run = config;
     run.train.precision = format;
+    // The curves differ in the format alone: grad_dtype's auto would give the bf16 run (only)
+    // BF16 block gradients, so unless it was set the comparison keeps f32 gradients in every run.
+    if (run.precision.grad_dtype == "auto") run.precision.grad_dtype = "f32";
     validate(run);
     resolve_precision(format, device, run.train.tf32);  // Error(config) now rather than after other runs
     runs.push_back(run);
