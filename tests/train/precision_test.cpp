@@ -324,6 +324,28 @@ TEST(Precision, BlockGradientDtypeFollowsTheRun) {
   EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::f32);
 }
 
+// BF16 block gradients hold one micro-batch's sum: a step fed several micro-batches (a config
+// that says one) is refused with the fix before any gradient is written; f32 ones accumulate.
+TEST(Precision, Bf16BlockGradientsRefuseAStepOfSeveralMicroBatches) {
+  for (const char* grad_dtype : {"auto", "f32"}) {
+    RunConfig config = tiny("bf16");
+    config.train.device = "cuda";
+    config.precision.grad_dtype = grad_dtype;
+    DryrunBackend backend(0, "h200");
+    const PrecisionPlan plan = resolve_precision(config.train.precision, "cuda", false);
+    TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+    const std::vector<TokenBatch> batches(2, TokenBatch{nullptr, nullptr, config.train.micro_batch_size,
+                                                        config.train.seq_len});
+    const int64_t tokens = 2 * config.train.micro_batch_size * config.train.seq_len;
+    if (std::string(grad_dtype) == "auto") {
+      EXPECT_THROW(session.step(batches, tokens, 1e-3, 1), Error);
+      EXPECT_NO_THROW(session.step({batches[0]}, tokens / 2, 1e-3, 1));
+    } else {
+      EXPECT_NO_THROW(session.step(batches, tokens, 1e-3, 1));
+    }
+  }
+}
+
 // A bf16 run's block gradients take half the bytes of f32 ones (the dryrun's allocations), the
 // embedding's and head's keep f32, and the step's peak falls.
 TEST(Precision, Bf16BlockGradientsHalveTheirBytes) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "mxtrain/core/error.hpp"
+
 namespace mxtrain {
 
 void initial_group_values(const ModelConfig& config, const ParamGroup& group, uint64_t seed, int64_t begin,
@@ -84,6 +86,15 @@ GradTarget LocalParameterStore::grad_target(int group, int index) {
   const Buffer& flat = grad_buffer(g);
   const bool accumulate = groups_[g].written.claim(static_cast<size_t>(index));
   return {param_view(flat, layout_.groups[g].params[static_cast<size_t>(index)]), accumulate};
+}
+
+void LocalParameterStore::begin_micro_batch(int, int count) {
+  if (count > 1 && block_grad_dtype_ != grad_dtype_)
+    throw Error(ErrorKind::config,
+                strf("a step of %d micro-batches would sum the blocks' gradients in %s (precision.grad_dtype "
+                     "resolved for one micro-batch a step)",
+                     count, std::string(dtype_name(block_grad_dtype_)).c_str()),
+                "set train.global_batch_size to the batch the step takes, or precision.grad_dtype = f32");
 }
 
 Tensor LocalParameterStore::grad(int group, int index) {

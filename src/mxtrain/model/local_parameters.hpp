@@ -35,7 +35,9 @@ class LocalParameterStore final : public ParameterStore {
   Tensor grad(int group, int index) override;
   GradTarget grad_target(int group, int index) override;
   void grads_ready(int) override {}
-  void begin_micro_batch(int, int) override {}
+  // Refuses a step of several micro-batches when the blocks' gradients are in a lower precision
+  // than grad_dtype: their sum would round in that precision (precision.grad_dtype).
+  void begin_micro_batch(int index, int count) override;
   void finish_backward() override;
   std::vector<ParamShard> shards() override;
   void grad_norm_sq(const Tensor& out) override;

@@ -117,7 +117,6 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   // local store's shards are whole groups, so their sums are the norm (FSDP's would need an
   // all-reduce after the update: it keeps its own pass).
   norm_in_optimizer_ = config_.optimizer.grad_clip <= 0 && !loss_scaler_ && local != nullptr;
-  if (local) low_precision_block_grads_ = local->block_grad_dtype() != precision_.grad;
   // A graph holds steps whose every launch is the same from step to step apart from the
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
   // quantized recipes (scales and histories kept on the host side), not FSDP's collectives
@@ -227,12 +226,6 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
 StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
                                  double learning_rate, int64_t step_number) {
   MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
-  if (low_precision_block_grads_ && micro_batches.size() > 1)
-    throw Error(ErrorKind::config,
-                strf("a step of %zu micro-batches would add the blocks' BF16 gradients in BF16 (precision.grad_dtype "
-                     "resolved for one micro-batch a step)",
-                     micro_batches.size()),
-                "set train.global_batch_size to the batch the step takes, or precision.grad_dtype = f32");
   const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
   const GraphShape shape{static_cast<int64_t>(micro_batches.size()), micro_batches[0].batch, micro_batches[0].seq,
                          global_tokens};

@@ -92,7 +92,6 @@ class TrainingSession {
   Buffer step_scalars_;            // f32 [4]: grad_norm_sq_, then step_factors_
   Tensor grad_norm_sq_;            // f32 [1]
   bool norm_in_optimizer_ = false;          // the AdamW pass sums the squared gradients (no clipping)
-  bool low_precision_block_grads_ = false;  // one micro-batch a step only (precision.grad_dtype)
 
   // Step graphs (train.cuda_graph): after kEagerSteps steps op by op, one step is captured and
   // later steps of the same shape replay it, until the backend reports it stale (memory was
