@@ -33,6 +33,14 @@ bool LinearRecipeOptions::quantized(int64_t layer, int64_t layers) const {
   return format != LinearFormat::high_precision && layer >= bf16_first_layers && layer < layers - bf16_last_layers;
 }
 
+std::string precision_label(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "BF16";
+    case DType::f16: return "FP16";
+    default: return "FP32";
+  }
+}
+
 namespace {
 
 bool per_tensor(LinearFormat format) {
@@ -57,18 +65,9 @@ bool runs_native(const LinearRecipeOptions& options, const Backend& backend) {
   return options.allow_native && backend.supports(OpKind::linear_forward, format_dtype(options.format));
 }
 
-// "BF16", "FP16", "FP32" for the start-up line.
-std::string label(DType dtype) {
-  switch (dtype) {
-    case DType::bf16: return "BF16";
-    case DType::f16: return "FP16";
-    default: return "FP32";
-  }
-}
-
 std::string where_it_runs(const LinearRecipeOptions& options, const Backend& backend, DType activation) {
   const bool native = runs_native(options, backend);
-  const std::string compute = label(activation);
+  const std::string compute = precision_label(activation);
   const DeviceProperties props = backend.properties();
   std::string device = strf("sm_%d", props.compute_capability);
   if (backend.device() == Device::cpu) device = "the cpu";
@@ -118,8 +117,8 @@ std::string describe_linear_recipe(const LinearRecipeOptions& options, const Bac
   head += strf("; %lld of %lld blocks quantized", static_cast<long long>(quantized), static_cast<long long>(layers));
   if (options.bf16_first_layers > 0 || options.bf16_last_layers > 0)
     head += strf(" (first %lld and last %lld in %s)", static_cast<long long>(options.bf16_first_layers),
-                 static_cast<long long>(options.bf16_last_layers), label(activation).c_str());
-  head += "; embeddings, head, attention and norms stay in " + label(activation);
+                 static_cast<long long>(options.bf16_last_layers), precision_label(activation).c_str());
+  head += "; embeddings, head, attention and norms stay in " + precision_label(activation);
   return head;
 }
 

@@ -60,13 +60,13 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
   }
   const DType block_grad = block_grad_dtype(config, precision, world ? world->size() : 1);
   if (backend.device() != Device::none) {
-    auto name = [](DType dtype) { return dtype == DType::bf16 ? "BF16" : dtype == DType::f32 ? "FP32" : "FP16"; };
+    const std::string grad = precision_label(precision.grad), block = precision_label(block_grad);
     log::info(block_grad == precision.grad
-                  ? strf("Gradients %s", name(precision.grad))
+                  ? "Gradients " + grad
                   : strf("Gradients %s in the blocks (one micro-batch a step on one GPU: each is one GEMM's output, "
                          "as torch autocast leaves it), %s in the embedding and head; precision.grad_dtype = f32 "
                          "keeps them all %s",
-                         name(block_grad), name(precision.grad), name(precision.grad)));
+                         block.c_str(), grad.c_str(), grad.c_str()));
   }
   if (world == nullptr) {
     auto store = std::make_unique<LocalParameterStore>(backend, config.model, precision.compute, precision.grad,
