@@ -167,6 +167,9 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
   const float grad_scale = loss_scale / static_cast<float>(global_tokens);
   backend_.fill(loss_sum_, 0.0f);
+  // A captured step's host inputs are all read at its start (the next replay may refill their
+  // staging as soon as they are): the learning-rate factors first, then the micro-batches.
+  if (captured) backend_.copy_from_host(host_step_factors_, step_factors_);
   const int count = static_cast<int>(micro_batches.size());
   for (int i = 0; i < count; ++i) {
     params_->begin_micro_batch(i, count);
@@ -184,10 +187,7 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   PhaseScope scope(backend_, Phase::optimizer);
   if (!norm_in_optimizer_) params_->grad_norm_sq(grad_norm_sq_);
   AdamWArgs args = adamw_args(learning_rate, step_number);
-  if (captured) {
-    backend_.copy_from_host(host_step_factors_, step_factors_);
-    args.step_factors = step_factors_;
-  }
+  if (captured) args.step_factors = step_factors_;
   bool apply = true;
   if (loss_scaler_) {
     // The norm of the unscaled gradients (clipping reads it); inf/NaN = the scaled ones overflowed.
@@ -225,6 +225,12 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
 
 StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
                                  double learning_rate, int64_t step_number) {
+  launch_step(micro_batches, global_tokens, learning_rate, step_number);
+  return last_result();
+}
+
+void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
+                                  double learning_rate, int64_t step_number) {
   MXTRAIN_ASSERT(!micro_batches.empty() && global_tokens > 0, "empty step");
   const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
   const GraphShape shape{static_cast<int64_t>(micro_batches.size()), micro_batches[0].batch, micro_batches[0].seq,
@@ -263,15 +269,20 @@ StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, i
       ++eager_steps_;
     }
   }
+  launched_ = Launched{step_number, global_tokens, apply, loss_scaler_ ? loss_scale : 0.0f};
+}
 
+StepResult TrainingSession::last_result() {
+  MXTRAIN_ASSERT(launched_.step_number > 0, "last_result before any step");
   StepResult result;
   const double loss_sum = all_reduce_sum(backend_.read_scalar(loss_sum_));
-  result.loss = loss_sum / static_cast<double>(global_tokens);
+  result.loss = loss_sum / static_cast<double>(launched_.global_tokens);
   result.grad_norm = std::sqrt(static_cast<double>(backend_.read_scalar(grad_norm_sq_)));
-  result.skipped = !apply;
-  result.loss_scale = loss_scaler_ ? loss_scale : 0.0;
+  result.skipped = !launched_.applied;
+  result.loss_scale = launched_.loss_scale;
   if (!std::isfinite(result.loss))
-    throw Error(ErrorKind::numerics, strf("the loss became %f at step %lld", result.loss, static_cast<long long>(step_number)),
+    throw Error(ErrorKind::numerics,
+                strf("the loss became %f at step %lld", result.loss, static_cast<long long>(launched_.step_number)),
                 "lower optimizer.lr, raise schedule.warmup_steps, keep optimizer.grad_clip on, or use a wider precision; "
                 "then resume from the last checkpoint");
   return result;

@@ -61,8 +61,17 @@ class TrainingSession {
 
   // One optimizer step over `micro_batches` (this rank's share of the global batch).
   // global_tokens: tokens of the global batch over all ranks (the loss is their mean).
+  // step() = launch_step(), then last_result().
   StepResult step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens, double learning_rate,
                   int64_t step_number);
+  // The step's device work, enqueued; returns without reading its results, so the host can
+  // prepare and enqueue the next step while this one runs (`mxtrain bench`'s timed steps, as a
+  // PyTorch loop that never calls loss.item()). A replayed graph waits only until the previous
+  // replay has read its host inputs; fp16's loss scaling reads the norm within the step.
+  void launch_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens, double learning_rate,
+                   int64_t step_number);
+  // What the last launched step reported (waits for it); throws if its loss is not finite.
+  StepResult last_result();
   // Mean loss over the given batches (no gradients).
   double evaluate(const std::vector<TokenBatch>& batches);
   // Whether the last step replayed a captured step graph (train.cuda_graph).
@@ -109,6 +118,14 @@ class TrainingSession {
   std::vector<std::vector<int32_t>> host_tokens_, host_targets_;  // the captured copies' sources
   float host_step_factors_[3] = {};
   Tensor step_factors_;  // f32 [3]: AdamWArgs::step_factors of a captured step
+
+  // The last launched step, for last_result().
+  struct Launched {
+    int64_t step_number = 0, global_tokens = 0;
+    bool applied = true;
+    float loss_scale = 0;
+  };
+  Launched launched_;
 };
 
 }  // namespace mxtrain

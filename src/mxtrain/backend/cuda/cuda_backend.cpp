@@ -61,7 +61,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   properties_.multiprocessors = props.multiProcessorCount;
   MXTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t& event : events_) MXTRAIN_CUDA_CHECK(cudaEventCreate(&event));
-  MXTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&replay_done_, cudaEventDisableTiming));
 
   gemm_workspace_ = allocate("cublaslt.workspace", Shape{static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes)},
                              DType::u8, Lifetime::workspace);
@@ -78,7 +77,6 @@ CudaBackend::~CudaBackend() {
   // Nothing may still run on memory that is about to go back to the allocator.
   if (stream_) cudaStreamSynchronize(stream_);
   drop_capture();
-  if (replay_done_) cudaEventDestroy(replay_done_);
   attention_.reset();
   gemm_.reset();
   rope_tables_.clear();
@@ -171,10 +169,13 @@ bool CudaBackend::replay() {
     drop_capture();
     return false;
   }
-  MXTRAIN_CUDA_CHECK(cudaEventSynchronize(replay_done_));
-  for (const HostInput& input : host_inputs_) std::memcpy(input.staging, input.host, input.bytes);
+  // Each staging buffer is refilled once the previous replay's copy has read it (for a step's
+  // inputs, at its start), so this replay queues while that one still runs.
+  for (const HostInput& input : host_inputs_) {
+    MXTRAIN_CUDA_CHECK(cudaEventSynchronize(input.read));
+    std::memcpy(input.staging, input.host, input.bytes);
+  }
   MXTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
-  MXTRAIN_CUDA_CHECK(cudaEventRecord(replay_done_, stream_));
   return true;
 }
 
@@ -189,7 +190,10 @@ void CudaBackend::drop_capture() {
   if (graph_ != nullptr || !host_inputs_.empty()) cudaStreamSynchronize(stream_);
   if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
   graph_ = nullptr;
-  for (const HostInput& input : host_inputs_) cudaFreeHost(input.staging);
+  for (const HostInput& input : host_inputs_) {
+    cudaFreeHost(input.staging);
+    cudaEventDestroy(input.read);
+  }
   host_inputs_.clear();
 }
 
@@ -246,10 +250,13 @@ void CudaBackend::impl_copy(const Tensor& source, const Tensor& out) {
 void CudaBackend::impl_copy_from_host(const void* host, const Tensor& out) {
   if (capturing_) {
     // A copy node from staging of its own, which replay() refills from `host`.
-    void* staging = nullptr;
-    MXTRAIN_CUDA_CHECK(cudaHostAlloc(&staging, out.bytes(), cudaHostAllocDefault));
-    host_inputs_.push_back(HostInput{host, staging, out.bytes()});
-    MXTRAIN_CUDA_CHECK(cudaMemcpyAsync(out.data, staging, out.bytes(), cudaMemcpyHostToDevice, stream_));
+    // An event record node after it tells replay() when the staging may be refilled.
+    HostInput input{host, nullptr, out.bytes(), nullptr};
+    MXTRAIN_CUDA_CHECK(cudaHostAlloc(&input.staging, out.bytes(), cudaHostAllocDefault));
+    MXTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&input.read, cudaEventDisableTiming));
+    host_inputs_.push_back(input);
+    MXTRAIN_CUDA_CHECK(cudaMemcpyAsync(out.data, input.staging, out.bytes(), cudaMemcpyHostToDevice, stream_));
+    MXTRAIN_CUDA_CHECK(cudaEventRecordWithFlags(input.read, stream_, cudaEventRecordExternal));
     return;
   }
   // Pageable host memory is staged before cudaMemcpyAsync returns; pinned memory is read by

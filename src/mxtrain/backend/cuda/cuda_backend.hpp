@@ -159,10 +159,10 @@ class CudaBackend final : public Backend {
     const void* host;  // the caller's bytes, re-read at each replay
     void* staging;     // pinned; the graph's copy node reads it
     size_t bytes;
+    cudaEvent_t read;  // recorded by a node of the graph right after that copy
   };
   bool capturing_ = false;
   cudaGraphExec_t graph_ = nullptr;
-  cudaEvent_t replay_done_ = nullptr;  // the last replay's end: its copies have read the staging
   std::vector<HostInput> host_inputs_;
   size_t allocations_at_capture_ = 0;
   bool logged_capture_ = false;
