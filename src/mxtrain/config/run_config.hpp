@@ -32,6 +32,11 @@ struct TrainConfig {
   bool deterministic = false;        // deterministic attention backward on cuda
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
   bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
+
+  // Sequences per optimizer step over `world_size` ranks: global_batch_size, or one micro-batch a rank.
+  int64_t global_batch(int64_t world_size) const {
+    return global_batch_size ? global_batch_size : micro_batch_size * world_size;
+  }
 };
 
 // How train.precision's recipe runs (reference/precision_recipes.md §2; docs/precision.md).

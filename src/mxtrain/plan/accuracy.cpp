@@ -58,7 +58,7 @@ std::vector<AllocationEvent> record_step_allocations(Backend& backend, const Run
   {
     TrainingSession session(config, backend, precision, make_parameter_store(backend, config, precision, nullptr, 1));
     const int64_t micro = config.train.micro_batch_size, seq = config.train.seq_len;
-    const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro;
+    const int64_t global = config.train.global_batch(1);
     const std::vector<int32_t> zeros(static_cast<size_t>(micro * seq), 0);
     const std::vector<TokenBatch> batches(static_cast<size_t>(global / micro),
                                           TokenBatch{zeros.data(), zeros.data(), micro, seq});

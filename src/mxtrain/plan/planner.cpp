@@ -47,7 +47,7 @@ Plan make_plan(const RunConfig& config, const PlanTarget& target, const Calibrat
   plan.headroom = options.headroom;
   plan.micro_batch = config.train.micro_batch_size;
   plan.seq_len = config.train.seq_len;
-  plan.global_batch = config.train.global_batch_size ? config.train.global_batch_size : plan.micro_batch * plan.gpus;
+  plan.global_batch = config.train.global_batch(plan.gpus);
   const std::vector<std::string> groups = group_names(config.model);
   const auto capacity = static_cast<uint64_t>(gpu.memory_bytes);
 

@@ -256,8 +256,7 @@ Recommendation recommend(const RunConfig& config, const PlanTarget& target, cons
       available_precisions(options, config.train.tf32, &result.unavailable_precisions);
   Search search(config, gpu, calibration, options);
   const int64_t seq = config.train.seq_len;
-  const int64_t global =
-      config.train.global_batch_size ? config.train.global_batch_size : config.train.micro_batch_size * target.gpus;
+  const int64_t global = config.train.global_batch(target.gpus);
   const int nodes = target.nodes > 0 ? target.nodes : nodes_for(target.gpus, gpu);
 
   if (options.objective == "throughput") {

@@ -168,7 +168,7 @@ StepTrace trace_step(const TraceRequest& request) {
                  request.world_size);
   const PrecisionPlan precision = resolve_precision(config.train.precision, "cuda", config.train.tf32);
   const int64_t micro = config.train.micro_batch_size;
-  const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro * request.world_size;
+  const int64_t global = config.train.global_batch(request.world_size);
   if (global % (micro * request.world_size) != 0)
     throw Error(ErrorKind::config,
                 strf("train.global_batch_size = %lld is not a multiple of micro_batch_size x GPUs = %lld x %d",

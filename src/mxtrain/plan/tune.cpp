@@ -12,8 +12,7 @@ namespace mxtrain {
 
 std::vector<Candidate> grid_candidates(const RunConfig& config, const PlanTarget& target,
                                        const std::vector<std::string>& precisions) {
-  const int64_t global =
-      config.train.global_batch_size ? config.train.global_batch_size : config.train.micro_batch_size * target.gpus;
+  const int64_t global = config.train.global_batch(target.gpus);
   std::vector<Candidate> grid;
   for (const std::string& precision : precisions)
     for (const char* recompute : {"none", "selective", "full"})

@@ -19,7 +19,7 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
   result.precision = resolve_precision(config.train.precision, result.device, config.train.tf32).name;
   result.parameters = config.model.parameter_count();
   const int64_t micro = config.train.micro_batch_size;
-  const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro;
+  const int64_t global = config.train.global_batch(1);
   const int64_t accumulation = global / micro;
   const int64_t seq = config.train.seq_len;
   result.tokens_per_step = global * seq;
@@ -85,8 +85,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
                          {"params", result.parameters},
                          {"B", config.train.micro_batch_size},
                          {"T", config.train.seq_len},
-                         {"global_batch", config.train.global_batch_size ? config.train.global_batch_size
-                                                                         : config.train.micro_batch_size},
+                         {"global_batch", config.train.global_batch(1)},
                          {"precision", result.precision},
                          {"recompute", config.train.recompute},
                          {"grad_clip", config.optimizer.grad_clip},

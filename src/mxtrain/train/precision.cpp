@@ -71,7 +71,7 @@ DType block_grad_dtype(const RunConfig& config, const PrecisionPlan& plan, int w
   const std::string& asked = config.precision.grad_dtype;
   if (asked == "f32") return DType::f32;
   const int64_t micro = config.train.micro_batch_size;
-  const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro * world_size;
+  const int64_t global = config.train.global_batch(world_size);
   const bool one_micro_batch = global == micro * world_size;
   const bool bf16_run = plan.name == "bf16";
   if (asked != "bf16") return bf16_run && world_size == 1 && one_micro_batch ? DType::bf16 : DType::f32;

@@ -66,7 +66,7 @@ FormatCurve train_one(const RunConfig& config, const PrecisionComparisonOptions&
   TrainingSession session(config, *backend, precision, make_parameter_store(*backend, config, precision, nullptr, 1));
 
   const int64_t micro = config.train.micro_batch_size;
-  const int64_t global = config.train.global_batch_size ? config.train.global_batch_size : micro;
+  const int64_t global = config.train.global_batch(1);
   const int64_t global_tokens = global * config.train.seq_len;
   auto dataset = data::open_dataset("train", config.data.train, options.source_dir, "data.train", config.train.seq_len,
                                     config.model.vocab_size);
@@ -104,9 +104,7 @@ PrecisionComparison compare_precisions(const RunConfig& config, const PrecisionC
   comparison.baseline = pick_baseline(options.formats);
   comparison.steps = config.train.steps;
   comparison.final_window = std::max<int64_t>(1, config.train.steps / 10);
-  const int64_t micro = config.train.micro_batch_size;
-  comparison.tokens_per_step =
-      (config.train.global_batch_size ? config.train.global_batch_size : micro) * config.train.seq_len;
+  comparison.tokens_per_step = config.train.global_batch(1) * config.train.seq_len;
   std::vector<RunConfig> runs;
   for (const std::string& format : options.formats) {
     RunConfig run = config;

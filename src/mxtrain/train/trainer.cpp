@@ -144,7 +144,7 @@ TrainerSummary Trainer::run() {
   const RankGroup ranks(world_communicator);
   const PrecisionPlan precision = resolve_precision(c, *backend);
   const int64_t micro = c.train.micro_batch_size;
-  const int64_t global = c.train.global_batch_size ? c.train.global_batch_size : micro * world;
+  const int64_t global = c.train.global_batch(world);
   if (global % (micro * world) != 0)
     throw Error(ErrorKind::config,
                 strf("train.global_batch_size = %lld is not a multiple of micro_batch_size x ranks = %lld x %d",
@@ -220,8 +220,7 @@ TrainerSummary Trainer::run() {
                   "resume with the model settings of that run (see its config.toml), or train in another directory");
     }
     // Another split of the same global batch (other ranks, micro-batches or threads) trains alike.
-    const int64_t saved_global = saved.train.global_batch_size ? saved.train.global_batch_size
-                                                                : saved.train.micro_batch_size * meta.world_size;
+    const int64_t saved_global = saved.train.global_batch(meta.world_size);
     for (const std::string& key : config_differences(saved, c, {"train.", "optimizer.", "schedule.", "data."})) {
       if (key == "train.threads" || (saved_global == global && (key == "train.micro_batch_size" ||
                                                                 key == "train.global_batch_size")))
