@@ -42,11 +42,12 @@ Counts expected_recompute(const std::string& family, const RecomputePolicy& poli
         counts[{activation, Phase::recompute}] += 1;
         break;
       case RecomputeMode::full:
-        counts[{OpKind::norm_forward, Phase::recompute}] += 1 + 2;
+        // the rerun's attention and MLP norms (its residual add rides on the out projection's
+        // GEMM), then both norms again right before their GEMMs
+        counts[{OpKind::norm_forward, Phase::recompute}] += 2 + 2;
         counts[{OpKind::linear_forward, Phase::recompute}] += 3;
         if (llama) counts[{OpKind::rope_forward, Phase::recompute}] += 1;
         counts[{OpKind::attention_forward, Phase::recompute}] += 1;
-        counts[{OpKind::add_norm_forward, Phase::recompute}] += 1;
         counts[{activation, Phase::recompute}] += 1;
         break;
     }

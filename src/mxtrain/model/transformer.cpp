@@ -116,15 +116,25 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
                             Lifetime::activation);
   backend_.attention_forward(s.qkv, s.attn, s.lse, shape);
   {
-    Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
-    linears_.forward(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), projected, save_inputs);
     s.mid = activation("mid", l, config_.hidden, Lifetime::activation);
     s.norm2 = activation("mlp_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
     if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
     s.rstd2 = statistics("mlp_norm.rstd", l);
-    backend_.add_norm_forward(norm, x, projected, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2,
-                              s.mean2, s.rstd2, config_.norm_eps,
-                              linears_.amax_record(l, LinearKind::up, false, s.norm2));
+    if (!linears_.quantized(l)) {
+      // The first residual add rides on the out projection's GEMM (mid = attn · Wᵀ + b + x, one
+      // rounding), so the norm reads mid alone: one tensor's pass less than a separate add.
+      linears_.forward_residual(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), x, s.mid,
+                                save_inputs);
+      backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
+                            config_.norm_eps, linears_.amax_record(l, LinearKind::up, false, s.norm2));
+    } else {
+      // A quantized GEMM has no residual epilogue: the add rides on the norm instead.
+      Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
+      linears_.forward(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), projected, save_inputs);
+      backend_.add_norm_forward(norm, x, projected, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2,
+                                s.mean2, s.rstd2, config_.norm_eps,
+                                linears_.amax_record(l, LinearKind::up, false, s.norm2));
+    }
   }
 
   // MLP half.
