@@ -370,7 +370,7 @@ TEST(Precision, Bf16BlockGradientsHalveTheirBytes) {
   ASSERT_EQ(bytes[0].size(), layout.groups.size());
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const std::string name = layout.groups[g].name + ".grad";
-    const bool block = static_cast<int>(g) >= layout.first_layer_group && static_cast<int>(g) < layout.head_group;
+    const bool block = layout.is_layer_group(static_cast<int>(g));
     EXPECT_EQ(bytes[1][name], 4 * static_cast<size_t>(layout.groups[g].numel)) << name;
     EXPECT_EQ(bytes[0][name], (block ? 2 : 4) * static_cast<size_t>(layout.groups[g].numel)) << name;
   }

@@ -46,6 +46,8 @@ struct ModelLayout {
   int final_norm_weight = -1, final_norm_bias = -1, head_weight = -1;  // in the head group (head_weight -1 if tied)
   LayerParamIndex layer;                                // same indices in every block's group
   int layer_group(int64_t layer_index) const { return first_layer_group + static_cast<int>(layer_index); }
+  // Whether `group` holds a transformer block (not the embedding or the head).
+  bool is_layer_group(int group) const { return group >= first_layer_group && group < head_group; }
   int64_t parameter_count() const;
   // Finds "group/param" by full parameter name; false when absent.
   bool locate(const std::string& param_name, int* group, int* index) const;

@@ -66,8 +66,7 @@ Tensor LocalParameterStore::weight(int group, int index) {
 const Buffer& LocalParameterStore::grad_buffer(size_t group) {
   GroupStorage& storage = groups_[group];
   if (!storage.grad.defined()) {
-    const int index = static_cast<int>(group);
-    const bool block = index >= layout_.first_layer_group && index < layout_.head_group;
+    const bool block = layout_.is_layer_group(static_cast<int>(group));
     storage.grad = backend_.allocate(layout_.groups[group].name + ".grad", Shape{layout_.groups[group].numel},
                                      block ? block_grad_dtype_ : grad_dtype_, Lifetime::gradient);
     storage.written.reset(layout_.groups[group].params.size());
