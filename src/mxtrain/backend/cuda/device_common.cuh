@@ -155,6 +155,17 @@ inline unsigned blocks_for(int64_t work, int64_t per_block) {
   return static_cast<unsigned>((work + per_block - 1) / per_block);
 }
 
+// Calls f(I{}) with I the index type for splitting `count` items into rows and columns inside a
+// kernel: uint32_t when the count fits (a 64-bit division is a long instruction sequence, and
+// the element-wise kernels move only a few dozen bytes a thread), else int64_t.
+template <typename F> void with_index_type(int64_t count, F&& f) {
+  if (count <= static_cast<int64_t>(UINT32_MAX)) {
+    f(uint32_t{});
+  } else {
+    f(int64_t{});
+  }
+}
+
 [[noreturn]] inline void unsupported_dtype(const char* op, DType dtype) {
   throw Error(ErrorKind::unsupported,
               strf("the cuda backend has no %s kernel for %s tensors", op, std::string(dtype_name(dtype)).c_str()),

@@ -165,8 +165,7 @@ void require_same_dtype(const char* op, std::initializer_list<const Tensor*> ten
 }
 
 // ---- SwiGLU: gate_up [rows, 2F] = [gate | up], out [rows, F] ------------------------------------
-// I: the index type of the row/column split, 32-bit when the vector count allows (a 64-bit
-// division is a long instruction sequence; these kernels move only 48 or 80 bytes a thread).
+// I: the index type of the row/column split (with_index_type).
 //
 // sigmoid(g) = 1 / (1 + e^-g) with the hardware ex2 (__expf) and an approximate reciprocal
 // (__fdividef): a few ulp of f32 (far below the bf16 rounding of the result; the ops' tests
@@ -310,14 +309,16 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_
     using T = decltype(tag);
     auto* in = static_cast<const T*>(gate_up.data);
     auto* o = static_cast<T*>(out.data);
-    const bool narrow = n <= UINT32_MAX;
-    if (vector_path(ffn, {&gate_up, &out})) {
-      auto kernel = narrow ? swiglu_forward_kernel<8, 2, uint32_t, T> : swiglu_forward_kernel<8, 2, int64_t, T>;
-      kernel<<<blocks_for(n / 8, 2 * kThreads), kThreads, 0, stream>>>(in, o, n / 8, ffn, amax);
-    } else {
-      auto kernel = narrow ? swiglu_forward_kernel<1, 1, uint32_t, T> : swiglu_forward_kernel<1, 1, int64_t, T>;
-      kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, o, n, ffn, amax);
-    }
+    const bool vector = vector_path(ffn, {&gate_up, &out});
+    with_index_type(n, [&](auto index) {
+      using I = decltype(index);
+      if (vector) {
+        swiglu_forward_kernel<8, 2, I, T><<<blocks_for(n / 8, 2 * kThreads), kThreads, 0, stream>>>(in, o, n / 8, ffn,
+                                                                                                     amax);
+      } else {
+        swiglu_forward_kernel<1, 1, I, T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, o, n, ffn, amax);
+      }
+    });
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -333,14 +334,15 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dg
     auto* d = static_cast<const T*>(dout.data);
     auto* in = static_cast<const T*>(gate_up.data);
     auto* o = static_cast<T*>(dgate_up.data);
-    const bool narrow = n <= UINT32_MAX;
-    if (vector_path(ffn, {&dout, &gate_up, &dgate_up})) {
-      auto kernel = narrow ? swiglu_backward_kernel<8, uint32_t, T> : swiglu_backward_kernel<8, int64_t, T>;
-      kernel<<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(d, in, o, n / 8, ffn, amax);
-    } else {
-      auto kernel = narrow ? swiglu_backward_kernel<1, uint32_t, T> : swiglu_backward_kernel<1, int64_t, T>;
-      kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(d, in, o, n, ffn, amax);
-    }
+    const bool vector = vector_path(ffn, {&dout, &gate_up, &dgate_up});
+    with_index_type(n, [&](auto index) {
+      using I = decltype(index);
+      if (vector) {
+        swiglu_backward_kernel<8, I, T><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(d, in, o, n / 8, ffn, amax);
+      } else {
+        swiglu_backward_kernel<1, I, T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(d, in, o, n, ffn, amax);
+      }
+    });
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }

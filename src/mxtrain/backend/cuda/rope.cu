@@ -15,8 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// I: the index type of the item split, 32-bit when the item count allows (64-bit divisions are
-// long instruction sequences, and a thread moves only 32 bytes of activations).
+// I: the index type of the item split (with_index_type).
 template <int W, typename I, typename T>
 __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_table, int64_t items, int64_t seq,
                             int rotated_heads, int heads, int head_dim, int64_t row_stride, float sin_sign,
@@ -85,12 +84,13 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bo
     T* data = static_cast<T*>(qkv.data);
     const int width = vector ? 8 : 1;
     const int64_t items = rows * heads * (half / width);
-    const bool narrow = items <= UINT32_MAX;
-    auto kernel = vector ? (narrow ? rope_kernel<8, uint32_t, T> : rope_kernel<8, int64_t, T>)
-                         : (narrow ? rope_kernel<1, uint32_t, T> : rope_kernel<1, int64_t, T>);
-    kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(data, cos_table, sin_table, items, shape.seq,
-                                                                rotated_heads, heads, head_dim, qkv.cols(), sin_sign,
-                                                                amax);
+    with_index_type(items, [&](auto index) {
+      using I = decltype(index);
+      auto kernel = vector ? rope_kernel<8, I, T> : rope_kernel<1, I, T>;
+      kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(data, cos_table, sin_table, items, shape.seq,
+                                                                  rotated_heads, heads, head_dim, qkv.cols(), sin_sign,
+                                                                  amax);
+    });
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
 }
