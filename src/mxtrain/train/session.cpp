@@ -162,9 +162,8 @@ void TrainingSession::stage_graph_inputs(const std::vector<TokenBatch>& micro_ba
 }
 
 bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
-                               double learning_rate, int64_t step_number, bool captured) {
+                               double learning_rate, int64_t step_number, bool captured, float loss_scale) {
   // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
-  const float loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0f;
   const float grad_scale = loss_scale / static_cast<float>(global_tokens);
   backend_.fill(loss_sum_, 0.0f);
   // A captured step's host inputs are all read at its start (the next replay may refill their
@@ -253,7 +252,7 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
     if (capture) {
       stage_graph_inputs(micro_batches, learning_rate, step_number);
       try {
-        run_step(micro_batches, global_tokens, learning_rate, step_number, true);
+        run_step(micro_batches, global_tokens, learning_rate, step_number, true, loss_scale);
       } catch (...) {
         backend_.drop_capture();
         throw;
@@ -265,7 +264,7 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
       if (!replayed_) graph_eligible_ = false;
     }
     if (!replayed_) {
-      apply = run_step(micro_batches, global_tokens, learning_rate, step_number, false);
+      apply = run_step(micro_batches, global_tokens, learning_rate, step_number, false, loss_scale);
       ++eager_steps_;
     }
   }

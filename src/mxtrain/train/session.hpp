@@ -85,8 +85,9 @@ class TrainingSession {
   // The device work of one step; returns false if fp16's loss scaler skipped the update.
   // captured: host inputs come from host_tokens_/host_targets_/host_step_factors_ (which a
   // replay re-reads) and the optimizer takes its learning-rate factors from step_factors_.
+  // loss_scale: fp16's scale in effect for this step (1 without scaling), read by launch_step.
   bool run_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens, double learning_rate,
-                int64_t step_number, bool captured);
+                int64_t step_number, bool captured, float loss_scale);
   void stage_graph_inputs(const std::vector<TokenBatch>& micro_batches, double learning_rate, int64_t step_number);
   AdamWArgs adamw_args(double learning_rate, int64_t step_number) const;
 
