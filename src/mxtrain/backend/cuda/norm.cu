@@ -262,11 +262,12 @@ __device__ __forceinline__ void add_dx_sums(const float (&d)[W], const float (&v
   }
 }
 
-// The row's two means from each lane's partial sums (one row per warp).
+// The row's two means from each lane's partial sums (one row per warp). inv_cols = 1.0f / cols,
+// IEEE-rounded, passed in by the launch: a division here cost the fused kernel a register it
+// spilled.
 template <bool kLayer>
-__device__ __forceinline__ void dx_row_means(float sum_dxhat, float sum_dxhat_xhat, int cols, float& mean_dxhat,
+__device__ __forceinline__ void dx_row_means(float sum_dxhat, float sum_dxhat_xhat, float inv_cols, float& mean_dxhat,
                                              float& mean_dxhat_xhat) {
-  const float inv_cols = 1.0f / static_cast<float>(cols);
   mean_dxhat = kLayer ? warp_sum(sum_dxhat) * inv_cols : 0.0f;
   mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
 }
@@ -296,7 +297,7 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
     add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
   }
   float mean_dxhat, mean_dxhat_xhat;
-  dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, cols, mean_dxhat, mean_dxhat_xhat);
+  dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, 1.0f / static_cast<float>(cols), mean_dxhat, mean_dxhat_xhat);
 
   unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
@@ -328,22 +329,28 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // rows' dout * xhat (and dout) into its own shared-memory row, in row order; the block then sums
 // its warps' rows in warp order into one partial row per chunk.
 // Without a bias the kernel is held to 128 registers, four blocks (16 warps) an SM: for
-// llama-1b's rows (8 vectors a lane, 20 bytes spilled) its time in a step fell from 4.33 to
-// 3.87 ms (CUPTI, H200); at 165 registers only 12 warps fit. With a bias its two shared rows
+// llama-1b's rows (8 vectors a lane) its time in a step fell from 4.33 to 3.87 ms (CUPTI,
+// H200); at 165 registers only 12 warps fit. Its loop bounds are 32-bit and 1 / cols comes from
+// the launch, so at 128 registers it spills nothing (it spilled 20 bytes before: one launch
+// 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). With a bias its two shared rows
 // (64 KB a block at GPT-2 1.5B's width) allow three blocks anyway.
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias>
 __global__ void __launch_bounds__(kFusedWarps * 32, kBias ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
-                           T* dx, float* partial_weight, float* partial_bias, int64_t rows, int cols,
-                           int64_t rows_per_chunk, bool accumulate, unsigned* amax_out) {
+                           T* dx, float* partial_weight, float* partial_bias, int64_t rows, int cols, float inv_cols,
+                           int rows_per_chunk, bool accumulate, unsigned* amax_out) {
   constexpr bool kHold = W == 8 && sizeof(T) == 2 && K <= 8;
   constexpr int kHeld = kHold ? K : 1;
   constexpr int kSums = kBias ? 2 : 1;
+  constexpr int warps = kFusedWarps;
   extern __shared__ float warp_partials[];  // [warps][kSums][row]: dweight's row, then dbias's
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t chunk = blockIdx.x;
   const int64_t begin = chunk * rows_per_chunk;
-  const int64_t end = min(rows, begin + rows_per_chunk);
+  // The chunk's rows in 32-bit (at most rows_per_chunk): with a 64-bit bound and 1 / cols held
+  // across the row loop, the 8-vector RMSNorm kernel spilled both at its 128-register cap and
+  // reloaded them from L2 at every row (a fifth of its stall samples in ncu, H200).
+  const int count = static_cast<int>(min(rows - begin, static_cast<int64_t>(rows_per_chunk)));
   const int64_t row_floats = shared_row_floats<W>(cols);
   float* sum_w = warp_partials + static_cast<int64_t>(warp) * kSums * row_floats;
   float* sum_b = sum_w + row_floats;
@@ -351,7 +358,8 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   __syncwarp();
 
   unsigned amax = 0;
-  for (int64_t row = begin + warp; row < end; row += warps) {
+  for (int r = warp; r < count; r += warps) {
+    const int64_t row = begin + r;
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
     const float rstd = rstd_in[row];
@@ -385,7 +393,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
       add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
     }
     float mean_dxhat, mean_dxhat_xhat;
-    dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, cols, mean_dxhat, mean_dxhat_xhat);
+    dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, inv_cols, mean_dxhat, mean_dxhat_xhat);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * W;
@@ -600,7 +608,8 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
                            int64_t chunks, unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
-  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  const int rows_per_chunk = static_cast<int>((rows + chunks - 1) / chunks);  // <= max(32, rows / 512 + 1)
+  const float inv_cols = 1.0f / static_cast<float>(cols);
   const size_t shared_bytes = fused_shared_bytes(cols, with_bias, vector);
   auto go = [&](auto width, auto vectors, auto layer, auto has_bias) {
     constexpr int W = decltype(width)::value;
@@ -614,7 +623,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
     kernel<<<static_cast<unsigned>(chunks), kFusedWarps * 32, shared_bytes, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
-        partial_weight, partial_bias, rows, cols, rows_per_chunk, accumulate, amax);
+        partial_weight, partial_bias, rows, cols, inv_cols, rows_per_chunk, accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
