@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cpu_op_checks.hpp"
+#include "mxtrain/numerics/split_master.hpp"
 
 namespace mxtrain::test {
 namespace {
@@ -136,6 +137,53 @@ TEST(CpuAdamWNorm, SumsTheSquaredGradientsItReads) {
   }
   EXPECT_EQ(params[0], params[1]);
   EXPECT_EQ(params[0], params[2]);
+}
+
+// A split master (AdamWArgs::master_low: the bf16 copy as the high halves) takes the same
+// update, bit for bit, as an f32 master: over several steps the joined halves equal the f32
+// master, m and v are equal, and the high halves are the split of that master.
+TEST(CpuAdamWSplit, UpdatesAsTheF32Master) {
+  CpuBackend backend(2);
+  const int64_t n = 2 * 8192 + 77;
+  const std::vector<float> initial = random_vector(static_cast<size_t>(n), 41);
+  std::vector<uint16_t> high(static_cast<size_t>(n)), low(static_cast<size_t>(n));
+  for (size_t i = 0; i < high.size(); ++i) {
+    const numerics::SplitMaster halves = numerics::split_master(initial[i]);
+    high[i] = halves.high;
+    low[i] = halves.low;
+  }
+  Buffer param = upload(backend, initial, Shape{n});
+  Buffer copy = backend.allocate("copy", Shape{n}, DType::bf16, Lifetime::parameter);
+  Buffer split_copy = backend.allocate("split.copy", Shape{n}, DType::bf16, Lifetime::parameter);
+  Buffer split_low = backend.allocate("split.low", Shape{2 * n}, DType::u8, Lifetime::master_parameter);
+  backend.copy_from_host(high.data(), split_copy);
+  backend.copy_from_host(low.data(), split_low);
+  Buffer first = zeros(backend, Shape{n}), second = zeros(backend, Shape{n});
+  Buffer split_first = zeros(backend, Shape{n}), split_second = zeros(backend, Shape{n});
+  Buffer norm_sq = zeros(backend, Shape{1});
+  for (int step = 1; step <= 4; ++step) {
+    Buffer grad = upload(backend, random_vector(static_cast<size_t>(n), 50 + static_cast<uint64_t>(step)), Shape{n},
+                         DType::bf16);
+    AdamWArgs args;
+    args.learning_rate = 1e-2f;
+    args.weight_decay = 0.1f;
+    args.step = step;
+    args.decay_count = n / 2;
+    backend.adamw(param, grad, first, second, copy, norm_sq, args);
+    args.master_low = split_low;
+    backend.adamw(Tensor(), grad, split_first, split_second, split_copy, norm_sq, args);
+
+    const std::vector<float> master = download(backend, param);
+    backend.copy_to_host(split_copy, high.data());
+    backend.copy_to_host(split_low, low.data());
+    for (size_t i = 0; i < master.size(); ++i) {
+      ASSERT_EQ(numerics::float_to_bits(numerics::join_master(high[i], low[i])), numerics::float_to_bits(master[i]))
+          << "element " << i << " of step " << step;
+      ASSERT_EQ(high[i], numerics::split_master(master[i]).high) << "element " << i << " of step " << step;
+    }
+    ASSERT_EQ(download(backend, split_first), download(backend, first)) << "step " << step;
+    ASSERT_EQ(download(backend, split_second), download(backend, second)) << "step " << step;
+  }
 }
 
 }  // namespace

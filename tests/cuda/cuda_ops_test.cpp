@@ -18,6 +18,7 @@
 
 #include "cuda/cuda_test_support.hpp"
 #include "mxtrain/numerics/host_device.hpp"
+#include "mxtrain/numerics/split_master.hpp"
 
 namespace mxtrain::test {
 namespace {
@@ -703,6 +704,58 @@ TEST_F(CudaDataOps, AdamWMatchesOracle) {
       // A master value within an ulp of a bf16 rounding boundary may round the other way.
       EXPECT_LE(differ, static_cast<size_t>(n / 1000)) << tag << " compute copy";
     }
+  }
+}
+
+// A split master (AdamWArgs::master_low) on the GPU against the CPU oracle's split update: the
+// vector path (n a multiple of 8) and the scalar one.
+TEST_F(CudaDataOps, AdamWSplitMasterMatchesOracle) {
+  for (int64_t n : {int64_t{10000}, int64_t{10007}}) {
+    AdamWArgs args;
+    args.learning_rate = 3e-3f;
+    args.weight_decay = 0.1f;
+    args.step = 3;
+    args.decay_count = 6000;
+    args.grad_norm_output = AdamWArgs::NormOutput::overwrite;
+    const std::vector<float> param = random_vector(static_cast<size_t>(n), 90);
+    const std::vector<float> grad = rounded(random_vector(static_cast<size_t>(n), 91), DType::bf16);
+    const std::vector<float> m = random_vector(static_cast<size_t>(n), 92, -0.01f, 0.01f);
+    const std::vector<float> v = random_vector(static_cast<size_t>(n), 93, 0.0f, 1e-4f);
+    std::vector<uint16_t> high(static_cast<size_t>(n)), low(static_cast<size_t>(n));
+    for (size_t i = 0; i < high.size(); ++i) {
+      const numerics::SplitMaster halves = numerics::split_master(param[i]);
+      high[i] = halves.high;
+      low[i] = halves.low;
+    }
+    auto run = [&](Backend& backend, std::vector<float>& master, std::vector<uint16_t>& high_out) {
+      Buffer g = upload(backend, grad, Shape{n}, DType::bf16), first = upload(backend, m, Shape{n}),
+             second = upload(backend, v, Shape{n}), norm = upload(backend, {0.0f}, Shape{1});
+      Buffer copy = backend.allocate("copy", Shape{n}, DType::bf16, Lifetime::parameter);
+      Buffer lows = backend.allocate("low", Shape{2 * n}, DType::u8, Lifetime::master_parameter);
+      backend.copy_from_host(high.data(), copy);
+      backend.copy_from_host(low.data(), lows);
+      AdamWArgs split = args;
+      split.master_low = lows;
+      backend.adamw(Tensor(), g, first, second, copy, norm, split);
+      std::vector<uint16_t> lows_out(static_cast<size_t>(n));
+      high_out.resize(static_cast<size_t>(n));
+      backend.copy_to_host(copy, high_out.data());
+      backend.copy_to_host(lows, lows_out.data());
+      master.resize(static_cast<size_t>(n));
+      for (size_t i = 0; i < master.size(); ++i) master[i] = numerics::join_master(high_out[i], lows_out[i]);
+      return std::make_pair(download(backend, first), download(backend, norm)[0]);
+    };
+    std::vector<float> cpu_master, gpu_master;
+    std::vector<uint16_t> cpu_high, gpu_high;
+    const auto [cpu_m, cpu_norm] = run(cpu(), cpu_master, cpu_high);
+    const auto [gpu_m, gpu_norm] = run(cuda(), gpu_master, gpu_high);
+    const std::string tag = "adamw split n=" + std::to_string(n);
+    EXPECT_LE(report_error(tag + " master", gpu_master, cpu_master), 1e-6);
+    EXPECT_LE(report_error(tag + " m", gpu_m, cpu_m), 1e-6);
+    EXPECT_NEAR(gpu_norm, cpu_norm, 1e-5 * cpu_norm) << tag;
+    size_t wrong_high = 0;
+    for (size_t i = 0; i < gpu_master.size(); ++i) wrong_high += gpu_high[i] != numerics::split_master(gpu_master[i]).high;
+    EXPECT_EQ(wrong_high, 0u) << tag << ": the high halves are the split of the joined master";
   }
 }
 

@@ -217,7 +217,11 @@ SessionRun run_session(const char* preset, bool cuda_graph, bool lean = false, b
     run.replayed.push_back(session.replayed_graph());
     if (step == 4) run.losses.push_back(session.evaluate(batches_for(50, storage)));
   }
-  for (const ParamShard& shard : session.params().shards()) run.weights.push_back(download(*backend, shard.master));
+  for (const ParamShard& shard : session.params().shards()) {
+    std::vector<float> master(static_cast<size_t>(shard.count));
+    download_master(*backend, shard, master.data());
+    run.weights.push_back(std::move(master));
+  }
   return run;
 }
 

@@ -622,27 +622,36 @@ AdamWStepFactors adamw_step_factors(const AdamWArgs& args) {
 
 void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) {
-  MXTRAIN_ASSERT(param.dtype == DType::f32 && m.dtype == DType::f32 && v.dtype == DType::f32,
-                 "adamw: master, m and v must be f32");
-  MXTRAIN_ASSERT(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
-                 "adamw: sizes differ");
-  MXTRAIN_ASSERT(!compute_copy.defined() || compute_copy.numel() == param.numel(), "adamw: compute copy size");
+  const bool split = args.master_low.defined();
+  const int64_t count = grad.numel();
+  if (split) {
+    MXTRAIN_ASSERT(!param.defined() && compute_copy.defined() && compute_copy.dtype == DType::bf16 &&
+                       args.master_low.dtype == DType::u8 && args.master_low.numel() == 2 * count,
+                   "adamw: a split master is a bf16 compute copy and u8 [2n] low halves, with no f32 param");
+  } else {
+    MXTRAIN_ASSERT(param.dtype == DType::f32 && param.numel() == count, "adamw: the master must be f32 [n]");
+  }
+  MXTRAIN_ASSERT(m.dtype == DType::f32 && v.dtype == DType::f32, "adamw: m and v must be f32");
+  MXTRAIN_ASSERT(m.numel() == count && v.numel() == count, "adamw: sizes differ");
+  MXTRAIN_ASSERT(!compute_copy.defined() || compute_copy.numel() == count, "adamw: compute copy size");
   MXTRAIN_ASSERT(args.max_grad_norm <= 0 || grad_norm_sq.defined(), "adamw: clipping needs grad_norm_sq");
-  MXTRAIN_ASSERT(args.decay_count >= 0 && args.decay_count <= param.numel(), "adamw: decay_count");
+  MXTRAIN_ASSERT(args.decay_count >= 0 && args.decay_count <= count, "adamw: decay_count");
   MXTRAIN_ASSERT(!args.step_factors.defined() ||
                      (args.step_factors.dtype == DType::f32 && args.step_factors.numel() == 3),
                  "adamw: step_factors must be f32 [3]");
   const bool norm_out = args.grad_norm_output != AdamWArgs::NormOutput::none;
   MXTRAIN_ASSERT(!norm_out || (args.max_grad_norm <= 0 && grad_norm_sq.defined() && grad_norm_sq.dtype == DType::f32),
                  "adamw: the squared gradient norm comes out of the update only without clipping, into an f32 tensor");
-  record({OpKind::adamw, phase_, grad.dtype, (norm_out ? 18 : 16) * n(param),
-          2 * b(param) + b(grad) + 2 * b(m) + 2 * b(v) + b(compute_copy)});
+  // A split master reads and writes both halves; an f32 one reads and writes it, and writes the copy.
+  const double master_bytes = split ? 2 * b(args.master_low) + 2 * b(compute_copy) : 2 * b(param) + b(compute_copy);
+  record({OpKind::adamw, phase_, grad.dtype, (norm_out ? 18 : 16) * n(grad),
+          master_bytes + b(grad) + 2 * b(m) + 2 * b(v)});
   const Tensor& written = compute_copy.defined() ? compute_copy : param;
   for (const AmaxSegment& segment : args.weight_amaxes)
-    MXTRAIN_ASSERT(segment.begin >= 0 && segment.begin < segment.end && segment.end <= param.numel() &&
+    MXTRAIN_ASSERT(segment.begin >= 0 && segment.begin < segment.end && segment.end <= count &&
                        segment.amax.dtype == DType::f32 && segment.amax.numel() >= 1,
                    "adamw: amax segment [%lld, %lld) of %lld elements", static_cast<long long>(segment.begin),
-                   static_cast<long long>(segment.end), static_cast<long long>(param.numel()));
+                   static_cast<long long>(segment.end), static_cast<long long>(count));
   impl_adamw(param, grad, m, v, compute_copy, grad_norm_sq, args);
   if (records_output_amax()) return;
   // Part of the op, untraced (as finish_amax): the pass a recording kernel spares.

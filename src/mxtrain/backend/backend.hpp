@@ -182,6 +182,10 @@ struct AdamWArgs {
   // over the gradients. Deterministic like sum_of_squares, not bit-equal to it (another order).
   enum class NormOutput { none, overwrite, add };
   NormOutput grad_norm_output = NormOutput::none;
+  // A split master (numerics/split_master.hpp): u8 [2 * count], the low halves as 16-bit words.
+  // The master is then compute_copy (bf16, the high halves) joined with these; `param` is
+  // undefined, and the update writes both halves back.
+  Tensor master_low;
 };
 
 // The learning-rate and step dependent factors of an AdamW update, formed in double and rounded
@@ -365,6 +369,8 @@ class Backend {
   // receives the rounded new weights. args.weight_amaxes: each segment's amax max= the amax of
   // the new weights there, as the amax op would take it over that slice of compute_copy (param
   // without one) — recorded by the kernel where records_output_amax(), else a pass after it.
+  // With args.master_low the master is split (param undefined; compute_copy bf16 holds the
+  // high halves): joined, updated as above, split again (numerics/split_master.hpp).
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
              const Tensor& grad_norm_sq, const AdamWArgs& args);
 

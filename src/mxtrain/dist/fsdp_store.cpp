@@ -373,7 +373,7 @@ std::vector<ParamShard> FsdpParameterStore::shards() {
     const int64_t decay = std::clamp<int64_t>(layout_.groups[g].decay_numel - s.begin, 0, s.count);
     result.push_back(ParamShard{static_cast<int>(g), s.begin, s.count, slice(s.master, s.count),
                                 slice(s.grad, s.count), slice(s.m, s.count), slice(s.v, s.count),
-                                s.compute.defined() ? slice(s.compute, s.count) : Tensor(), decay});
+                                s.compute.defined() ? slice(s.compute, s.count) : Tensor(), decay, Tensor()});
   }
   return result;
 }

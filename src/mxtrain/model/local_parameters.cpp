@@ -17,7 +17,7 @@ void initial_group_values(const ModelConfig& config, const ParamGroup& group, ui
 
 LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype,
                                          DType grad_dtype, const std::vector<int64_t>& master_only_layers,
-                                         std::optional<DType> block_grad_dtype)
+                                         std::optional<DType> block_grad_dtype, bool split_masters)
     : backend_(backend), config_(config), layout_(build_layout(config)), compute_dtype_(compute_dtype),
       grad_dtype_(grad_dtype), block_grad_dtype_(block_grad_dtype.value_or(grad_dtype)) {
   groups_.resize(layout_.groups.size());
@@ -27,7 +27,12 @@ LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& co
     const ParamGroup& group = layout_.groups[g];
     GroupStorage& storage = groups_[g];
     Shape flat{group.numel};
-    storage.master = backend_.allocate(group.name + ".master", flat, DType::f32, Lifetime::master_parameter);
+    // A bf16 compute copy and the low halves hold the f32 master exactly (split_master.hpp).
+    if (split_masters && compute_dtype_ == DType::bf16 && !master_only[g])
+      storage.master_low =
+          backend_.allocate(group.name + ".master_low", Shape{2 * group.numel}, DType::u8, Lifetime::master_parameter);
+    else
+      storage.master = backend_.allocate(group.name + ".master", flat, DType::f32, Lifetime::master_parameter);
     if (compute_dtype_ != DType::f32 && !master_only[g])
       storage.compute = backend_.allocate(group.name + ".weight", flat, compute_dtype_, Lifetime::parameter);
     storage.m = backend_.allocate(group.name + ".adam_m", flat, DType::f32, Lifetime::optimizer_state);
@@ -41,12 +46,21 @@ void LocalParameterStore::initialize(uint64_t seed) {
     if (backend_.device() != Device::none) {
       std::vector<float> host(static_cast<size_t>(layout_.groups[g].numel));
       initial_group_values(config_, layout_.groups[g], seed, 0, layout_.groups[g].numel, host.data());
-      backend_.copy_from_host(host.data(), storage.master);
+      upload_master(backend_, master_of(storage), host.data());
+    } else if (storage.master.defined() && storage.compute.defined()) {
+      backend_.copy(storage.master, storage.compute);  // the dryrun's record of the op
     }
-    if (storage.compute.defined()) backend_.copy(storage.master, storage.compute);
     backend_.fill(storage.m, 0.0f);
     backend_.fill(storage.v, 0.0f);
   }
+}
+
+ParamShard LocalParameterStore::master_of(const GroupStorage& storage) {
+  ParamShard shard;
+  shard.master = storage.master.tensor();
+  shard.master_low = storage.master_low.tensor();
+  shard.compute_copy = storage.compute.tensor();
+  return shard;
 }
 
 Tensor LocalParameterStore::param_view(const Tensor& flat, const ParamSpec& spec) const {
@@ -110,9 +124,14 @@ std::vector<ParamShard> LocalParameterStore::shards() {
     GroupStorage& storage = groups_[g];
     const ParamGroup& group = layout_.groups[g];
     const Tensor grad = storage.grad.defined() ? storage.grad.tensor() : Tensor();
-    result.push_back(ParamShard{static_cast<int>(g), 0, group.numel, storage.master, grad, storage.m,
-                                storage.v, storage.compute.defined() ? storage.compute.tensor() : Tensor(),
-                                group.decay_numel});
+    ParamShard shard = master_of(storage);
+    shard.group = static_cast<int>(g);
+    shard.count = group.numel;
+    shard.grad = grad;
+    shard.m = storage.m;
+    shard.v = storage.v;
+    shard.decay_count = group.decay_numel;
+    result.push_back(shard);
   }
   return result;
 }

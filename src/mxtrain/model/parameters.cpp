@@ -1,8 +1,43 @@
 #include "mxtrain/model/parameters.hpp"
 
+#include <vector>
+
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/numerics/split_master.hpp"
 
 namespace mxtrain {
+
+void download_master(Backend& backend, const ParamShard& shard, float* host) {
+  if (!shard.master_low.defined()) {
+    backend.copy_to_host(shard.master, host);
+    return;
+  }
+  const auto count = static_cast<size_t>(shard.compute_copy.numel());
+  std::vector<uint16_t> high(count), low(count);
+  backend.copy_to_host(shard.compute_copy, high.data());
+  backend.copy_to_host(shard.master_low, low.data());
+  for (size_t i = 0; i < count; ++i) host[i] = numerics::join_master(high[i], low[i]);
+}
+
+void upload_master(Backend& backend, const ParamShard& shard, const float* host) {
+  if (!shard.master_low.defined()) {
+    backend.copy_from_host(host, shard.master);
+    if (shard.compute_copy.defined()) backend.copy(shard.master, shard.compute_copy);
+    return;
+  }
+  MXTRAIN_ASSERT(shard.compute_copy.defined() && shard.compute_copy.dtype == DType::bf16 &&
+                     shard.master_low.numel() == 2 * shard.compute_copy.numel(),
+                 "a split master needs a bf16 compute copy and 2 bytes of low halves a weight");
+  const auto count = static_cast<size_t>(shard.compute_copy.numel());
+  std::vector<uint16_t> high(count), low(count);
+  for (size_t i = 0; i < count; ++i) {
+    const numerics::SplitMaster halves = numerics::split_master(host[i]);
+    high[i] = halves.high;
+    low[i] = halves.low;
+  }
+  backend.copy_from_host(high.data(), shard.compute_copy);
+  backend.copy_from_host(low.data(), shard.master_low);
+}
 
 Tensor gradient_to_add_to(Backend& backend, const GradTarget& target) {
   if (!target.accumulate) backend.fill(target.tensor, 0.0f);

@@ -19,13 +19,22 @@ struct ParamShard {
   int group = 0;
   int64_t begin = 0;    // first element of the group held here
   int64_t count = 0;    // elements held here
-  Tensor master;        // f32 [count]
+  Tensor master;        // f32 [count]; undefined when the master is split (master_low)
   Tensor grad;          // reduced gradient [count] (f32 or compute dtype); a local store leaves it
                         // undefined between an update and the next backward pass
   Tensor m, v;          // f32 [count]
   Tensor compute_copy;  // compute-dtype copy refreshed by the optimizer (undefined when compute is f32)
   int64_t decay_count = 0;  // elements [0, decay_count) of this shard get weight decay
+  // A split master (numerics/split_master.hpp): u8 [2 * count], the low halves, with
+  // compute_copy (bf16) the high halves. Read and write masters through download_master and
+  // upload_master, which handle both forms.
+  Tensor master_low;
 };
+
+// The shard's f32 master weights into host[count]; and from host[count] into the shard, its
+// compute copy refreshed (the copy is the master's rounding, or its high half when split).
+void download_master(Backend& backend, const ParamShard& shard, float* host);
+void upload_master(Backend& backend, const ParamShard& shard, const float* host);
 
 // A gradient as an op that can either overwrite or add sees it: accumulate is false for the
 // parameter's first write since its gradient buffer was last zeroed or allocated, so the writer

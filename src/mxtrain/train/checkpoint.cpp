@@ -57,9 +57,9 @@ void pause_for_crash_test(int64_t step, const std::string& temporary) {
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
-const Tensor& shard_tensor(const ParamShard& shard, int kind) {
-  return kind == 0 ? shard.master : (kind == 1 ? shard.m : shard.v);
-}
+// The optimizer state of kinds 1 and 2 (the master, kind 0, goes through download_master and
+// upload_master).
+const Tensor& shard_tensor(const ParamShard& shard, int kind) { return kind == 1 ? shard.m : shard.v; }
 
 }  // namespace
 
@@ -94,7 +94,10 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
     for (const ParamShard& shard : shards) {
       host.resize(static_cast<size_t>(shard.count));
       for (int kind = 0; kind < 3; ++kind) {
-        backend.copy_to_host(shard_tensor(shard, kind), host.data());
+        if (kind == 0)
+          download_master(backend, shard, host.data());  // f32, also when the store splits it
+        else
+          backend.copy_to_host(shard_tensor(shard, kind), host.data());
         size_t bytes = host.size() * sizeof(float);
         if (std::fwrite(host.data(), 1, bytes, file) != bytes) {
           std::fclose(file);
@@ -235,9 +238,11 @@ CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<
                          static_cast<long long>(covered), static_cast<long long>(shard.count), shard.group,
                          kKinds[kind]),
                     "the checkpoint belongs to a different model shape; check model.* against its manifest");
-      backend.copy_from_host(local.data(), shard_tensor(shard, kind));
+      if (kind == 0)
+        upload_master(backend, shard, local.data());  // and the compute copy
+      else
+        backend.copy_from_host(local.data(), shard_tensor(shard, kind));
     }
-    if (shard.compute_copy.defined()) backend.copy(shard.master, shard.compute_copy);
     if (shard.grad.defined()) backend.fill(shard.grad, 0.0f);
   }
   return meta;

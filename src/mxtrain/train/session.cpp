@@ -69,8 +69,12 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
                          block.c_str(), grad.c_str(), grad.c_str()));
   }
   if (world == nullptr) {
+    // Precision bf16 on one process keeps each master split into its bf16 copy and the low
+    // halves (numerics/split_master.hpp). The FP8/MX recipes keep f32 masters (quantized_weights
+    // saves memory by dropping copies, which a split master has no separate one of).
+    const bool split_masters = precision.compute == DType::bf16 && precision.linear == LinearFormat::high_precision;
     auto store = std::make_unique<LocalParameterStore>(backend, config.model, precision.compute, precision.grad,
-                                                       master_only_layers, block_grad);
+                                                       master_only_layers, block_grad, split_masters);
     store->initialize(seed);
     return store;
   }
@@ -214,6 +218,7 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
       args.weight_amaxes.push_back({offset, offset + weight.weight.numel(), weight.amax});
       recorded.push_back(&weight);
     }
+    args.master_low = shard.master_low;  // a split master: (compute_copy, master_low)
     backend_.adamw(shard.master, shard.grad, shard.m, shard.v, shard.compute_copy, grad_norm_sq_, args);
     for (const LinearRecipe::WeightAmax* weight : recorded) model_->linears().weight_amax_recorded(*weight);
   }

@@ -9,11 +9,13 @@
 // g = grad · grad_multiplier · clip with clip as torch.nn.utils.clip_grad_norm_ computes it in
 // f32: min(1, max_norm / (sqrt(norm²) + 1e-6)). Elementwise, so any split over threads is exact.
 // Without clipping the pass can also leave the squared gradient norm (AdamWArgs::grad_norm_output).
+// A split master (AdamWArgs::master_low) is joined before the update and split after it.
 #include <cmath>
 #include <vector>
 
 #include "mxtrain/backend/cpu/cpu_backend.hpp"
 #include "mxtrain/backend/cpu/cpu_internal.hpp"
+#include "mxtrain/numerics/split_master.hpp"
 
 namespace mxtrain {
 namespace {
@@ -30,7 +32,9 @@ void CpuBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tenso
   if (!cpu::is_float_storage(grad.dtype)) cpu::throw_unsupported("adamw", grad.dtype);
   if (compute_copy.defined() && !cpu::is_float_storage(compute_copy.dtype))
     cpu::throw_unsupported("adamw", compute_copy.dtype);
-  cpu::require_f32("adamw", {&param, &m, &v, &grad_norm_sq});
+  const bool split = args.master_low.defined();  // the master as (compute_copy, master_low)
+  cpu::require_f32("adamw", {&m, &v, &grad_norm_sq});
+  if (!split) cpu::require_f32("adamw", {&param});
   MXTRAIN_ASSERT(args.step >= 1, "adamw: step %lld must be >= 1", static_cast<long long>(args.step));
 
   float clip = 1.0f;
@@ -53,27 +57,35 @@ void CpuBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tenso
   const float epsilon = args.epsilon;
   const float multiplier = args.grad_multiplier;
 
-  float* p = param.ptr<float>();
+  float* p = split ? nullptr : param.ptr<float>();
+  uint16_t* high = split ? compute_copy.ptr<uint16_t>() : nullptr;
+  uint16_t* low = split ? args.master_low.ptr<uint16_t>() : nullptr;
+  const int64_t count = grad.numel();
   float* first = m.ptr<float>();
   float* second = v.ptr<float>();
   const int64_t decay_count = args.decay_count;
   // The squared norm, when asked for, as impl_sum forms it: a double per element block, added in
   // block order.
   const bool norm_out = args.grad_norm_output != AdamWArgs::NormOutput::none;
-  std::vector<double> partials(norm_out ? static_cast<size_t>((param.numel() + cpu::kElementBlock - 1) /
-                                                              cpu::kElementBlock)
+  std::vector<double> partials(norm_out ? static_cast<size_t>((count + cpu::kElementBlock - 1) / cpu::kElementBlock)
                                         : 0);
-  cpu::parallel_blocks(threads_, param.numel(), cpu::kElementBlock, [&](int64_t begin, int64_t end) {
+  cpu::parallel_blocks(threads_, count, cpu::kElementBlock, [&](int64_t begin, int64_t end) {
     double squares = 0;
     for (int64_t i = begin; i < end; ++i) {
       const float g = cpu::load_as_float(grad.data, grad.dtype, i) * multiplier * clip;
       squares += static_cast<double>(g) * g;
-      float weight = p[i];
+      float weight = split ? numerics::join_master(high[i], low[i]) : p[i];
       if (i < decay_count) weight *= decay_factor;
       first[i] = lerp(first[i], g, m_weight);
       second[i] = second[i] * beta2_f + v_weight * g * g;
       const float denominator = std::sqrt(second[i]) / bias_correction2_sqrt + epsilon;
       weight = weight + negative_step_size * first[i] / denominator;
+      if (split) {
+        const numerics::SplitMaster halves = numerics::split_master(weight);
+        high[i] = halves.high;
+        low[i] = halves.low;
+        continue;
+      }
       p[i] = weight;
       if (!compute_copy.defined()) continue;
       switch (compute_copy.dtype) {

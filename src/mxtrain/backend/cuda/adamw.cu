@@ -8,10 +8,14 @@
 // Current scaling's weight amaxes (args.weight_amaxes) are recorded as the new weights are
 // written: each warp adds the max |value| of its vectors to its segment's amax, so the next
 // cast of each weight skips its own pass (a read of every quantized weight a step).
+// A split master (AdamWArgs::master_low) is read as its two 16-bit halves, joined, updated as
+// above and split again: 26 bytes a parameter with bf16 gradients instead of 28.
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
+#include "mxtrain/numerics/split_master.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 namespace mxtrain::cuda_kernels {
 namespace {
@@ -52,12 +56,41 @@ __device__ __forceinline__ float torch_lerp(float start, float end, float weight
                               : __fsub_rn(end, __fmul_rn(__fsub_rn(end, start), __fsub_rn(1.0f, weight)));
 }
 
-template <int W, typename G, typename C>
-__global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, const float* grad_norm_sq,
-                             const float* step_factors, int64_t vectors, AdamWScalars s, AmaxSegments amaxes,
-                             float* norm_partials) {
+// W 16-bit words (W = 8: one 16-byte access).
+template <int W> __device__ __forceinline__ void load_words(const uint16_t* p, uint16_t (&w)[W]) {
+  if constexpr (W == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const uint16_t* e = reinterpret_cast<const uint16_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = e[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = p[i];
+  }
+}
+template <int W> __device__ __forceinline__ void store_words(uint16_t* p, const uint16_t (&w)[W]) {
+  if constexpr (W == 8) {
+    uint4 raw;
+    uint16_t* e = reinterpret_cast<uint16_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = w[i];
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) p[i] = w[i];
+  }
+}
+
+// kSplit: the master is (copy, low) joined (numerics/split_master.hpp), C is bf16 and param
+// unused; the update reads and writes the two halves (4 bytes a weight each way) instead of
+// reading and writing the f32 master and writing the copy (4 + 6).
+template <int W, typename G, typename C, bool kSplit>
+__global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, uint16_t* low,
+                             const float* grad_norm_sq, const float* step_factors, int64_t vectors, AdamWScalars s,
+                             AmaxSegments amaxes, float* norm_partials) {
   // The weights' values as stored: the compute copy's type, or the master's.
   using Stored = std::conditional_t<std::is_same_v<C, NoCopy>, float, C>;
+  static_assert(!kSplit || std::is_same_v<C, bf16>, "a split master's high half is the bf16 copy");
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   // Past the end a thread leaves, unless its block still meets: whole warps for the amax
   // record, the whole block for the norm's block sum.
@@ -76,8 +109,16 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
   const int64_t base = vec * W;
   float p[W], g[W], first[W], second[W];
   float squares = 0.0f;
+  uint16_t high[W], low_half[W];
   if (active) {
-    load<W>(param + base, p);
+    if constexpr (kSplit) {
+      load_words<W>(reinterpret_cast<const uint16_t*>(copy) + base, high);
+      load_words<W>(low + base, low_half);
+#pragma unroll
+      for (int i = 0; i < W; ++i) p[i] = numerics::join_master(high[i], low_half[i]);
+    } else {
+      load<W>(param + base, p);
+    }
     load<W>(grad + base, g);
     load<W>(m + base, first);
     load<W>(v + base, second);
@@ -92,10 +133,22 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
       const float denominator = __fadd_rn(__fdiv_rn(sqrtf(second[i]), s.bias_correction2_sqrt), s.epsilon);
       p[i] = __fadd_rn(weight, __fdiv_rn(__fmul_rn(s.negative_step_size, first[i]), denominator));
     }
-    store<W>(param + base, p);
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        const numerics::SplitMaster halves = numerics::split_master(p[i]);
+        high[i] = halves.high;
+        low_half[i] = halves.low;
+        p[i] = __uint_as_float(static_cast<uint32_t>(halves.high) << 16);  // the value stored, for the amax
+      }
+      store_words<W>(reinterpret_cast<uint16_t*>(copy) + base, high);
+      store_words<W>(low + base, low_half);
+    } else {
+      store<W>(param + base, p);
+    }
     store<W>(m + base, first);
     store<W>(v + base, second);
-    if constexpr (!std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
+    if constexpr (!kSplit && !std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
   }
   if (norm_partials != nullptr) {  // one partial a block, added in block order after the kernel
     squares = block_sum(squares);
@@ -129,7 +182,8 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
 
 void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
            const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args, cudaStream_t stream) {
-  const int64_t n = param.numel();
+  const int64_t n = grad.numel();
+  const bool split = args.master_low.defined();
   const bool norm_out = args.grad_norm_output != AdamWArgs::NormOutput::none;
   if (n == 0) {
     if (norm_out && args.grad_norm_output == AdamWArgs::NormOutput::overwrite)
@@ -153,7 +207,7 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
   const float* norm = args.max_grad_norm > 0 ? static_cast<const float*>(grad_norm_sq.data) : nullptr;
   const float* step_factors = args.step_factors.defined() ? static_cast<const float*>(args.step_factors.data) : nullptr;
   const bool vector = n % 8 == 0 && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
-                      aligned16(compute_copy);
+                      aligned16(compute_copy) && aligned16(args.master_low);
   AmaxSegments segments;
   for (const AmaxSegment& segment : args.weight_amaxes) {
     if (segments.count == kSegments) break;
@@ -163,9 +217,10 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
     ++segments.count;
   }
   Buffer partials;  // the norm's, one a block
-  auto launch = [&](auto grad_tag, auto copy_tag) {
+  auto launch = [&](auto grad_tag, auto copy_tag, auto split_tag) {
     using G = decltype(grad_tag);
     using C = decltype(copy_tag);
+    constexpr bool kSplit = decltype(split_tag)::value;
     C* copy = static_cast<C*>(compute_copy.data);
     float* p = static_cast<float*>(param.data);
     const G* g = static_cast<const G*>(grad.data);
@@ -173,24 +228,30 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
     float* second = static_cast<float*>(v.data);
     const int64_t vectors = vector ? n / 8 : n;
     const unsigned blocks = blocks_for(vectors, kThreads);
-    auto kernel = vector ? adamw_kernel<8, G, C> : adamw_kernel<1, G, C>;
+    auto kernel = vector ? adamw_kernel<8, G, C, kSplit> : adamw_kernel<1, G, C, kSplit>;
     if (norm_out) partials = backend.allocate("adamw.norm_partials", Shape{blocks}, DType::f32, Lifetime::scratch);
-    kernel<<<blocks, kThreads, 0, stream>>>(p, g, first, second, copy, norm, step_factors, vectors, s, segments,
+    kernel<<<blocks, kThreads, 0, stream>>>(p, g, first, second, copy, static_cast<uint16_t*>(args.master_low.data),
+                                            norm, step_factors, vectors, s, segments,
                                             norm_out ? partials.tensor().ptr<float>() : nullptr);
     MXTRAIN_CUDA_CHECK_LAUNCH();
     if (norm_out)
       sum_partials_final(partials.tensor().ptr<float>(), blocks, grad_norm_sq.ptr<float>(),
                          args.grad_norm_output == AdamWArgs::NormOutput::add, stream);
   };
+  using Plain = std::false_type;
   dispatch_float<true>(grad.dtype, "adamw", [&](auto grad_tag) {
+    if (split) {
+      launch(grad_tag, bf16{}, std::true_type{});
+      return;
+    }
     if (!compute_copy.defined()) {
-      launch(grad_tag, NoCopy{});
+      launch(grad_tag, NoCopy{}, Plain{});
       return;
     }
     switch (compute_copy.dtype) {
-      case DType::bf16: launch(grad_tag, bf16{}); return;
-      case DType::f16: launch(grad_tag, f16{}); return;
-      case DType::f32: launch(grad_tag, float{}); return;
+      case DType::bf16: launch(grad_tag, bf16{}, Plain{}); return;
+      case DType::f16: launch(grad_tag, f16{}, Plain{}); return;
+      case DType::f32: launch(grad_tag, float{}, Plain{}); return;
       default: unsupported_dtype("adamw (compute copy)", compute_copy.dtype);
     }
   });  // Segments past the launch's capacity: an amax pass each over the new weights.

@@ -110,11 +110,11 @@ void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
                              Lifetime::scratch);
 }
 
-void DryrunBackend::impl_adamw(const Tensor& param, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+void DryrunBackend::impl_adamw(const Tensor&, const Tensor& grad, const Tensor&, const Tensor&, const Tensor&,
                                const Tensor&, const AdamWArgs& args) {
   // adamw.cu with grad_norm_output: one f32 partial sum per block of 256 threads, a thread per
   // 8-element vector (the shards are whole, aligned groups).
-  const int64_t n = param.numel();
+  const int64_t n = grad.numel();
   if (!cuda_.enabled || n == 0 || args.grad_norm_output == AdamWArgs::NormOutput::none) return;
   const int64_t vectors = n % 8 == 0 ? n / 8 : n;
   Buffer partials = allocate("adamw.norm_partials", Shape{(vectors + 255) / 256}, DType::f32, Lifetime::scratch);
