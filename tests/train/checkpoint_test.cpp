@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/numerics/split_master.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "support/test_support.hpp"
 
@@ -78,6 +79,56 @@ TEST(Checkpoint, RoundTripAndReshardFromFourPiecesToOneAndTwo) {
         for (float value : test::download(*backend, target.shards[g].grad)) EXPECT_EQ(value, 0.0f);
       }
     }
+  }
+}
+
+// The same shards with their masters split (the bf16 copy and the low halves, as a one-GPU bf16
+// store keeps them) save the same FP32 values and load them back exactly, from and into either
+// form: a checkpoint does not depend on how the store held its masters.
+Shards split_masters(Backend& backend, const Shards& plain) {
+  Shards result;
+  for (const ParamShard& source : plain.shards) {
+    ParamShard shard = source;
+    shard.master = Tensor();
+    result.buffers.push_back(backend.allocate("copy", Shape{shard.count}, DType::bf16, Lifetime::parameter));
+    shard.compute_copy = result.buffers.back();
+    result.buffers.push_back(backend.allocate("low", Shape{2 * shard.count}, DType::u8, Lifetime::master_parameter));
+    shard.master_low = result.buffers.back();
+    std::vector<float> values(static_cast<size_t>(shard.count));
+    download_master(backend, source, values.data());
+    upload_master(backend, shard, values.data());
+    result.shards.push_back(shard);
+  }
+  return result;
+}
+
+TEST(Checkpoint, SplitMastersSaveAndLoadTheirFp32Values) {
+  test::TempDir dir;
+  std::unique_ptr<Backend> backend = create_backend("cpu");
+  const std::vector<int64_t> sizes{64, 96};
+  Shards plain = make_shards(*backend, sizes, 1, 0, 7);
+  Shards split = split_masters(*backend, plain);
+  CheckpointMeta meta;
+  meta.step = 3;
+  meta.world_size = 1;
+  CheckpointStore store(dir.path(), 0, 1);
+  store.save(meta, split.shards, *backend);
+  // Into FP32 masters: the values the split shards were made from.
+  Shards fp32_target = make_shards(*backend, sizes, 1, 0, 50);
+  store.load(store.list()[0], fp32_target.shards, *backend);
+  // Into split masters: the same values after joining, and the copy is their split's high half.
+  Shards split_target = split_masters(*backend, make_shards(*backend, sizes, 1, 0, 60));
+  store.load(store.list()[0], split_target.shards, *backend);
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    const std::vector<float> expected = test::download(*backend, plain.shards[g].master);
+    EXPECT_EQ(test::download(*backend, fp32_target.shards[g].master), expected) << g;
+    std::vector<float> joined(expected.size());
+    download_master(*backend, split_target.shards[g], joined.data());
+    EXPECT_EQ(joined, expected) << g;
+    std::vector<uint16_t> high(expected.size());
+    backend->copy_to_host(split_target.shards[g].compute_copy, high.data());
+    for (size_t i = 0; i < high.size(); ++i) EXPECT_EQ(high[i], numerics::split_master(expected[i]).high) << i;
+    EXPECT_EQ(test::download(*backend, split_target.shards[g].m), test::download(*backend, plain.shards[g].m)) << g;
   }
 }
 
