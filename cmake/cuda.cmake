@@ -33,8 +33,8 @@ endforeach()
 file(GLOB_RECURSE MXTRAIN_CUDA_SOURCES CONFIGURE_DEPENDS
      ${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/*.cu
      ${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/*.cpp
-     ${PROJECT_SOURCE_DIR}/src/mxtrain/dist/nccl/*.cpp
-     ${PROJECT_SOURCE_DIR}/src/mxtrain/dist/nccl/*.cu)
+     ${PROJECT_SOURCE_DIR}/src/mxtrain/distributed/nccl/*.cpp
+     ${PROJECT_SOURCE_DIR}/src/mxtrain/distributed/nccl/*.cu)
 add_library(mxtrain_cuda STATIC ${MXTRAIN_CUDA_SOURCES})
 target_include_directories(mxtrain_cuda SYSTEM PRIVATE ${CUDNN_INCLUDE_DIR} ${CUDNN_FRONTEND_INCLUDE_DIR}
                                                        ${NCCL_INCLUDE_DIR})

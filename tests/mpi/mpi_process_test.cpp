@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "dist/process_helpers.hpp"
+#include "distributed/process_helpers.hpp"
 #include "mxtrain/core/error.hpp"
 #include "support/test_support.hpp"
 

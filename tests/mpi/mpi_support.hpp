@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "mxtrain/config/run_config.hpp"
-#include "mxtrain/dist/mpi/mpi_communicator.hpp"
+#include "mxtrain/distributed/mpi/mpi_communicator.hpp"
 
 namespace mxtrain::test {
 

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "mxtrain/core/error.hpp"
-#include "mxtrain/plan/svg_chart.hpp"
+#include "mxtrain/report/svg_chart.hpp"
 #include "mxtrain/plan/tune.hpp"
 #include "support/test_support.hpp"
 

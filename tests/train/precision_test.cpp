@@ -19,7 +19,7 @@
 #include "mxtrain/numerics/fp8.hpp"
 #include "mxtrain/train/loss_scaler.hpp"
 #include "mxtrain/train/precision.hpp"
-#include "mxtrain/train/precision_comparison.hpp"
+#include "mxtrain/plan/precision_comparison.hpp"
 #include "mxtrain/train/session.hpp"
 #include "support/test_support.hpp"
 

@@ -8,7 +8,7 @@
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/train/precision_comparison.hpp"
+#include "mxtrain/plan/precision_comparison.hpp"
 
 namespace mxtrain::cli {
 

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "mxtrain/cli/commands.hpp"
-#include "mxtrain/dist/communicator_factory.hpp"
+#include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/runtime/launcher.hpp"
 #include "mxtrain/runtime/rank_environment.hpp"
 

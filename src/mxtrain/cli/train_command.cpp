@@ -10,7 +10,7 @@
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/dist/communicator_factory.hpp"
+#include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/runtime/launcher.hpp"
 #include "mxtrain/train/trainer.hpp"
 

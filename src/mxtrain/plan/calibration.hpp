@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mxtrain/backend/dryrun/dryrun_backend.hpp"
-#include "mxtrain/plan/gpu_catalog.hpp"
+#include "mxtrain/hw/gpu_catalog.hpp"
 
 namespace mxtrain {
 

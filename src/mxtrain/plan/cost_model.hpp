@@ -11,7 +11,7 @@
 // exposed communication = replayed step time - compute time.
 #pragma once
 #include "mxtrain/plan/calibration.hpp"
-#include "mxtrain/plan/gpu_catalog.hpp"
+#include "mxtrain/hw/gpu_catalog.hpp"
 #include "mxtrain/plan/step_trace.hpp"
 
 namespace mxtrain {

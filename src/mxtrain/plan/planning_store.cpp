@@ -1,7 +1,7 @@
 #include "mxtrain/plan/planning_store.hpp"
 
-#include "mxtrain/dist/fake_communicator.hpp"
-#include "mxtrain/dist/fsdp_store.hpp"
+#include "mxtrain/distributed/fake_communicator.hpp"
+#include "mxtrain/distributed/fsdp_store.hpp"
 #include "mxtrain/train/session.hpp"
 
 namespace mxtrain {

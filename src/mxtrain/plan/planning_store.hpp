@@ -7,7 +7,7 @@
 
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/config/run_config.hpp"
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/model/parameters.hpp"
 #include "mxtrain/plan/timeline_communicator.hpp"
 #include "mxtrain/train/precision.hpp"

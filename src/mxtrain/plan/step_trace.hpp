@@ -14,7 +14,7 @@
 #include "mxtrain/backend/allocator.hpp"
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/config/run_config.hpp"
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/plan/calibration.hpp"
 
 namespace mxtrain {

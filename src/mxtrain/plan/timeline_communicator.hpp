@@ -5,7 +5,7 @@
 #pragma once
 #include <memory>
 
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 
 namespace mxtrain {
 

@@ -6,7 +6,7 @@
 #include "mxtrain/build_info.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/plan/svg_chart.hpp"
+#include "mxtrain/report/svg_chart.hpp"
 
 namespace mxtrain {
 

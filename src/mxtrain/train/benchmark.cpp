@@ -6,7 +6,7 @@
 #include "mxtrain/build_info.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/plan/gpu_catalog.hpp"
+#include "mxtrain/hw/gpu_catalog.hpp"
 #include "mxtrain/train/schedule.hpp"
 #include "mxtrain/train/session.hpp"
 

@@ -4,7 +4,7 @@
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/dist/fsdp_store.hpp"
+#include "mxtrain/distributed/fsdp_store.hpp"
 #include "mxtrain/model/local_parameters.hpp"
 
 namespace mxtrain {

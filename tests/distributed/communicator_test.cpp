@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "mxtrain/core/error.hpp"
-#include "mxtrain/dist/communicator_factory.hpp"
-#include "mxtrain/dist/fake_communicator.hpp"
-#include "mxtrain/dist/single_communicator.hpp"
+#include "mxtrain/distributed/communicator_factory.hpp"
+#include "mxtrain/distributed/fake_communicator.hpp"
+#include "mxtrain/distributed/single_communicator.hpp"
 #include "mxtrain/runtime/tcp_rendezvous.hpp"
 #include "support/test_support.hpp"
 

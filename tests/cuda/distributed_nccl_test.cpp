@@ -6,9 +6,9 @@
 #include <csignal>
 
 #include "cuda/cuda_test_support.hpp"
-#include "dist/process_helpers.hpp"
-#include "mxtrain/dist/communicator_factory.hpp"
-#include "mxtrain/dist/fsdp_store.hpp"
+#include "distributed/process_helpers.hpp"
+#include "mxtrain/distributed/communicator_factory.hpp"
+#include "mxtrain/distributed/fsdp_store.hpp"
 #include "mxtrain/train/precision.hpp"
 #include "mxtrain/train/session.hpp"
 

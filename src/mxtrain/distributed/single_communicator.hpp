@@ -3,7 +3,7 @@
 // The FSDP store runs unchanged on it, which is how world size 1 reproduces the local store.
 #pragma once
 #include "mxtrain/backend/backend.hpp"
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 
 namespace mxtrain {
 

@@ -8,7 +8,7 @@
 #include <csignal>
 #include <filesystem>
 
-#include "dist/process_helpers.hpp"
+#include "distributed/process_helpers.hpp"
 #include "mxtrain/core/error.hpp"
 #include "support/test_support.hpp"
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "mxtrain/backend/backend.hpp"
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/runtime/rank_environment.hpp"
 
 namespace mxtrain {

@@ -7,8 +7,8 @@
 #include <csignal>
 #include <fstream>
 
-#include "dist/process_helpers.hpp"
-#include "mxtrain/dist/communicator_factory.hpp"
+#include "distributed/process_helpers.hpp"
+#include "mxtrain/distributed/communicator_factory.hpp"
 #include "support/test_support.hpp"
 
 namespace mxtrain {

@@ -1,4 +1,4 @@
-#include "mxtrain/dist/fsdp_store.hpp"
+#include "mxtrain/distributed/fsdp_store.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "mxtrain/dist/fake_communicator.hpp"
+#include "mxtrain/distributed/fake_communicator.hpp"
 
 #include "mxtrain/core/error.hpp"
 

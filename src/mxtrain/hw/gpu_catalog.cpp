@@ -1,4 +1,4 @@
-#include "mxtrain/plan/gpu_catalog.hpp"
+#include "mxtrain/hw/gpu_catalog.hpp"
 
 #include <algorithm>
 #include <cctype>

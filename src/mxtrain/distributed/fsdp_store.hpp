@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "mxtrain/config/run_config.hpp"
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/model/parameters.hpp"
 
 namespace mxtrain {

@@ -1,4 +1,4 @@
-#include "mxtrain/dist/single_communicator.hpp"
+#include "mxtrain/distributed/single_communicator.hpp"
 
 #include "mxtrain/core/error.hpp"
 

@@ -1,4 +1,4 @@
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 
 namespace mxtrain {
 

@@ -1,4 +1,4 @@
-#include "mxtrain/train/precision_comparison.hpp"
+#include "mxtrain/plan/precision_comparison.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
-#include "mxtrain/plan/svg_chart.hpp"
+#include "mxtrain/report/svg_chart.hpp"
 #include "mxtrain/train/precision.hpp"
 #include "mxtrain/train/schedule.hpp"
 #include "mxtrain/train/session.hpp"

@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 
 namespace mxtrain {
 

@@ -8,7 +8,7 @@
 #pragma once
 #include <map>
 
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 
 namespace mxtrain {
 

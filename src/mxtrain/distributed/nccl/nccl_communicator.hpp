@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
-#include "mxtrain/dist/communicator.hpp"
+#include "mxtrain/distributed/communicator.hpp"
 
 namespace mxtrain {
 

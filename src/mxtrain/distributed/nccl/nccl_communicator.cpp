@@ -1,4 +1,4 @@
-#include "mxtrain/dist/nccl/nccl_communicator.hpp"
+#include "mxtrain/distributed/nccl/nccl_communicator.hpp"
 
 #include <algorithm>
 #include <exception>

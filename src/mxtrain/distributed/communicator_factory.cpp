@@ -1,12 +1,12 @@
-#include "mxtrain/dist/communicator_factory.hpp"
+#include "mxtrain/distributed/communicator_factory.hpp"
 
 #include <cstdlib>
 
 #include "mxtrain/core/error.hpp"
-#include "mxtrain/dist/single_communicator.hpp"
+#include "mxtrain/distributed/single_communicator.hpp"
 #include "mxtrain/runtime/tcp_rendezvous.hpp"
 #ifdef MXTRAIN_HAVE_MPI
-#include "mxtrain/dist/mpi/mpi_communicator.hpp"
+#include "mxtrain/distributed/mpi/mpi_communicator.hpp"
 #endif
 
 namespace mxtrain {

@@ -1,4 +1,4 @@
-#include "mxtrain/plan/svg_chart.hpp"
+#include "mxtrain/report/svg_chart.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "mxtrain/dist/mpi/mpi_communicator.hpp"
+#include "mxtrain/distributed/mpi/mpi_communicator.hpp"
 
 #include <climits>
 #include <exception>
