@@ -30,21 +30,19 @@ foreach(required CUDNN_INCLUDE_DIR CUDNN_LIBRARY CUDNN_FRONTEND_INCLUDE_DIR NCCL
   endif()
 endforeach()
 
-file(GLOB_RECURSE MXTRAIN_CUDA_SOURCES CONFIGURE_DEPENDS
-     ${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/*.cu
-     ${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/*.cpp
-     ${PROJECT_SOURCE_DIR}/src/mxtrain/distributed/nccl/*.cpp
-     ${PROJECT_SOURCE_DIR}/src/mxtrain/distributed/nccl/*.cu)
-add_library(mxtrain_cuda STATIC ${MXTRAIN_CUDA_SOURCES})
-target_include_directories(mxtrain_cuda SYSTEM PRIVATE ${CUDNN_INCLUDE_DIR} ${CUDNN_FRONTEND_INCLUDE_DIR}
-                                                       ${NCCL_INCLUDE_DIR})
-target_compile_options(mxtrain_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo
-                                            -Xcompiler=-Wall>)
-# No --use_fast_math: it flushes FP32 subnormals, and the quantizers must match the CPU reference bit for bit.
+# What every target with CUDA code needs: the toolkit's headers and libraries, cuDNN, its
+# frontend and NCCL. The backend/cuda layer and the NCCL communicator link it.
+add_library(mxtrain_cuda_toolkit INTERFACE)
+target_include_directories(mxtrain_cuda_toolkit SYSTEM INTERFACE ${CUDNN_INCLUDE_DIR} ${CUDNN_FRONTEND_INCLUDE_DIR}
+                                                                 ${NCCL_INCLUDE_DIR})
 # cudnn-frontend >= 1.21 compiles kernels at run time through NVRTC.
-target_link_libraries(mxtrain_cuda PUBLIC mxtrain_lib CUDA::cudart CUDA::cublasLt CUDA::cublas ${CUDNN_LIBRARY}
-                                          ${NCCL_LIBRARY} CUDA::nvrtc)
-# The registry in mxtrain_lib creates the cuda backend, which lives here: a cycle CMake links
-# by repeating both archives.
-target_link_libraries(mxtrain_lib PUBLIC mxtrain_cuda)
-set_target_properties(mxtrain_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+target_link_libraries(mxtrain_cuda_toolkit INTERFACE CUDA::cudart CUDA::cublasLt CUDA::cublas ${CUDNN_LIBRARY}
+                                                     ${NCCL_LIBRARY} CUDA::nvrtc)
+
+# The compile settings of a target with .cu sources.
+function(mxtrain_cuda_target target)
+  # No --use_fast_math: it flushes FP32 subnormals, and the quantizers must match the CPU reference bit for bit.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo
+                                           -Xcompiler=-Wall>)
+  set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+endfunction()

@@ -11,6 +11,7 @@
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/plan/accuracy.hpp"
 #include "mxtrain/plan/planner.hpp"
 #include "mxtrain/plan/recommend.hpp"
@@ -34,16 +35,10 @@ struct PlanArguments {
   bool measure = false;
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out) throw Error(ErrorKind::system, "cannot write " + path, "check that the directory exists and is writable");
-  out << text;
-}
-
 void emit(const PlanArguments& arguments, const std::string& human, const nlohmann::json& json) {
   const std::string text = arguments.json ? json.dump(2) + "\n" : human;
   std::fputs(text.c_str(), stdout);
-  if (!arguments.output_path.empty()) write_text(arguments.output_path, json.dump(2) + "\n");
+  if (!arguments.output_path.empty()) write_file_atomically(arguments.output_path, json.dump(2) + "\n");
 }
 
 void run_plan(const PlanArguments& arguments) {
@@ -68,7 +63,7 @@ void run_plan(const PlanArguments& arguments) {
   ConfigSources sources;
   sources.toml_path = arguments.config.config_path;
   sources.overrides = overrides(arguments.config);
-  const RunConfig config = load_config(sources);
+  const RunConfig config = load_run_config(sources);
   if (arguments.do_recommend) {
     RecommendOptions options = arguments.recommend;
     options.precisions = precision_list(arguments.precisions, config);

@@ -12,6 +12,7 @@
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/plan/tune.hpp"
 
@@ -40,17 +41,11 @@ std::string detect_gpu() {
   return gpu->key;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out) throw Error(ErrorKind::system, "cannot write " + path, "check that the directory is writable");
-  out << text;
-}
-
 void run_tune(TuneArguments& arguments) {
   ConfigSources sources;
   sources.toml_path = arguments.config.config_path;
   sources.overrides = overrides(arguments.config);
-  RunConfig config = load_config(sources);
+  RunConfig config = load_run_config(sources);
   TuneOptions options = arguments.options;
   options.target.gpu = arguments.gpu.empty() ? (options.dry_run ? "h200" : detect_gpu()) : arguments.gpu;
   options.target.gpus = 1;
@@ -65,12 +60,12 @@ void run_tune(TuneArguments& arguments) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) throw Error(ErrorKind::system, "cannot create " + dir + ": " + error.message(), "pass --out DIR");
-  write_file(dir + "/tune.json", tune_json(result).dump(2) + "\n");
-  write_file(dir + "/tune.csv", tune_csv(result));
-  write_file(dir + "/tune.svg", tune_svg(result));
+  write_file_atomically(dir + "/tune.json", tune_json(result).dump(2) + "\n");
+  write_file_atomically(dir + "/tune.csv", tune_csv(result));
+  write_file_atomically(dir + "/tune.svg", tune_svg(result));
   std::printf("wrote %s/tune.json, tune.csv, tune.svg\n", dir.c_str());
   if (!result.calibration_overlay.is_null()) {
-    write_file(dir + "/calibration.json", result.calibration_overlay.dump(2) + "\n");
+    write_file_atomically(dir + "/calibration.json", result.calibration_overlay.dump(2) + "\n");
     std::printf("wrote %s/calibration.json: plan with --calibration %s/calibration.json, or merge it into "
                 "configs/plan/calibration.json to commit it\n",
                 dir.c_str(), dir.c_str());

@@ -11,6 +11,7 @@
 #include "mxtrain/build_info.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/backend/dryrun/dryrun_backend.hpp"
 #include "mxtrain/plan/planner.hpp"
@@ -192,8 +193,7 @@ nlohmann::json run_accuracy_harness(const std::string& configs_path, const std::
     }
     entries.push_back(entry);
     if (options.measure && !options.progress_path.empty()) {
-      std::ofstream out(options.progress_path);
-      out << make_report(entries, false).dump(1) << "\n";
+      write_file_atomically(options.progress_path, make_report(entries, false).dump(1) + "\n");
     }
   }
   return make_report(entries, true);

@@ -10,6 +10,7 @@
 
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
 #include "mxtrain/report/svg_chart.hpp"
@@ -46,12 +47,6 @@ std::string pick_baseline(const std::vector<std::string>& formats) {
   for (const char* preferred : {"bf16", "fp32"})
     if (std::find(formats.begin(), formats.end(), preferred) != formats.end()) return preferred;
   return formats.front();
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out) throw Error(ErrorKind::system, "cannot write " + path, "point -o at a writable directory");
 }
 
 // One training run of `config` (its train.precision set), on the batches the seed defines.
@@ -140,13 +135,13 @@ PrecisionComparison compare_precisions(const RunConfig& config, const PrecisionC
   comparison.csv_path = options.output_dir + "/loss_curves.csv";
   comparison.json_path = options.output_dir + "/loss_curves.json";
   comparison.svg_path = options.output_dir + "/loss_curves.svg";
-  write_file(comparison.csv_path, comparison_csv(comparison));
-  write_file(comparison.json_path, comparison_json(copy, comparison).dump(2) + "\n");
+  write_file_atomically(comparison.csv_path, comparison_csv(comparison));
+  write_file_atomically(comparison.json_path, comparison_json(copy, comparison).dump(2) + "\n");
   const std::string title = strf("%s, %lld steps of %s tokens, %s", config.model.preset.c_str(),
                                  static_cast<long long>(comparison.steps),
                                  log::with_commas(static_cast<double>(comparison.tokens_per_step)).c_str(),
                                  device.c_str());
-  write_file(comparison.svg_path, render_loss_curves_svg(title, comparison));
+  write_file_atomically(comparison.svg_path, render_loss_curves_svg(title, comparison));
   return comparison;
 }
 

@@ -13,6 +13,7 @@
 
 #include "mxtrain/core/checksum.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 
 namespace fs = std::filesystem;
@@ -24,26 +25,6 @@ constexpr int kFormatVersion = 1;
 const char* const kKinds[] = {"master", "adam_m", "adam_v"};
 
 std::string rank_file_name(int rank) { return strf("rank_%05d.bin", rank); }
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-void write_text_file(const std::string& path, const std::string& text) {
-  std::string temporary = path + ".partial";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error(ErrorKind::system, "cannot write " + temporary, "check free disk space and permissions");
-  }
-  fsync_path(temporary, false);
-  fs::rename(temporary, path);
-}
 
 // Test hook: MXT_TEST_CHECKPOINT_PAUSE=STEP:SECONDS makes rank 0 sleep when every rank file
 // of checkpoint STEP is written but before the manifest and the rename, so a test can SIGKILL
@@ -112,7 +93,7 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
     std::fflush(file);
     ::fsync(::fileno(file));
     std::fclose(file);
-    write_text_file(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
+    write_file_atomically(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
   }
   barrier();
 
@@ -140,7 +121,7 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
                                {"world_size", meta.world_size},
                                {"strategy", meta.strategy},
                                {"segments", all_segments}};
-    write_text_file(temporary + "/manifest.json", manifest.dump(1));
+    write_file_atomically(temporary + "/manifest.json", manifest.dump(1));
     fsync_path(temporary, true);
     fs::remove_all(final_dir, error);
     fs::rename(temporary, final_dir, error);
@@ -166,86 +147,87 @@ std::vector<std::string> CheckpointStore::list() const {
   return found;
 }
 
-CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<ParamShard>& shards,
-                                     Backend& backend) {
-  const std::string manifest_path = path + "/manifest.json";
-  nlohmann::json manifest;
+CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
+  const std::string manifest_path = path_ + "/manifest.json";
   {
     std::ifstream in(manifest_path);
     if (!in) throw Error(ErrorKind::checkpoint, "cannot read " + manifest_path, "the checkpoint is incomplete");
     try {
-      manifest = nlohmann::json::parse(in);
+      manifest_ = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception& parse_error) {
       throw Error(ErrorKind::checkpoint, manifest_path + " is not valid JSON: " + parse_error.what(),
                   "the checkpoint is damaged; an older one can be used by deleting this directory");
     }
   }
-  if (manifest.value("format", "") != "mxtrain-checkpoint" || manifest.value("version", 0) != kFormatVersion)
+  if (manifest_.value("format", "") != "mxtrain-checkpoint" || manifest_.value("version", 0) != kFormatVersion)
     throw Error(ErrorKind::checkpoint, manifest_path + " is not an mxtrain checkpoint of format version 1",
                 "point checkpoint.dir at a run directory written by this mxtrain");
+  meta_.step = manifest_.at("step").get<int64_t>();
+  meta_.tokens = manifest_.value("tokens", int64_t{0});
+  meta_.seed = manifest_.value("seed", uint64_t{0});
+  meta_.data_state = manifest_.at("data_state");
+  meta_.config = manifest_.at("config");
+  meta_.extra = manifest_.value("extra", nlohmann::json::object());
+  meta_.world_size = manifest_.value("world_size", 1);
+  meta_.strategy = manifest_.value("strategy", std::string("local"));
+}
 
-  CheckpointMeta meta;
-  meta.step = manifest.at("step").get<int64_t>();
-  meta.tokens = manifest.value("tokens", int64_t{0});
-  meta.seed = manifest.value("seed", uint64_t{0});
-  meta.data_state = manifest.at("data_state");
-  meta.config = manifest.at("config");
-  meta.extra = manifest.value("extra", nlohmann::json::object());
-  meta.world_size = manifest.value("world_size", 1);
-  meta.strategy = manifest.value("strategy", std::string("local"));
+void CheckpointReader::read(int group, CheckpointKind kind, int64_t begin, int64_t count, float* out) const {
+  const char* kind_name = kKinds[static_cast<int>(kind)];
+  std::vector<float> segment_data;
+  int64_t covered = 0;
+  for (const auto& segment : manifest_.at("segments")) {
+    if (segment.at("group").get<int>() != group || segment.at("kind").get<std::string>() != kind_name) continue;
+    const int64_t seg_begin = segment.at("begin").get<int64_t>();
+    const int64_t seg_count = segment.at("count").get<int64_t>();
+    const int64_t lo = std::max(seg_begin, begin);
+    const int64_t hi = std::min(seg_begin + seg_count, begin + count);
+    if (lo >= hi) continue;
+    const std::string file_path = path_ + "/" + segment.at("file").get<std::string>();
+    const uint64_t offset = segment.at("offset").get<uint64_t>();
+    const uint64_t bytes = segment.at("bytes").get<uint64_t>();
+    std::FILE* file = std::fopen(file_path.c_str(), "rb");
+    if (!file) throw Error(ErrorKind::checkpoint, "missing checkpoint file " + file_path, "the checkpoint is incomplete");
+    segment_data.resize(static_cast<size_t>(seg_count));
+    const bool ok = std::fseek(file, static_cast<long>(offset), SEEK_SET) == 0 &&
+                    std::fread(segment_data.data(), 1, bytes, file) == bytes;
+    std::fclose(file);
+    if (!ok)
+      throw Error(ErrorKind::checkpoint,
+                  strf("%s is truncated: segment %s of group %d needs bytes [%llu, %llu)", file_path.c_str(), kind_name,
+                       group, static_cast<unsigned long long>(offset), static_cast<unsigned long long>(offset + bytes)),
+                  "the checkpoint was not written completely; use an older one");
+    if (crc32(segment_data.data(), bytes) != segment.at("crc32").get<uint32_t>())
+      throw Error(ErrorKind::checkpoint,
+                  strf("checksum mismatch in %s at byte offset %llu (segment %s of group %d)", file_path.c_str(),
+                       static_cast<unsigned long long>(offset), kind_name, group),
+                  "the checkpoint is corrupt; use an older one");
+    std::copy(segment_data.begin() + (lo - seg_begin), segment_data.begin() + (hi - seg_begin), out + (lo - begin));
+    covered += hi - lo;
+  }
+  if (covered != count)
+    throw Error(ErrorKind::checkpoint,
+                strf("%s covers %lld of the %lld elements of group %d (%s) asked for", path_.c_str(),
+                     static_cast<long long>(covered), static_cast<long long>(count), group, kind_name),
+                "the checkpoint belongs to a different model shape; check model.* against its manifest");
+}
 
-  const nlohmann::json& segments = manifest.at("segments");
-  std::vector<float> segment_data, local;
+CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<ParamShard>& shards,
+                                     Backend& backend) {
+  const CheckpointReader reader(path);
+  std::vector<float> local;
   for (const ParamShard& shard : shards) {
     local.assign(static_cast<size_t>(shard.count), 0.0f);
-    for (int kind = 0; kind < 3; ++kind) {
-      int64_t covered = 0;
-      for (const auto& segment : segments) {
-        if (segment.at("group").get<int>() != shard.group || segment.at("kind").get<std::string>() != kKinds[kind])
-          continue;
-        int64_t seg_begin = segment.at("begin").get<int64_t>();
-        int64_t seg_count = segment.at("count").get<int64_t>();
-        int64_t lo = std::max(seg_begin, shard.begin);
-        int64_t hi = std::min(seg_begin + seg_count, shard.begin + shard.count);
-        if (lo >= hi) continue;
-        std::string file_path = path + "/" + segment.at("file").get<std::string>();
-        uint64_t offset = segment.at("offset").get<uint64_t>();
-        uint64_t bytes = segment.at("bytes").get<uint64_t>();
-        std::FILE* file = std::fopen(file_path.c_str(), "rb");
-        if (!file) throw Error(ErrorKind::checkpoint, "missing checkpoint file " + file_path, "the checkpoint is incomplete");
-        segment_data.resize(static_cast<size_t>(seg_count));
-        bool ok = std::fseek(file, static_cast<long>(offset), SEEK_SET) == 0 &&
-                  std::fread(segment_data.data(), 1, bytes, file) == bytes;
-        std::fclose(file);
-        if (!ok)
-          throw Error(ErrorKind::checkpoint,
-                      strf("%s is truncated: segment %s of group %d needs bytes [%llu, %llu)", file_path.c_str(),
-                           kKinds[kind], shard.group, static_cast<unsigned long long>(offset),
-                           static_cast<unsigned long long>(offset + bytes)),
-                      "the checkpoint was not written completely; use an older one");
-        if (crc32(segment_data.data(), bytes) != segment.at("crc32").get<uint32_t>())
-          throw Error(ErrorKind::checkpoint,
-                      strf("checksum mismatch in %s at byte offset %llu (segment %s of group %d)", file_path.c_str(),
-                           static_cast<unsigned long long>(offset), kKinds[kind], shard.group),
-                      "the checkpoint is corrupt; use an older one");
-        std::copy(segment_data.begin() + (lo - seg_begin), segment_data.begin() + (hi - seg_begin),
-                  local.begin() + (lo - shard.begin));
-        covered += hi - lo;
-      }
-      if (covered != shard.count)
-        throw Error(ErrorKind::checkpoint,
-                    strf("%s covers %lld of the %lld elements of group %d (%s) this rank needs", path.c_str(),
-                         static_cast<long long>(covered), static_cast<long long>(shard.count), shard.group,
-                         kKinds[kind]),
-                    "the checkpoint belongs to a different model shape; check model.* against its manifest");
-      if (kind == 0)
+    for (CheckpointKind kind : {CheckpointKind::master, CheckpointKind::adam_m, CheckpointKind::adam_v}) {
+      reader.read(shard.group, kind, shard.begin, shard.count, local.data());
+      if (kind == CheckpointKind::master)
         upload_master(backend, shard, local.data());  // and the compute copy
       else
-        backend.copy_from_host(local.data(), shard_tensor(shard, kind));
+        backend.copy_from_host(local.data(), shard_tensor(shard, static_cast<int>(kind)));
     }
     if (shard.grad.defined()) backend.fill(shard.grad, 0.0f);
   }
-  return meta;
+  return reader.meta();
 }
 
 std::string CheckpointStore::load_latest(const std::vector<ParamShard>& shards, Backend& backend,

@@ -28,6 +28,26 @@ struct CheckpointMeta {
   std::string strategy = "local";
 };
 
+// What a checkpoint holds for each element of each group.
+enum class CheckpointKind { master = 0, adam_m = 1, adam_v = 2 };
+
+// One checkpoint directory, read: the manifest on construction, then any element range of any
+// group's masters or Adam moments, each segment's CRC-32 checked (load() and `mxtrain export`
+// both read through it). Throws Error(checkpoint) naming the file and what is wrong.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string path);
+  const CheckpointMeta& meta() const { return meta_; }
+  const std::string& path() const { return path_; }
+  // Elements [begin, begin + count) of `group` into out; every element must be covered.
+  void read(int group, CheckpointKind kind, int64_t begin, int64_t count, float* out) const;
+
+ private:
+  std::string path_;
+  nlohmann::json manifest_;
+  CheckpointMeta meta_;
+};
+
 class CheckpointStore {
  public:
   // barrier: synchronises all ranks (no-op for one process). All ranks must share run_dir.
