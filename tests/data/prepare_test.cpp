@@ -192,7 +192,7 @@ TEST(PrepareCommand, WritesAndReportsShards) {
   parse(app, {"prepare", "--output", corpus.dir.file("out"), "--val-fraction", "0.25", "--shard-tokens", "5000",
               corpus.dir.file("first.txt"), corpus.dir.file("second.txt")});
   std::string printed = testing::internal::GetCapturedStdout();
-  EXPECT_CONTAINS(printed, "2 files, 20,000 bytes, tokenizer byte (vocab 256)");
+  EXPECT_CONTAINS(printed, "2 files, 20,000 bytes, 2 documents, tokenizer byte (vocab 256)");
   EXPECT_CONTAINS(printed, "wrote " + corpus.dir.file("out/train_000003.bin"));
   EXPECT_CONTAINS(printed, "905 tokens");
   EXPECT_CONTAINS(printed, "wrote " + corpus.dir.file("out/val_000000.bin"));

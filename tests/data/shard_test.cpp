@@ -59,6 +59,22 @@ TEST(Shard, RoundTripUint32) {
   reader.validate_vocab(128256);  // nothing out of range
 }
 
+TEST(Shard, ReadsLlmcVersion7Shards) {
+  // llm.c's current scripts: magic 20240801, version 7, uint32 tokens after the 1024-byte header.
+  test::TempDir dir;
+  std::vector<int32_t> tokens = counting_tokens(5000, 128256, 40009);
+  write_shard(dir.file("llmc.bin"), tokens, 128256);
+  data_test::overwrite_int32(dir.file("llmc.bin"), 0, 20240801);
+  data_test::overwrite_int32(dir.file("llmc.bin"), 4, 7);
+  ShardReader reader(dir.file("llmc.bin"));
+  EXPECT_EQ(reader.token_count(), 5000);
+  EXPECT_EQ(reader.read_all(), tokens);
+  // That magic with any other version is refused.
+  data_test::overwrite_int32(dir.file("llmc.bin"), 4, 2);
+  std::string text = error_text([&] { ShardReader refused(dir.file("llmc.bin")); });
+  EXPECT_CONTAINS(text, "unknown shard version 2 at byte offset 4 for magic 20240801");
+}
+
 TEST(Shard, HeaderIsLlmcLayout) {
   test::TempDir dir;
   write_shard(dir.file("c.bin"), std::vector<int32_t>{1, 2, 3}, 256);

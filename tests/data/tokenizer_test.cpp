@@ -30,7 +30,7 @@ TEST(Tokenizer, FactoryKnowsByteAndRejectsOthers) {
   EXPECT_EQ(tokenizer_names(), std::vector<std::string>{"byte"});
   std::string text = data_test::error_text([] { make_tokenizer("gpt2"); }, ErrorKind::config);
   EXPECT_CONTAINS(text, "unknown tokenizer 'gpt2'");
-  EXPECT_CONTAINS(text, "use one of: byte");
+  EXPECT_CONTAINS(text, "use byte, a tokenizer.json (Hugging Face byte-level BPE), a sentencepiece .model file");
 }
 
 TEST(Tokenizer, PrintableTextEscapesControlBytes) {

@@ -28,7 +28,7 @@ void add_bench_command(CLI::App& app) {
     ConfigSources sources;
     sources.toml_path = arguments->config_path;
     sources.overrides = overrides(*arguments);
-    RunConfig config = load_config(sources);
+    RunConfig config = load_run_config(sources);
     BenchmarkResult result = run_benchmark(config, *options);
     nlohmann::json json = benchmark_json(config, *options, result);
     std::printf("%s\n", json.dump().c_str());

@@ -20,5 +20,6 @@ void add_launch_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_tune_command(CLI::App& app);
 void add_compare_precision_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 
 }  // namespace mxtrain::cli

@@ -25,7 +25,7 @@ void add_compare_precision_command(CLI::App& app) {
     ConfigSources sources;
     sources.toml_path = arguments->config_path;
     sources.overrides = overrides(*arguments);
-    RunConfig config = load_config(sources);
+    RunConfig config = load_run_config(sources);
     PrecisionComparisonOptions options;
     options.formats = parse_precision_list(*formats);
     options.source_dir = MXTRAIN_SOURCE_DIR;

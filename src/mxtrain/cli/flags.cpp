@@ -6,6 +6,7 @@
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/config/run_config.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/interop/hf_checkpoint.hpp"
 
 namespace mxtrain::cli {
 
@@ -17,6 +18,7 @@ const std::vector<FlagSpec>& train_flags() {
       {"-r,--recompute", "train.recompute"},    {"-d,--device", "train.device"},
       {"--lr", "optimizer.lr"},                 {"-o,--run-dir", "checkpoint.dir"},
       {"--seed", "train.seed"},                 {"--strategy", "dist.strategy"},
+      {"--init-from", "model.init_from"},
   };
   return flags;
 }
@@ -86,6 +88,12 @@ std::string config_reference() {
     text += "\n";
   }
   return text;
+}
+
+RunConfig load_run_config(const ConfigSources& sources) {
+  RunConfig config = load_config(sources);
+  interop::apply_init_from(config);
+  return config;
 }
 
 }  // namespace mxtrain::cli

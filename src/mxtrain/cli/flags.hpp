@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "mxtrain/config/loader.hpp"
+
 namespace CLI {
 class App;
 }
@@ -32,5 +34,9 @@ void add_config_arguments(CLI::App& command, ConfigArguments& arguments, const s
 std::vector<std::pair<std::string, std::string>> overrides(const ConfigArguments& arguments);
 // Every config key with its type, default and help (for --help-config).
 std::string config_reference();
+
+// load_config, then model.init_from applied (the shape of a Hugging Face model directory): what
+// every subcommand that takes a run config uses.
+RunConfig load_run_config(const ConfigSources& sources);
 
 }  // namespace mxtrain::cli

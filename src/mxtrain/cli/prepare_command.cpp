@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -20,10 +21,12 @@ namespace {
 void print_result(const data::PrepareOptions& options, const data::PrepareResult& result) {
   int64_t source_bytes = 0;
   for (const data::SourceFile& source : result.meta.sources) source_bytes += source.bytes;
-  std::printf("prepare: %zu file%s, %s bytes, tokenizer %s (vocab %s), 1 block in %lld (of %lld tokens) to "
-              "validation\n",
+  std::printf("prepare: %zu file%s, %s bytes, %s document%s, tokenizer %s (vocab %s), 1 block in %lld (of %lld "
+              "tokens) to validation\n",
               result.meta.sources.size(), result.meta.sources.size() == 1 ? "" : "s",
-              log::with_commas(static_cast<double>(source_bytes)).c_str(), result.meta.tokenizer.c_str(),
+              log::with_commas(static_cast<double>(source_bytes)).c_str(),
+              log::with_commas(static_cast<double>(result.documents)).c_str(), result.documents == 1 ? "" : "s",
+              result.meta.tokenizer.c_str(),
               log::with_commas(static_cast<double>(result.meta.vocab_size)).c_str(),
               static_cast<long long>(data::validation_block_period(options.val_fraction)),
               static_cast<long long>(data::kSplitBlockTokens));
@@ -43,6 +46,14 @@ void print_result(const data::PrepareOptions& options, const data::PrepareResult
   std::fflush(stdout);
 }
 
+// "byte" or a file or directory that exists; what it holds is checked when it loads.
+std::string tokenizer_check(const std::string& text) {
+  if (text == "byte") return {};
+  std::error_code error;
+  if (std::filesystem::exists(text, error)) return {};
+  return "must be byte, or a tokenizer.json, a sentencepiece .model file or a model directory that exists";
+}
+
 std::string validation_fraction_check(const std::string& text) {
   try {
     size_t used = 0;
@@ -60,10 +71,12 @@ void add_prepare_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "prepare", "Tokenize text files into train/validation token shards (llm.c's .bin format) and meta.json");
   command->footer(
-      "The files, joined by newlines, form one token stream cut into blocks of 4096 tokens; every\n"
-      "round(1/val-fraction)-th block goes to validation. Writes DIR/train_000000.bin, ...,\n"
-      "DIR/val_000000.bin, ... and DIR/meta.json; re-running over DIR replaces them.\n"
-      "Example: mxtrain prepare --output data/mycorpus notes/*.txt");
+      "The documents, separated by the tokenizer's end-of-document token (a newline for byte), form\n"
+      "one token stream cut into blocks of 4096 tokens; every round(1/val-fraction)-th block goes\n"
+      "to validation. Writes DIR/train_000000.bin, ..., DIR/val_000000.bin, ... and DIR/meta.json;\n"
+      "re-running over DIR replaces them. Parquet: convert with scripts/parquet_to_jsonl.py first.\n"
+      "Examples: mxtrain prepare --output data/mycorpus notes/*.txt\n"
+      "          mxtrain prepare --output data/web --tokenizer models/Llama-3.2-1B web-*.jsonl.zst");
   command->add_option("-o,--output", options->output_dir, "Directory for the shards and meta.json (created if missing)")
       ->required()
       ->type_name("DIR");
@@ -77,11 +90,20 @@ void add_prepare_command(CLI::App& app) {
       ->type_name("N")
       ->check(CLI::Range(int64_t{1}, int64_t{std::numeric_limits<int32_t>::max()}));
   command->add_option("--tokenizer", options->tokenizer,
-                      "Tokenizer: byte (vocab 256, one token per byte, lossless on any text)")
+                      "byte (vocab 256, one token per byte), a Hugging Face tokenizer.json (byte-level BPE), a "
+                      "sentencepiece .model file, or a model directory holding one of them")
       ->capture_default_str()
-      ->type_name("NAME")
-      ->check(CLI::IsMember(data::tokenizer_names()));
-  command->add_option("files", options->input_files, "Text files to tokenize, in this order")
+      ->type_name("NAME|PATH")
+      ->check(CLI::Validator(tokenizer_check, "byte|PATH", "TOKENIZER"));
+  command->add_option("--field", options->field, "The JSON field that holds the text of a .jsonl / .jsonl.zst line")
+      ->capture_default_str()
+      ->type_name("NAME");
+  command->add_option("--threads", options->threads, "Tokenizing threads (0: every core)")
+      ->capture_default_str()
+      ->type_name("N")
+      ->check(CLI::Range(0, 4096));
+  command->add_option("files", options->input_files,
+                      "Inputs in this order: text files (one document each), .jsonl or .jsonl.zst (one document a line)")
       ->required()
       ->type_name("FILE");
   command->callback([options]() {

@@ -84,7 +84,7 @@ void add_train_command(CLI::App& app) {
     ConfigSources sources;
     sources.toml_path = arguments->config_path;
     sources.overrides = overrides(*arguments);
-    RunConfig config = load_config(sources);
+    RunConfig config = load_run_config(sources);
     if (*print_config) {
       std::fputs(config_to_toml(config).c_str(), stdout);
       return;

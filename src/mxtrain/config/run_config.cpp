@@ -126,10 +126,15 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(real("model.init_std", m.init_std, "std of the normal initialisation", 0, 10));
   list.push_back(boolean("model.tied_embeddings", m.tied_embeddings, "head shares the token embedding"));
   list.push_back(boolean("model.bias", m.bias, "biases in linear layers"));
+  list.push_back(text("model.init_from", m.init_from,
+                      "Hugging Face model directory to start from: its config.json sets model.*, its safetensors the "
+                      "weights (\"\" = random initialisation)"));
 
   list.push_back(text("data.train", c.data.train, "glob of training shards"));
   list.push_back(text("data.val", c.data.val, "glob of validation shards (\"\" = no held-out loss)"));
-  list.push_back(choice("data.tokenizer", c.data.tokenizer, "tokenizer of the shards", {"byte"}));
+  list.push_back(text("data.tokenizer", c.data.tokenizer,
+                      "tokenizer of the shards: byte, or the tokenizer.json, sentencepiece .model or model directory "
+                      "prepare used (export copies its files beside the model)"));
 
   list.push_back(choice("train.device", c.train.device, "where to train", {"auto", "cpu", "cuda"}));
   list.push_back(choice("train.precision", c.train.precision,

@@ -11,13 +11,20 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <exception>
+
+#include <omp.h>
 #include <memory>
 #include <regex>
 #include <set>
 #include <span>
 
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/core/progress.hpp"
+#include "mxtrain/data/documents.hpp"
 #include "mxtrain/data/shard.hpp"
 #include "mxtrain/data/tokenizer.hpp"
 
@@ -112,40 +119,12 @@ std::vector<SourceFile> check_inputs(const std::vector<std::string>& paths) {
     fs::file_status status = fs::status(path, error);
     if (error || !fs::exists(status)) throw_unreadable(path, "no such file");
     if (!fs::is_regular_file(status)) throw_unreadable(path, "not a regular file");
+    document_format(path);  // .parquet and stray .zst are refused here, before anything is written
     std::ifstream stream(path, std::ios::binary);
     if (!stream) throw_unreadable(path, std::strerror(errno));
     sources.push_back({path, static_cast<int64_t>(fs::file_size(path, error))});
   }
   return sources;
-}
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw_unreadable(path, std::strerror(errno));
-  std::string contents((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
-  if (stream.bad()) throw_unreadable(path, std::strerror(errno));
-  return contents;
-}
-
-void write_file_atomically(const std::string& path, const std::string& contents) {
-  std::string temporary = path + ".tmp";
-  int descriptor = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = descriptor >= 0;
-  for (size_t done = 0; ok && done < contents.size();) {
-    ssize_t written = write(descriptor, contents.data() + done, contents.size() - done);
-    if (written < 0 && errno == EINTR) continue;
-    ok = written > 0;
-    if (ok) done += static_cast<size_t>(written);
-  }
-  ok = ok && fsync(descriptor) == 0;
-  if (descriptor >= 0) ok = close(descriptor) == 0 && ok;
-  ok = ok && std::rename(temporary.c_str(), path.c_str()) == 0;
-  if (!ok) {
-    int saved = errno;
-    unlink(temporary.c_str());
-    throw Error(ErrorKind::system, strf("cannot write %s: %s", path.c_str(), std::strerror(saved)),
-                "check that the output directory is writable and has free space");
-  }
 }
 
 // Shards named like ours (and their temporaries) that this run did not write.
@@ -162,11 +141,33 @@ std::vector<std::string> remove_stale_shards(const std::string& directory, const
   return removed;
 }
 
+// Each document's tokens, computed on `threads` threads (0: all cores), in the documents' order.
+std::vector<std::vector<int32_t>> encode_all(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
+                                             int threads) {
+  std::vector<std::vector<int32_t>> tokens(documents.size());
+  std::exception_ptr failure;
+  const int count = static_cast<int>(documents.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads > 0 ? threads : omp_get_max_threads())
+  for (int i = 0; i < count; ++i) {
+    try {
+      tokens[static_cast<size_t>(i)] = tokenizer.encode(documents[static_cast<size_t>(i)]);
+    } catch (...) {
+#pragma omp critical
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  return tokens;
+}
+
 void check_options(const PrepareOptions& options) {
   MXTRAIN_REQUIRE(!options.output_dir.empty(), config, "no output directory given",
                   "pass --output DIR, e.g. --output data/mycorpus");
   MXTRAIN_REQUIRE(!options.input_files.empty(), config, "no input files given",
-                  "pass one or more text files after the options");
+                  "pass one or more text, .jsonl or .jsonl.zst files after the options");
+  MXTRAIN_REQUIRE(!options.field.empty(), config, "--field is empty", "name the JSON field that holds the text");
+  MXTRAIN_REQUIRE(options.threads >= 0 && options.threads <= 4096, config,
+                  strf("--threads %d is outside [0, 4096]", options.threads), "use 0 (every core) or a core count");
   MXTRAIN_REQUIRE(options.shard_tokens > 0 && options.shard_tokens <= std::numeric_limits<int32_t>::max(), config,
                   strf("--shard-tokens %lld is outside [1, 2147483647] (a shard header counts tokens in an int32)",
                        static_cast<long long>(options.shard_tokens)),
@@ -202,13 +203,41 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   ShardSequence train(options.output_dir, "train", options.shard_tokens, vocab_size);
   ShardSequence val(options.output_dir, "val", options.shard_tokens, vocab_size);
   SplitRouter router(period, train, val);
-  const std::vector<int32_t> separator = tokenizer->encode("\n");
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (i > 0) router.route(separator);
-    // The whole file at once: a tokenizer may merge across any boundary we would cut at.
-    std::vector<int32_t> tokens = tokenizer->encode(read_whole_file(sources[i].path));
-    router.route(tokens);
+  // Between documents: the end-of-document token where the tokenizer has one (EOS), else the
+  // tokens of a newline (the byte tokenizer: files joined by newlines, as before).
+  const std::optional<int32_t> eos = tokenizer->eos_id();
+  const std::vector<int32_t> separator = eos ? std::vector<int32_t>{*eos} : tokenizer->encode("\n");
+  uint64_t total_bytes = 0;
+  for (const SourceFile& source : sources) total_bytes += static_cast<uint64_t>(source.bytes);
+  Progress progress("prepare", static_cast<double>(total_bytes));
+  int64_t documents = 0;
+  uint64_t finished_bytes = 0;
+  for (const SourceFile& source : sources) {
+    DocumentReader reader(source.path, options.field);
+    // Documents in batches of about 64 MB, each batch tokenized on every core and routed in
+    // order (a tokenizer may merge across any cut inside a document, never across documents).
+    bool more = true;
+    while (more) {
+      std::vector<std::string> batch;
+      size_t batch_bytes = 0;
+      while (batch_bytes < (64u << 20) && batch.size() < 65536) {
+        std::optional<std::string> document = reader.next();
+        if (!document) {
+          more = false;
+          break;
+        }
+        batch_bytes += document->size();
+        batch.push_back(std::move(*document));
+      }
+      for (std::vector<int32_t>& tokens : encode_all(*tokenizer, batch, options.threads)) {
+        if (documents++ > 0) router.route(separator);
+        router.route(tokens);
+      }
+      progress.update(static_cast<double>(finished_bytes + reader.bytes_read()));
+    }
+    finished_bytes += static_cast<uint64_t>(source.bytes);
   }
+  progress.finish();
   if (val.token_count() == 0) {
     throw Error(ErrorKind::data,
                 strf("the corpus has %s tokens, too few for a validation block: with --val-fraction %g, 1 block "
@@ -240,6 +269,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
     meta.val_shards.push_back(fs::path(shard.path).filename().string());
     written.insert(meta.val_shards.back());
   }
+  result.documents = documents;
   result.meta_path = (fs::path(options.output_dir) / "meta.json").string();
   write_file_atomically(result.meta_path, corpus_meta_to_json(meta).dump(2) + "\n");
   result.removed_stale = remove_stale_shards(options.output_dir, written);

@@ -216,16 +216,22 @@ ShardReader::ShardReader(std::string path) : path_(std::move(path)) {
   if (pread(descriptor, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {
     fail(strf("%s: cannot read the shard header at byte offset 0: %s", name, std::strerror(errno)), kRemakeAdvice);
   }
-  int32_t magic = read_le_int32(header);
-  if (magic != kShardMagic) {
-    fail(strf("%s: bad magic number %d at byte offset 0 (a token shard starts with %d): not a token shard", name,
-              magic, kShardMagic),
+  // mxtrain's and llm.c's GPT-2 shards: magic 20240520, version 1 (uint16) or 2 (uint32); llm.c's
+  // current scripts (Llama 3 tokens): magic 20240801, version 7, uint32 tokens — the same layout
+  // as version 2.
+  const int32_t magic = read_le_int32(header);
+  if (magic != kShardMagic && magic != kLlmcShardMagic) {
+    fail(strf("%s: bad magic number %d at byte offset 0 (a token shard starts with %d, or %d from llm.c's current "
+              "scripts): not a token shard",
+              name, magic, kShardMagic, kLlmcShardMagic),
          "point data.train / data.val at .bin shards written by mxtrain prepare (or llm.c), or re-run mxtrain prepare");
   }
   version_ = read_le_int32(header + 4);
-  if (version_ != kShardVersionU16 && version_ != kShardVersionU32) {
-    fail(strf("%s: unknown shard version %d at byte offset 4 (known: 1 = uint16 tokens, 2 = uint32 tokens)", name,
-              version_),
+  if (magic == kLlmcShardMagic && version_ == kLlmcShardVersionU32) version_ = kShardVersionU32;
+  else if (magic != kShardMagic || (version_ != kShardVersionU16 && version_ != kShardVersionU32)) {
+    fail(strf("%s: unknown shard version %d at byte offset 4 for magic %d (known: 20240520 with 1 = uint16 tokens or "
+              "2 = uint32 tokens; 20240801 with 7 = uint32 tokens)",
+              name, version_, magic),
          kRemakeAdvice);
   }
   int32_t count = read_le_int32(header + 8);

@@ -1,5 +1,6 @@
 // Token shards in llm.c's format: a 1024-byte header of 256 little-endian int32 — [0] magic
 // 20240520, [1] version (1: uint16 tokens, 2: uint32 tokens), [2] token count — then the tokens.
+// The reader also takes llm.c's current header (magic 20240801, version 7, uint32 tokens).
 // The reader maps the file (shards run to GBs) and checks the header and the size before any
 // token is touched, so every corruption is reported with the file name and the byte offset.
 // The writer streams to NAME.tmp and renames onto NAME after an fsync: a reader never sees half a shard.
@@ -15,6 +16,10 @@ constexpr int32_t kShardMagic = 20240520;
 constexpr int64_t kShardHeaderBytes = 1024;  // 256 int32
 constexpr int32_t kShardVersionU16 = 1;      // tokens stored as uint16
 constexpr int32_t kShardVersionU32 = 2;      // tokens stored as uint32 (vocabularies over 65,535)
+// llm.c's current data scripts (Llama 3 tokens) write this magic with version 7: uint32 tokens,
+// otherwise the same layout. Read, never written (mxtrain writes magic 20240520).
+constexpr int32_t kLlmcShardMagic = 20240801;
+constexpr int32_t kLlmcShardVersionU32 = 7;
 
 // Version 1 when every id of the vocabulary fits in uint16, else version 2.
 int32_t shard_version_for_vocab(int64_t vocab_size);

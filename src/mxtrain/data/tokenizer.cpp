@@ -1,6 +1,10 @@
 #include "mxtrain/data/tokenizer.hpp"
 
+#include <filesystem>
+
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/data/bpe_tokenizer.hpp"
+#include "mxtrain/data/sentencepiece_tokenizer.hpp"
 
 namespace mxtrain::data {
 
@@ -26,10 +30,24 @@ std::string ByteTokenizer::decode(std::span<const int32_t> tokens) const {
 std::vector<std::string> tokenizer_names() { return {"byte"}; }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
+  namespace fs = std::filesystem;
   if (name == "byte") return std::make_unique<ByteTokenizer>();
-  std::string known;
-  for (const std::string& candidate : tokenizer_names()) known += (known.empty() ? "" : ", ") + candidate;
-  throw Error(ErrorKind::config, strf("unknown tokenizer '%s'", name.c_str()), "use one of: " + known);
+  std::error_code error;
+  fs::path path(name);
+  if (fs::is_directory(path, error)) {  // a model directory: its tokenizer.json, else tokenizer.model
+    if (fs::is_regular_file(path / "tokenizer.json", error)) return std::make_unique<BpeTokenizer>((path / "tokenizer.json").string());
+    if (fs::is_regular_file(path / "tokenizer.model", error))
+      return std::make_unique<SentencepieceTokenizer>((path / "tokenizer.model").string());
+    throw Error(ErrorKind::config, "directory " + name + " holds neither tokenizer.json nor tokenizer.model",
+                "point the tokenizer at the model directory that has one, or at the file itself");
+  }
+  if (fs::is_regular_file(path, error)) {
+    if (path.extension() == ".json") return std::make_unique<BpeTokenizer>(name);
+    if (path.extension() == ".model") return std::make_unique<SentencepieceTokenizer>(name);
+  }
+  throw Error(ErrorKind::config, strf("unknown tokenizer '%s'", name.c_str()),
+              "use byte, a tokenizer.json (Hugging Face byte-level BPE), a sentencepiece .model file, or a model "
+              "directory holding one of them");
 }
 
 std::string printable_text(std::string_view text) {

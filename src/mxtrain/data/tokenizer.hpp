@@ -1,9 +1,11 @@
-// Tokenizers turn text into token ids and back. A tokenizer is a small interface so that the
-// byte-level one (vocab 256, id = byte value, lossless on any input) can be joined by others
-// (e.g. GPT-2 BPE) without touching prepare, the shards or the loader.
+// Tokenizers turn text into token ids and back: the byte-level one (vocab 256, id = byte value,
+// lossless on any input), Hugging Face byte-level BPE (bpe_tokenizer.hpp: GPT-2, Llama 3) and
+// sentencepiece (sentencepiece_tokenizer.hpp: Llama 2, TinyLlama), behind one small interface
+// that prepare, the shards and the loader use.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,6 +23,10 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // Inverse of encode(); ids outside the vocabulary decode to U+FFFD.
   virtual std::string decode(std::span<const int32_t> tokens) const = 0;
+  // The beginning- and end-of-sequence tokens, where the tokenizer has them. encode() adds
+  // neither: where documents meet, prepare puts the end-of-document token (EOS) itself.
+  virtual std::optional<int32_t> bos_id() const { return std::nullopt; }
+  virtual std::optional<int32_t> eos_id() const { return std::nullopt; }
 };
 
 // Bytes are tokens: lossless, no vocabulary file, vocab 256.
@@ -32,9 +38,11 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> tokens) const override;
 };
 
-// The names make_tokenizer accepts.
+// The built-in names make_tokenizer accepts ("byte").
 std::vector<std::string> tokenizer_names();
-// Throws Error(config) listing the known names when `name` is not one of them.
+// `name` is "byte", a Hugging Face tokenizer.json (byte-level BPE), a sentencepiece .model file,
+// or a directory holding one of the two (a Hugging Face model directory). Throws Error(config)
+// saying what is accepted when it is none of them, Error(data) when the file is damaged.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
 
 // Decoded text made safe for a log line: control bytes other than newline and tab become \xNN.

@@ -99,6 +99,17 @@ std::vector<std::string> model_preset_names() {
 }
 
 ModelConfig model_preset(const std::string& name) {
+  // A model imported from Hugging Face: the shape comes key by key (interop/hf_checkpoint.cpp);
+  // the name only labels the family it came from.
+  if (name == "hf-llama" || name == "hf-mistral") {
+    ModelConfig config = llama(name, 256, 4, 4, 2, 704, 256, 10000.0f);
+    return config;
+  }
+  if (name == "hf-gpt2") {
+    ModelConfig config = gpt2(name, 256, 4, 4);
+    config.vocab_size = config.padded_vocab = 256;
+    return config;
+  }
   // The embedded default: a byte-level Llama of about 3M parameters that trains on two CPU cores.
   if (name == "tiny") return llama("tiny", 256, 4, 4, 2, 704, 256, 10000.0f);
   if (name == "tiny-gpt2") {

@@ -29,6 +29,9 @@ struct ModelConfig {
   float init_std = 0.02f;
   bool tied_embeddings = false;
   bool bias = false;
+  // A Hugging Face model directory this model starts from ("" = random initialisation): its
+  // config.json sets the shape (interop::apply_init_from), its safetensors the weights.
+  std::string init_from;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim(); }

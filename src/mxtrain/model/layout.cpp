@@ -184,4 +184,10 @@ void initial_values(const ModelConfig& config, const ParamSpec& spec, uint64_t s
   for (int64_t i = 0; i < count; ++i) out[i] = normal_value(name_key, std, begin + i);
 }
 
+ParameterValues random_initialization(const ModelConfig& config, uint64_t seed) {
+  return [config, seed](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
+    initial_values(config, spec, seed, begin, count, out);
+  };
+}
+
 }  // namespace mxtrain

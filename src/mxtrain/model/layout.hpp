@@ -4,6 +4,7 @@
 // parameter per block), of the optimizer's multi-tensor update and of checkpoints. Inside a
 // group the decayed matrices come first, so "decay elements [0, decay_numel)" is one range.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,5 +61,10 @@ ModelLayout build_layout(const ModelConfig& config);
 // shard of any parameter without the others.
 void initial_values(const ModelConfig& config, const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
                     float* out);
+
+// Where a parameter's values come from, element range by element range: initial_values for a
+// seed, a Hugging Face checkpoint (interop/hf_checkpoint.hpp), a native checkpoint (export).
+using ParameterValues = std::function<void(const ParamSpec& spec, int64_t begin, int64_t count, float* out)>;
+ParameterValues random_initialization(const ModelConfig& config, uint64_t seed);
 
 }  // namespace mxtrain

@@ -1,0 +1,91 @@
+// `mxtrain export CHECKPOINT_OR_RUN_DIR OUT_DIR`: a native checkpoint (any world size or sharding
+// strategy: segments are read by range) → a Hugging Face model directory (interop/hf_export.hpp).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "mxtrain/cli/commands.hpp"
+#include "mxtrain/config/loader.hpp"
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/core/log.hpp"
+#include "mxtrain/data/tokenizer.hpp"
+#include "mxtrain/interop/hf_export.hpp"
+#include "mxtrain/train/checkpoint.hpp"
+
+namespace mxtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ExportArguments {
+  std::string source, out_dir, dtype = "bf16";
+  double max_shard_gb = 5.0;
+};
+
+// A checkpoint directory itself, or the newest complete checkpoint of a run directory.
+std::string find_checkpoint(const std::string& source) {
+  std::error_code error;
+  if (fs::is_regular_file(fs::path(source) / "manifest.json", error)) return source;
+  const std::vector<std::string> found = CheckpointStore(source, 0, 1).list();
+  if (found.empty())
+    throw Error(ErrorKind::checkpoint, source + " is neither a checkpoint directory nor a run directory with checkpoints",
+                "pass a run directory (train -o DIR) or one of its checkpoints/step_* directories");
+  return found.front();
+}
+
+void run_export(const ExportArguments& arguments) {
+  const CheckpointReader reader(find_checkpoint(arguments.source));
+  const RunConfig config = config_from_json(reader.meta().config);
+  const ModelLayout layout = build_layout(config.model);
+  interop::HfExportOptions options;
+  if (!parse_dtype(arguments.dtype, &options.dtype) || (options.dtype != DType::bf16 && options.dtype != DType::f32))
+    throw Error(ErrorKind::config, "--dtype " + arguments.dtype + " is not bf16 or f32", "use --dtype bf16 or f32");
+  options.max_shard_bytes = static_cast<uint64_t>(arguments.max_shard_gb * 1e9);
+  options.tokenizer = config.data.tokenizer;
+  if (options.tokenizer != "byte") {
+    const auto tokenizer = data::make_tokenizer(options.tokenizer);
+    options.bos_token_id = tokenizer->bos_id().value_or(0);
+    options.eos_token_id = tokenizer->eos_id().value_or(0);
+  }
+  // Each parameter's values: its group's master weights, element range by element range.
+  const ParameterValues values = [&](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
+    int group = 0, index = 0;
+    MXTRAIN_ASSERT(layout.locate(spec.name, &group, &index), "parameter %s not in the layout", spec.name.c_str());
+    reader.read(group, CheckpointKind::master, spec.offset + begin, count, out);
+  };
+  const interop::HfExportResult result = interop::export_hf(config.model, values, arguments.out_dir, options);
+  std::printf("export: %s (step %lld) -> %s: %lld tensors, %s bytes in %s, %s\n", reader.path().c_str(),
+              static_cast<long long>(reader.meta().step), arguments.out_dir.c_str(),
+              static_cast<long long>(result.tensors), log::with_commas(static_cast<double>(result.tensor_bytes)).c_str(),
+              arguments.dtype.c_str(), config.model.family == ModelFamily::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
+  for (const std::string& file : result.files) std::printf("wrote %s/%s\n", arguments.out_dir.c_str(), file.c_str());
+}
+
+}  // namespace
+
+void add_export_command(CLI::App& app) {
+  auto arguments = std::make_shared<ExportArguments>();
+  CLI::App* command = app.add_subcommand(
+      "export", "Write a checkpoint as a Hugging Face model directory (safetensors) that transformers loads");
+  command->footer(
+      "Reads the newest checkpoint of a run directory (or the checkpoint directory given), from any\n"
+      "number of ranks, and writes config.json, generation_config.json, model.safetensors (sharded with\n"
+      "an index above --max-shard-gb) and the run's tokenizer files. OUT_DIR must be new or empty.\n"
+      "Example: mxtrain export runs/tiny exported/tiny  (then AutoModelForCausalLM.from_pretrained)");
+  command->add_option("checkpoint", arguments->source, "A run directory or one of its checkpoints/step_* directories")
+      ->required()
+      ->type_name("DIR");
+  command->add_option("out", arguments->out_dir, "The Hugging Face model directory to write")->required()->type_name("DIR");
+  command->add_option("--dtype", arguments->dtype, "Weight dtype in the files: bf16 or f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  command->add_option("--max-shard-gb", arguments->max_shard_gb, "Largest safetensors file before sharding, in GB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1000.0));
+  command->callback([arguments]() { run_export(*arguments); });
+}
+
+}  // namespace mxtrain::cli

@@ -1,0 +1,398 @@
+#include "mxtrain/interop/hf_checkpoint.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "mxtrain/core/error.hpp"
+
+namespace mxtrain::interop {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void unsupported(const std::string& origin, const std::string& field, const std::string& why) {
+  throw Error(ErrorKind::config, origin + ": " + field + " " + why,
+              "mxtrain imports Llama-style (llama, mistral without sliding window) and GPT-2 checkpoints whose "
+              "settings it computes exactly; see docs/huggingface.md");
+}
+
+int64_t integer(const nlohmann::json& config, const char* key, const std::string& origin) {
+  const auto it = config.find(key);
+  if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)
+    unsupported(origin, key, "is missing or not a positive integer");
+  return it->get<int64_t>();
+}
+
+// A key that must be absent, null, or equal to `expected`.
+template <typename T>
+void require(const nlohmann::json& config, const char* key, const T& expected, const std::string& origin,
+             const std::string& why) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return;
+  bool equal = false;
+  try {
+    equal = it->get<T>() == expected;
+  } catch (const nlohmann::json::exception&) {
+  }
+  if (!equal) unsupported(origin, key, "= " + it->dump() + ": " + why);
+}
+
+double number(const nlohmann::json& config, const char* key, double fallback, const std::string& origin) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_number() || !(it->get<double>() > 0)) unsupported(origin, key, "is not a positive number");
+  return it->get<double>();
+}
+
+bool boolean(const nlohmann::json& config, const char* key, bool fallback, const std::string& origin) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) unsupported(origin, key, "is not true or false");
+  return it->get<bool>();
+}
+
+ModelConfig llama_config(const nlohmann::json& c, const std::string& origin) {
+  ModelConfig config;
+  config.family = ModelFamily::llama;
+  config.hidden = integer(c, "hidden_size", origin);
+  config.ffn_hidden = integer(c, "intermediate_size", origin);
+  config.layers = integer(c, "num_hidden_layers", origin);
+  config.heads = integer(c, "num_attention_heads", origin);
+  config.kv_heads = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
+                        ? integer(c, "num_key_value_heads", origin)
+                        : config.heads;
+  config.vocab_size = integer(c, "vocab_size", origin);
+  config.max_seq_len = c.contains("max_position_embeddings") ? integer(c, "max_position_embeddings", origin) : 2048;
+  config.norm_eps = static_cast<float>(number(c, "rms_norm_eps", 1e-6, origin));
+  config.tied_embeddings = boolean(c, "tie_word_embeddings", false, origin);
+  config.bias = false;
+  require(c, "hidden_act", std::string("silu"), origin, "mxtrain's Llama MLP is SwiGLU (silu)");
+  require(c, "attention_bias", false, origin, "mxtrain's Llama attention has no biases");
+  require(c, "mlp_bias", false, origin, "mxtrain's Llama MLP has no biases");
+  require(c, "pretraining_tp", 1, origin, "tensor-parallel slicing of the projections is not reproduced");
+  require(c, "sliding_window", 0, origin, "sliding-window attention is not reproduced");
+  if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != config.hidden / config.heads)
+    unsupported(origin, "head_dim", strf("= %s differs from hidden_size / num_attention_heads = %lld",
+                                         c["head_dim"].dump().c_str(),
+                                         static_cast<long long>(config.hidden / config.heads)));
+  // rope_theta at the top level (older files) or in rope_parameters (newer ones).
+  double theta = number(c, "rope_theta", 10000.0, origin);
+  const nlohmann::json* scaling = nullptr;
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    theta = number(c["rope_parameters"], "rope_theta", theta, origin);
+    scaling = &c["rope_parameters"];
+  }
+  if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) scaling = &c["rope_scaling"];
+  if (scaling) {
+    const auto type = scaling->contains("rope_type") ? (*scaling)["rope_type"] : scaling->value("type", nlohmann::json());
+    if (!type.is_null() && type != "default")
+      unsupported(origin, "rope_scaling", "has rope_type " + type.dump() +
+                                              ": mxtrain computes the default RoPE frequencies only (not yet llama3, "
+                                              "linear or dynamic scaling)");
+  }
+  config.rope_theta = static_cast<float>(theta);
+  return config;
+}
+
+ModelConfig gpt2_config(const nlohmann::json& c, const std::string& origin) {
+  ModelConfig config;
+  config.family = ModelFamily::gpt2;
+  config.hidden = integer(c, "n_embd", origin);
+  config.layers = integer(c, "n_layer", origin);
+  config.heads = integer(c, "n_head", origin);
+  config.kv_heads = config.heads;
+  config.ffn_hidden = c.contains("n_inner") && !c["n_inner"].is_null() ? integer(c, "n_inner", origin) : 4 * config.hidden;
+  config.vocab_size = integer(c, "vocab_size", origin);
+  config.max_seq_len = integer(c, "n_positions", origin);
+  config.norm_eps = static_cast<float>(number(c, "layer_norm_epsilon", 1e-5, origin));
+  config.tied_embeddings = boolean(c, "tie_word_embeddings", true, origin);
+  config.bias = true;
+  const std::string activation = c.value("activation_function", std::string("gelu_new"));
+  if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
+    unsupported(origin, "activation_function", "= \"" + activation + "\": mxtrain's GPT-2 GELU is the tanh approximation "
+                                               "(gelu_new)");
+  require(c, "scale_attn_weights", true, origin, "attention without 1/sqrt(head_dim) is not reproduced");
+  require(c, "scale_attn_by_inverse_layer_idx", false, origin, "per-layer attention scaling is not reproduced");
+  return config;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error(ErrorKind::config, "cannot read " + path,
+                "point --init-from at a Hugging Face model directory (config.json and model.safetensors)");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// "layers.3.mlp.up.weight" → (3, "mlp.up.weight"); -1 for names outside the blocks.
+std::pair<int64_t, std::string> split_layer(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return {-1, name};
+  const size_t dot = name.find('.', 7);
+  return {std::stoll(name.substr(7, dot - 7)), name.substr(dot + 1)};
+}
+
+}  // namespace
+
+ModelConfig model_config_from_hf(const nlohmann::json& c, const std::string& origin) {
+  if (!c.is_object()) throw Error(ErrorKind::config, origin + " is not a JSON object", "check the file");
+  const std::string type = c.value("model_type", std::string());
+  ModelConfig config;
+  if (type == "llama" || type == "mistral")
+    config = llama_config(c, origin);
+  else if (type == "gpt2")
+    config = gpt2_config(c, origin);
+  else
+    unsupported(origin, "model_type", "= \"" + type + "\" is not an architecture mxtrain trains (llama, mistral, gpt2)");
+  config.preset = "hf-" + type;
+  config.padded_vocab = (config.vocab_size + 63) / 64 * 64;
+  config.validate();
+  return config;
+}
+
+nlohmann::json hf_config_from_model(const ModelConfig& config, int bos_token_id, int eos_token_id) {
+  if (config.family == ModelFamily::gpt2)
+    return {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"vocab_size", config.vocab_size},
+            {"n_embd", config.hidden},
+            {"n_layer", config.layers},
+            {"n_head", config.heads},
+            {"n_inner", config.ffn_hidden},
+            {"n_positions", config.max_seq_len},
+            {"n_ctx", config.max_seq_len},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", config.norm_eps},
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", config.tied_embeddings},
+            {"bos_token_id", bos_token_id},
+            {"eos_token_id", eos_token_id},
+            {"torch_dtype", "bfloat16"}};
+  return {{"model_type", "llama"},
+          {"architectures", {"LlamaForCausalLM"}},
+          {"vocab_size", config.vocab_size},
+          {"hidden_size", config.hidden},
+          {"intermediate_size", config.ffn_hidden},
+          {"num_hidden_layers", config.layers},
+          {"num_attention_heads", config.heads},
+          {"num_key_value_heads", config.kv_heads},
+          {"head_dim", config.head_dim()},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", config.norm_eps},
+          {"rope_theta", config.rope_theta},
+          {"max_position_embeddings", config.max_seq_len},
+          {"tie_word_embeddings", config.tied_embeddings},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"bos_token_id", bos_token_id},
+          {"eos_token_id", eos_token_id},
+          {"torch_dtype", "bfloat16"}};
+}
+
+void apply_init_from(RunConfig& run) {
+  ModelConfig& m = run.model;
+  if (m.init_from.empty()) return;
+  const std::string path = (fs::path(m.init_from) / "config.json").string();
+  const nlohmann::json json = nlohmann::json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) throw Error(ErrorKind::config, path + " is not valid JSON", "check the file");
+  ModelConfig hf = model_config_from_hf(json, path);
+  const ModelConfig preset = model_preset(m.preset);
+  auto agree = [&](const char* key, auto set, auto preset_value, auto file_value) {
+    if (set != preset_value && set != file_value)
+      throw Error(ErrorKind::config,
+                  strf("model.%s = %s, but %s says %s", key, std::to_string(set).c_str(), path.c_str(),
+                       std::to_string(file_value).c_str()),
+                  strf("drop model.%s: with model.init_from the model's shape comes from its config.json", key));
+  };
+  agree("vocab_size", m.vocab_size, preset.vocab_size, hf.vocab_size);
+  agree("hidden", m.hidden, preset.hidden, hf.hidden);
+  agree("layers", m.layers, preset.layers, hf.layers);
+  agree("heads", m.heads, preset.heads, hf.heads);
+  agree("kv_heads", m.kv_heads, preset.kv_heads, hf.kv_heads);
+  agree("ffn_hidden", m.ffn_hidden, preset.ffn_hidden, hf.ffn_hidden);
+  if (m.padded_vocab != preset.padded_vocab && m.padded_vocab >= hf.vocab_size) hf.padded_vocab = m.padded_vocab;
+  hf.init_from = m.init_from;
+  hf.init_std = m.init_std;
+  hf.validate();
+  m = hf;
+}
+
+HfSource hf_source(const ModelConfig& config, const ParamSpec& spec) {
+  const bool gpt2 = config.family == ModelFamily::gpt2;
+  const auto [layer, local] = split_layer(spec.name);
+  const int64_t C = config.hidden, D = config.head_dim(), F = config.ffn_hidden;
+  HfSource source;
+  auto one = [&](const std::string& tensor, int64_t rows, bool transposed = false) {
+    source.parts.push_back({tensor, rows, transposed});
+  };
+  if (layer < 0) {
+    if (spec.name == "embed.token" || spec.name == "head.weight") {
+      one(spec.name == "head.weight" ? "lm_head.weight" : gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
+          config.vocab_size);
+      source.padded_rows = config.padded_vocab - config.vocab_size;
+    } else if (spec.name == "embed.position") {
+      one("transformer.wpe.weight", config.max_seq_len);
+    } else if (spec.name == "final_norm.weight" || spec.name == "final_norm.bias") {
+      const std::string kind = spec.name.substr(spec.name.find('.') + 1);
+      one(gpt2 ? "transformer.ln_f." + kind : "model.norm." + kind, C);
+    }
+  } else if (gpt2) {
+    const std::string p = "transformer.h." + std::to_string(layer) + ".";
+    if (local == "attn.qkv.weight") one(p + "attn.c_attn.weight", 3 * C, true);
+    if (local == "attn.qkv.bias") one(p + "attn.c_attn.bias", 3 * C);
+    if (local == "attn.out.weight") one(p + "attn.c_proj.weight", C, true);
+    if (local == "attn.out.bias") one(p + "attn.c_proj.bias", C);
+    if (local == "mlp.up.weight") one(p + "mlp.c_fc.weight", F, true);
+    if (local == "mlp.up.bias") one(p + "mlp.c_fc.bias", F);
+    if (local == "mlp.down.weight") one(p + "mlp.c_proj.weight", C, true);
+    if (local == "mlp.down.bias") one(p + "mlp.c_proj.bias", C);
+    if (local == "attn_norm.weight") one(p + "ln_1.weight", C);
+    if (local == "attn_norm.bias") one(p + "ln_1.bias", C);
+    if (local == "mlp_norm.weight") one(p + "ln_2.weight", C);
+    if (local == "mlp_norm.bias") one(p + "ln_2.bias", C);
+  } else {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    if (local == "attn.qkv.weight") {
+      one(p + "self_attn.q_proj.weight", config.heads * D);
+      one(p + "self_attn.k_proj.weight", config.kv_heads * D);
+      one(p + "self_attn.v_proj.weight", config.kv_heads * D);
+    }
+    if (local == "attn.out.weight") one(p + "self_attn.o_proj.weight", C);
+    if (local == "mlp.up.weight") {
+      one(p + "mlp.gate_proj.weight", F);  // the SiLU side first
+      one(p + "mlp.up_proj.weight", F);
+    }
+    if (local == "mlp.down.weight") one(p + "mlp.down_proj.weight", C);
+    if (local == "attn_norm.weight") one(p + "input_layernorm.weight", C);
+    if (local == "mlp_norm.weight") one(p + "post_attention_layernorm.weight", C);
+  }
+  if (source.parts.empty())
+    throw Error(ErrorKind::internal, "no Hugging Face name for mxtrain parameter " + spec.name, "this is a bug");
+  return source;
+}
+
+HfCheckpoint::HfCheckpoint(const std::string& directory) : directory_(directory) {
+  const fs::path dir(directory);
+  const std::string config_path = (dir / "config.json").string();
+  config_json_ = nlohmann::json::parse(read_text(config_path), nullptr, /*allow_exceptions=*/false);
+  if (config_json_.is_discarded()) throw Error(ErrorKind::config, config_path + " is not valid JSON", "check the file");
+  config_ = model_config_from_hf(config_json_, config_path);
+
+  std::vector<std::string> files;
+  const fs::path index = dir / "model.safetensors.index.json";
+  std::error_code error;
+  if (fs::is_regular_file(index, error)) {
+    const nlohmann::json map = nlohmann::json::parse(read_text(index.string()), nullptr, false);
+    if (map.is_discarded() || !map.contains("weight_map") || !map["weight_map"].is_object())
+      throw Error(ErrorKind::data, index.string() + " has no weight_map object", "check the file");
+    std::set<std::string> names;
+    for (const auto& [tensor, file] : map["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        throw Error(ErrorKind::data, index.string() + ": tensor " + tensor + " maps to a bad file name", "check the file");
+      names.insert(file.get<std::string>());
+    }
+    for (const std::string& name : names) files.push_back((dir / name).string());
+  } else if (fs::is_regular_file(dir / "model.safetensors", error)) {
+    files.push_back((dir / "model.safetensors").string());
+  } else {
+    throw Error(ErrorKind::data, directory + " holds neither model.safetensors nor model.safetensors.index.json",
+                "save the model with save_pretrained (safetensors is its default format)");
+  }
+  for (const std::string& file : files) {
+    files_.push_back(std::make_unique<SafetensorsReader>(file));
+    for (const SafetensorsTensor& tensor : files_.back()->tensors()) {
+      // GPT2Model checkpoints name tensors without GPT2LMHeadModel's "transformer." prefix.
+      std::string name = tensor.name;
+      if (config_.family == ModelFamily::gpt2 && name.rfind("transformer.", 0) != 0 && name != "lm_head.weight")
+        name = "transformer." + name;
+      if (!tensors_.emplace(name, std::make_pair(files_.back().get(), &tensor)).second)
+        throw Error(ErrorKind::data, "tensor " + name + " appears twice in " + directory, "check the checkpoint");
+    }
+  }
+}
+
+const SafetensorsTensor& HfCheckpoint::tensor(const std::string& name, const SafetensorsReader** reader) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end())
+    throw Error(ErrorKind::data, "the checkpoint in " + directory_ + " has no tensor " + name,
+                "the checkpoint is incomplete or of another architecture than its config.json says");
+  *reader = it->second.first;
+  return *it->second.second;
+}
+
+void HfCheckpoint::check(const ModelLayout& layout) const {
+  std::set<std::string> used;
+  std::vector<std::string> problems;
+  for (const ParamGroup& group : layout.groups)
+    for (const ParamSpec& spec : group.params) {
+      const int64_t cols = spec.shape.rank == 2 ? spec.shape[1] : 1;
+      for (const HfSource::Part& part : hf_source(config_, spec).parts) {
+        used.insert(part.tensor);
+        const auto it = tensors_.find(part.tensor);
+        if (it == tensors_.end()) {
+          problems.push_back("missing " + part.tensor);
+          continue;
+        }
+        const SafetensorsTensor& t = *it->second.second;
+        std::vector<int64_t> expected =
+            spec.shape.rank == 1 ? std::vector<int64_t>{part.rows}
+                                 : part.transposed ? std::vector<int64_t>{cols, part.rows} : std::vector<int64_t>{part.rows, cols};
+        if (t.shape != expected) {
+          std::string got, want;
+          for (int64_t d : t.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+          for (int64_t d : expected) want += (want.empty() ? "" : ", ") + std::to_string(d);
+          problems.push_back(part.tensor + " is [" + got + "], expected [" + want + "]");
+        }
+        if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
+          problems.push_back(part.tensor + " is " + t.dtype + " (F32, BF16 or F16 expected)");
+      }
+    }
+  for (const auto& [name, entry] : tensors_) {
+    if (used.count(name)) continue;
+    const bool buffer = name.find("rotary_emb.inv_freq") != std::string::npos ||
+                        (name.size() > 9 && (name.compare(name.size() - 9, 9, "attn.bias") == 0 ||
+                                             name.find("attn.masked_bias") != std::string::npos));
+    if (buffer || (name == "lm_head.weight" && config_.tied_embeddings)) continue;
+    problems.push_back("unexpected tensor " + name);
+  }
+  if (problems.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < problems.size() && i < 12; ++i) list += "\n  " + problems[i];
+  if (problems.size() > 12) list += strf("\n  ... and %zu more", problems.size() - 12);
+  throw Error(ErrorKind::data, "the checkpoint in " + directory_ + " does not match its config.json:" + list,
+              "re-save the model with save_pretrained, or fix config.json to describe these weights");
+}
+
+void HfCheckpoint::values(const ParamSpec& spec, int64_t begin, int64_t count, float* out) const {
+  const int64_t cols = spec.shape.rank == 2 ? spec.shape[1] : 1;
+  const HfSource source = hf_source(config_, spec);
+  int64_t part_first_row = 0;
+  for (const HfSource::Part& part : source.parts) {
+    const int64_t part_begin = part_first_row * cols, part_end = (part_first_row + part.rows) * cols;
+    part_first_row += part.rows;
+    const int64_t from = std::max(begin, part_begin), to = std::min(begin + count, part_end);
+    if (from >= to) continue;
+    const SafetensorsReader* reader = nullptr;
+    const SafetensorsTensor& t = tensor(part.tensor, &reader);
+    if (!part.transposed) {
+      reader->read_f32(t, from - part_begin, to - from, out + (from - begin));
+    } else {
+      // The tensor holds Wᵀ [cols, rows]: read it whole (one matrix), then gather the rows.
+      std::vector<float> whole(static_cast<size_t>(t.numel()));
+      reader->read_f32(t, 0, t.numel(), whole.data());
+      for (int64_t e = from; e < to; ++e) {
+        const int64_t row = (e - part_begin) / cols, col = (e - part_begin) % cols;
+        out[e - begin] = whole[static_cast<size_t>(col * part.rows + row)];
+      }
+    }
+  }
+  // Vocabulary padding: zero rows past the tensor's.
+  for (int64_t e = std::max(begin, part_first_row * cols); e < begin + count; ++e) out[e - begin] = 0.0f;
+}
+
+}  // namespace mxtrain::interop

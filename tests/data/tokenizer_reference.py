@@ -1,0 +1,159 @@
+"""mxtrain's tokenizers against the reference packages, on the fortunes corpus (Debian package
+`fortunes`): a byte-level BPE trained here with PyPI `tokenizers` (GPT-2's pre-tokenizer, and a
+Llama-3-style Split + ByteLevel sequence with special tokens), and a sentencepiece BPE with byte
+fallback trained here with PyPI `sentencepiece`. mxtrain's ids must equal the reference's on
+every document, and decode(encode(doc)) == doc. Damaged tokenizer files must be refused with a
+message (exit 1), never a crash.
+
+Usage: tokenizer_reference.py TOOL WORKDIR"""
+import glob
+import json
+import os
+import random
+import subprocess
+import sys
+
+import sentencepiece as spm
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+tool, workdir = sys.argv[1], sys.argv[2]
+os.makedirs(workdir, exist_ok=True)
+
+documents = []
+for path in sorted(glob.glob("/usr/share/games/fortunes/*")):
+    if path.endswith((".dat", ".u8")) or not os.path.isfile(path):
+        continue
+    with open(path, encoding="utf-8", errors="replace") as f:
+        documents += [d for d in f.read().split("\n%\n") if d.strip()]
+if len(documents) < 1000:
+    sys.exit("the fortunes corpus is missing: scripts/setup.sh installs the Debian package fortunes")
+# Text no corpus line has: other scripts, digits in runs, emoji, spaces at the ends, a special
+# token inside a document.
+documents += ["Grüße aus Köln — 1234567 €, ½ × 3 ≥ 1.", "日本語のテキスト、そして中文。", "emoji 🙂🚀 ok",
+              "   leading and trailing   ", "tabs\tand\r\nCRLF", "", "a<|endoftext|>b<|end_of_text|>c",
+              "'s 're 've 'll 'd 'm 't DON'T"]
+docs_path = os.path.join(workdir, "documents.json")
+with open(docs_path, "w") as f:
+    json.dump(documents, f)
+train_path = os.path.join(workdir, "train.txt")
+with open(train_path, "w") as f:
+    f.write("\n".join(documents[:-8]))
+
+failures = []
+
+
+def mxtrain_encode(tokenizer_path):
+    run = subprocess.run([tool, tokenizer_path, docs_path], capture_output=True, text=True)
+    if run.returncode != 0:
+        failures.append("%s: exit %d: %s" % (tokenizer_path, run.returncode, run.stderr.strip()))
+        return None
+    return json.loads(run.stdout)
+
+
+def compare(label, tokenizer_path, reference_ids, vocab_size, eos=None):
+    got = mxtrain_encode(tokenizer_path)
+    if got is None:
+        return
+    differing = [i for i, ids in enumerate(reference_ids) if got["ids"][i] != ids]
+    if differing:
+        i = differing[0]
+        failures.append("%s: %d of %d documents differ; first %r: mxtrain %s, reference %s" % (
+            label, len(differing), len(documents), documents[i][:60], got["ids"][i][:20], reference_ids[i][:20]))
+    if got["roundtrip_failures"]:
+        failures.append("%s: decode(encode(doc)) != doc for %d documents" % (label, len(got["roundtrip_failures"])))
+    if got["vocab_size"] != vocab_size:
+        failures.append("%s: vocab size %d, reference %d" % (label, got["vocab_size"], vocab_size))
+    if eos is not None and got["eos"] != eos:
+        failures.append("%s: eos %r, reference %r" % (label, got["eos"], eos))
+    print("%s: %d documents, %d tokens, ids equal: %s" % (label, len(documents), sum(map(len, got["ids"])),
+                                                           not differing))
+
+
+# 1. GPT-2 style: ByteLevel pre-tokenizer (GPT-2's regex), <|endoftext|> special.
+gpt2 = Tokenizer(models.BPE())
+gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+gpt2.decoder = decoders.ByteLevel()
+gpt2.train([train_path], trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"],
+                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+gpt2_path = os.path.join(workdir, "gpt2_tokenizer.json")
+gpt2.save(gpt2_path)
+compare("byte-level BPE (GPT-2 pre-tokenizer)", gpt2_path,
+        [gpt2.encode(d, add_special_tokens=False).ids for d in documents], gpt2.get_vocab_size(),
+        eos=gpt2.token_to_id("<|endoftext|>"))
+
+# 2. Llama 3 style: Split(Llama 3's regex, Isolated) then ByteLevel without regex; ignore_merges.
+llama3_pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+llama3 = Tokenizer(models.BPE(ignore_merges=True))
+llama3.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(llama3_pattern), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+llama3.decoder = decoders.ByteLevel()
+llama3.train([train_path], trainers.BpeTrainer(
+    vocab_size=3000, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+llama3_dir = os.path.join(workdir, "llama3")
+os.makedirs(llama3_dir, exist_ok=True)
+llama3.save(os.path.join(llama3_dir, "tokenizer.json"))
+with open(os.path.join(llama3_dir, "tokenizer_config.json"), "w") as f:
+    json.dump({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|end_of_text|>"}}, f)
+compare("byte-level BPE (Llama 3 pre-tokenizer, model directory)", llama3_dir,
+        [llama3.encode(d, add_special_tokens=False).ids for d in documents], llama3.get_vocab_size(),
+        eos=llama3.token_to_id("<|end_of_text|>"))
+
+# 3. sentencepiece BPE with byte fallback (Llama 2 / TinyLlama style).
+prefix = os.path.join(workdir, "spm")
+spm.SentencePieceTrainer.train(input=train_path, model_prefix=prefix, vocab_size=1500, model_type="bpe",
+                               byte_fallback=True, character_coverage=0.9995, max_sentence_length=100000,
+                               minloglevel=2)
+sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+reference = [sp.encode(d) for d in documents]
+# sentencepiece normalises (NFKC, whitespace), so decode(encode(doc)) == doc only holds for
+# normalised text: compare the ids, and decode against the reference's own decode.
+got = mxtrain_encode(prefix + ".model")
+if got is not None:
+    differing = [i for i, ids in enumerate(reference) if got["ids"][i] != ids]
+    if differing:
+        failures.append("sentencepiece: %d documents differ, first %r" % (len(differing), documents[differing[0]][:60]))
+    expected_roundtrip = [i for i, d in enumerate(documents) if sp.decode(reference[i]) != d]
+    if got["roundtrip_failures"] != expected_roundtrip:
+        failures.append("sentencepiece: round-trip failures %s, reference %s" % (got["roundtrip_failures"][:10],
+                                                                                 expected_roundtrip[:10]))
+    if got["vocab_size"] != sp.get_piece_size() or got["eos"] != sp.eos_id() or got["bos"] != sp.bos_id():
+        failures.append("sentencepiece: vocab/bos/eos %s/%s/%s, reference %s/%s/%s" % (
+            got["vocab_size"], got["bos"], got["eos"], sp.get_piece_size(), sp.bos_id(), sp.eos_id()))
+    print("sentencepiece BPE: %d documents, ids equal: %s" % (len(documents), not differing))
+
+# 4. Damaged tokenizer files: refused with a message, never a crash.
+text = open(gpt2_path).read()
+rng = random.Random(7)
+broken = {"truncated": text[: len(text) // 2], "not json": "{]", "empty": "",
+          "wordpiece": text.replace('"type": "BPE"', '"type": "WordPiece"', 1),
+          "normalizer": text.replace('"normalizer": null', '"normalizer": {"type": "NFC"}', 1),
+          "missing merge symbol": text.replace('"merges": [', '"merges": [["zzqx", "qq"], ', 1)}
+for i in range(40):
+    chars = list(text)
+    for _ in range(5):
+        chars[rng.randrange(len(chars))] = rng.choice('{}[]",:0a\\')
+    broken["random edit %d" % i] = "".join(chars)
+for label, content in broken.items():
+    path = os.path.join(workdir, "broken.json")
+    with open(path, "w") as f:
+        f.write(content)
+    run = subprocess.run([tool, path, docs_path], capture_output=True, text=True)
+    if run.returncode not in (0, 1) or (run.returncode == 1 and "tokenizer" not in run.stderr):
+        failures.append("broken tokenizer (%s): exit %d, %r" % (label, run.returncode, run.stderr[:200]))
+    if label in ("truncated", "not json", "empty", "wordpiece", "normalizer", "missing merge symbol") and \
+            run.returncode != 1:
+        failures.append("broken tokenizer (%s) was accepted" % label)
+for content, label in ((b"\x00garbage" * 10, "garbage .model"),):
+    path = os.path.join(workdir, "broken.model")
+    with open(path, "wb") as f:
+        f.write(content)
+    run = subprocess.run([tool, path, docs_path], capture_output=True, text=True)
+    if run.returncode != 1:
+        failures.append("%s: exit %d" % (label, run.returncode))
+
+for failure in failures:
+    print("FAIL:", failure)
+sys.exit(1 if failures else 0)

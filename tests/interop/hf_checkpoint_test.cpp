@@ -1,0 +1,247 @@
+// Hugging Face checkpoints → mxtrain parameters: config.json mapping (and its refusals, each
+// naming the field), the name/layout mapping on a synthetic checkpoint whose every value encodes
+// where it came from (q/k/v and gate/up stacking, GPT-2's transposed Conv1D, vocabulary padding,
+// shards), and clear errors for missing, mis-shaped and unknown tensors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/interop/hf_checkpoint.hpp"
+#include "mxtrain/interop/safetensors.hpp"
+#include "support/test_support.hpp"
+
+namespace mxtrain::interop {
+namespace {
+
+nlohmann::json llama_json() {
+  return {{"model_type", "llama"}, {"vocab_size", 100},        {"hidden_size", 16},
+          {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-6},  {"rope_theta", 500000.0},
+          {"max_position_embeddings", 64}, {"tie_word_embeddings", false}, {"hidden_act", "silu"}};
+}
+
+nlohmann::json gpt2_json() {
+  return {{"model_type", "gpt2"}, {"vocab_size", 70}, {"n_embd", 16}, {"n_layer", 1}, {"n_head", 2},
+          {"n_positions", 32}, {"n_inner", nullptr}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}};
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const Error& error) {
+    return error.full_message();
+  }
+  return "(no error)";
+}
+
+TEST(HfConfig, LlamaAndGpt2MapOntoModelConfig) {
+  const ModelConfig llama = model_config_from_hf(llama_json(), "config.json");
+  EXPECT_EQ(llama.family, ModelFamily::llama);
+  EXPECT_EQ(llama.hidden, 16);
+  EXPECT_EQ(llama.kv_heads, 2);
+  EXPECT_EQ(llama.ffn_hidden, 24);
+  EXPECT_EQ(llama.vocab_size, 100);
+  EXPECT_EQ(llama.padded_vocab, 128);
+  EXPECT_FLOAT_EQ(llama.rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(llama.norm_eps, 1e-6f);
+  EXPECT_FALSE(llama.tied_embeddings);
+  const ModelConfig gpt2 = model_config_from_hf(gpt2_json(), "config.json");
+  EXPECT_EQ(gpt2.family, ModelFamily::gpt2);
+  EXPECT_EQ(gpt2.ffn_hidden, 64);  // n_inner null = 4 x n_embd
+  EXPECT_EQ(gpt2.max_seq_len, 32);
+  EXPECT_TRUE(gpt2.tied_embeddings);
+  EXPECT_TRUE(gpt2.bias);
+  // The export's config.json maps back to the same model.
+  const ModelConfig again = model_config_from_hf(hf_config_from_model(llama, 1, 2), "exported");
+  EXPECT_EQ(again.hidden, llama.hidden);
+  EXPECT_EQ(again.kv_heads, llama.kv_heads);
+  EXPECT_EQ(again.vocab_size, llama.vocab_size);
+  EXPECT_FLOAT_EQ(again.rope_theta, llama.rope_theta);
+}
+
+TEST(HfConfig, WhatIsNotReproducedIsRefusedByName) {
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* expected;
+  } cases[] = {
+      {"model_type", "qwen2", "model_type"},
+      {"hidden_act", "gelu", "hidden_act"},
+      {"attention_bias", true, "attention_bias"},
+      {"head_dim", 8, "head_dim"},
+      {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
+      {"sliding_window", 4096, "sliding_window"},
+      {"hidden_size", -3, "hidden_size"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json json = llama_json();
+    json[c.key] = c.value;
+    const std::string message = error_of([&] { model_config_from_hf(json, "dir/config.json"); });
+    EXPECT_NE(message.find(c.expected), std::string::npos) << c.key << ": " << message;
+    EXPECT_NE(message.find("dir/config.json"), std::string::npos) << message;
+  }
+  nlohmann::json gelu = gpt2_json();
+  gelu["activation_function"] = "relu";
+  EXPECT_NE(error_of([&] { model_config_from_hf(gelu, "c"); }).find("activation_function"), std::string::npos);
+}
+
+// A checkpoint whose tensors hold value = tensor_code * 1000 + element index, in BF16-exact
+// integers (f32 files; small enough to be exact).
+struct Synthetic {
+  test::TempDir dir;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::map<std::string, float> codes;
+
+  void add(const std::string& name, std::vector<int64_t> shape) {
+    codes[name] = static_cast<float>(codes.size() + 1);
+    shapes[name] = std::move(shape);
+  }
+  float value(const std::string& name, int64_t index) const { return codes.at(name) * 1000.0f + static_cast<float>(index); }
+  // Writes config.json and the tensors; `files` > 1 writes shards with an index.
+  void write(const nlohmann::json& config, int files = 1) {
+    std::ofstream(dir.file("config.json")) << config.dump();
+    std::vector<std::vector<std::string>> parts(static_cast<size_t>(files));
+    size_t i = 0;
+    for (const auto& entry : shapes) parts[i++ % parts.size()].push_back(entry.first);
+    nlohmann::json index{{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+    for (size_t f = 0; f < parts.size(); ++f) {
+      const std::string file = files == 1 ? "model.safetensors" : strf("model-%05zu-of-%05d.safetensors", f + 1, files);
+      std::vector<SafetensorsWriter::Declaration> declarations;
+      for (const std::string& name : parts[f]) declarations.push_back({name, DType::f32, shapes.at(name)});
+      SafetensorsWriter writer(dir.file(file), declarations);
+      for (const std::string& name : parts[f]) {
+        int64_t numel = 1;
+        for (int64_t d : shapes.at(name)) numel *= d;
+        std::vector<float> data(static_cast<size_t>(numel));
+        for (int64_t e = 0; e < numel; ++e) data[static_cast<size_t>(e)] = value(name, e);
+        writer.append(data.data(), data.size() * 4);
+        index["weight_map"][name] = file;
+      }
+      writer.commit();
+    }
+    if (files > 1) std::ofstream(dir.file("model.safetensors.index.json")) << index.dump();
+  }
+};
+
+void fill_llama(Synthetic& s, bool tied) {
+  s.add("model.embed_tokens.weight", {100, 16});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    s.add(p + "self_attn.q_proj.weight", {16, 16});
+    s.add(p + "self_attn.k_proj.weight", {8, 16});
+    s.add(p + "self_attn.v_proj.weight", {8, 16});
+    s.add(p + "self_attn.o_proj.weight", {16, 16});
+    s.add(p + "mlp.gate_proj.weight", {24, 16});
+    s.add(p + "mlp.up_proj.weight", {24, 16});
+    s.add(p + "mlp.down_proj.weight", {16, 24});
+    s.add(p + "input_layernorm.weight", {16});
+    s.add(p + "post_attention_layernorm.weight", {16});
+  }
+  s.add("model.norm.weight", {16});
+  if (!tied) s.add("lm_head.weight", {100, 16});
+}
+
+std::vector<float> parameter(const HfCheckpoint& checkpoint, const std::string& name, int64_t begin = 0,
+                             int64_t count = -1) {
+  const ModelLayout layout = build_layout(checkpoint.config());
+  int group = 0, index = 0;
+  EXPECT_TRUE(layout.locate(name, &group, &index)) << name;
+  const ParamSpec& spec = layout.groups[static_cast<size_t>(group)].params[static_cast<size_t>(index)];
+  std::vector<float> out(static_cast<size_t>(count < 0 ? spec.numel() : count), -1.0f);
+  checkpoint.values(spec, begin, static_cast<int64_t>(out.size()), out.data());
+  return out;
+}
+
+TEST(HfCheckpoint, LlamaTensorsStackIntoMxtrainParameters) {
+  for (int files : {1, 3}) {
+    Synthetic s;
+    fill_llama(s, false);
+    s.write(llama_json(), files);
+    HfCheckpoint checkpoint(s.dir.path());
+    checkpoint.check(build_layout(checkpoint.config()));
+    // qkv rows: q (16), then k (8), then v (8).
+    const std::vector<float> qkv = parameter(checkpoint, "layers.1.attn.qkv.weight");
+    ASSERT_EQ(qkv.size(), 32u * 16u);
+    EXPECT_EQ(qkv[0], s.value("model.layers.1.self_attn.q_proj.weight", 0));
+    EXPECT_EQ(qkv[16 * 16 + 5], s.value("model.layers.1.self_attn.k_proj.weight", 5));
+    EXPECT_EQ(qkv[24 * 16 + 17], s.value("model.layers.1.self_attn.v_proj.weight", 17));
+    // up rows: gate first, then up.
+    const std::vector<float> up = parameter(checkpoint, "layers.0.mlp.up.weight");
+    EXPECT_EQ(up[3], s.value("model.layers.0.mlp.gate_proj.weight", 3));
+    EXPECT_EQ(up[24 * 16 + 3], s.value("model.layers.0.mlp.up_proj.weight", 3));
+    // The vocabulary is padded from 100 to 128 rows with zeros; a range across the edge.
+    const std::vector<float> embed = parameter(checkpoint, "embed.token", 99 * 16, 32);
+    EXPECT_EQ(embed[15], s.value("model.embed_tokens.weight", 99 * 16 + 15));
+    EXPECT_EQ(embed[16], 0.0f);
+    EXPECT_EQ(parameter(checkpoint, "head.weight")[17], s.value("lm_head.weight", 17));
+    EXPECT_EQ(parameter(checkpoint, "final_norm.weight")[7], s.value("model.norm.weight", 7));
+    EXPECT_EQ(parameter(checkpoint, "layers.1.mlp_norm.weight")[2],
+              s.value("model.layers.1.post_attention_layernorm.weight", 2));
+  }
+}
+
+TEST(HfCheckpoint, Gpt2Conv1DWeightsAreTransposed) {
+  Synthetic s;
+  s.add("transformer.wte.weight", {70, 16});
+  s.add("transformer.wpe.weight", {32, 16});
+  const std::string p = "transformer.h.0.";
+  s.add(p + "ln_1.weight", {16});
+  s.add(p + "ln_1.bias", {16});
+  s.add(p + "attn.c_attn.weight", {16, 48});
+  s.add(p + "attn.c_attn.bias", {48});
+  s.add(p + "attn.c_proj.weight", {16, 16});
+  s.add(p + "attn.c_proj.bias", {16});
+  s.add(p + "ln_2.weight", {16});
+  s.add(p + "ln_2.bias", {16});
+  s.add(p + "mlp.c_fc.weight", {16, 64});
+  s.add(p + "mlp.c_fc.bias", {64});
+  s.add(p + "mlp.c_proj.weight", {64, 16});
+  s.add(p + "mlp.c_proj.bias", {16});
+  s.add(p + "attn.bias", {1, 1, 32, 32});  // GPT-2's causal-mask buffer: ignored
+  s.add("transformer.ln_f.weight", {16});
+  s.add("transformer.ln_f.bias", {16});
+  s.write(gpt2_json());
+  HfCheckpoint checkpoint(s.dir.path());
+  checkpoint.check(build_layout(checkpoint.config()));
+  // mxtrain qkv [48, 16] = c_attn [16, 48] transposed: qkv[r][c] = c_attn[c][r].
+  const std::vector<float> qkv = parameter(checkpoint, "layers.0.attn.qkv.weight");
+  EXPECT_EQ(qkv[5 * 16 + 3], s.value(p + "attn.c_attn.weight", 3 * 48 + 5));
+  const std::vector<float> down = parameter(checkpoint, "layers.0.mlp.down.weight");  // [16, 64] from [64, 16]
+  EXPECT_EQ(down[2 * 64 + 40], s.value(p + "mlp.c_proj.weight", 40 * 16 + 2));
+  EXPECT_EQ(parameter(checkpoint, "layers.0.mlp.up.bias")[9], s.value(p + "mlp.c_fc.bias", 9));
+  EXPECT_EQ(parameter(checkpoint, "embed.position")[20], s.value("transformer.wpe.weight", 20));
+}
+
+TEST(HfCheckpoint, MissingMisshapedAndUnknownTensorsAreListed) {
+  Synthetic s;
+  fill_llama(s, false);
+  s.shapes.erase("model.layers.1.self_attn.v_proj.weight");
+  s.shapes["model.layers.0.mlp.down_proj.weight"] = {24, 16};
+  s.add("model.layers.0.self_attn.q_norm.weight", {4});
+  s.write(llama_json());
+  HfCheckpoint checkpoint(s.dir.path());
+  const std::string message = error_of([&] { checkpoint.check(build_layout(checkpoint.config())); });
+  EXPECT_NE(message.find("missing model.layers.1.self_attn.v_proj.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.layers.0.mlp.down_proj.weight is [24, 16], expected [16, 24]"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("unexpected tensor model.layers.0.self_attn.q_norm.weight"), std::string::npos) << message;
+}
+
+TEST(HfCheckpoint, ADirectoryWithoutWeightsSaysWhatIsMissing) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << llama_json().dump();
+  EXPECT_NE(error_of([&] { HfCheckpoint checkpoint(dir.path()); }).find("model.safetensors"), std::string::npos);
+  std::ofstream(dir.file("config.json")) << "{not json";
+  EXPECT_NE(error_of([&] { HfCheckpoint checkpoint(dir.path()); }).find("config.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mxtrain::interop
