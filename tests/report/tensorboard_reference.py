@@ -1,0 +1,53 @@
+"""mxtrain's TensorBoard event files against TensorBoard's own reader (PyPI `tensorboard`,
+EventAccumulator): every point written comes back with its tag, step, value (as float32) and wall
+time, and the reader reports no data loss (its CRC checks pass).
+
+Usage: tensorboard_reference.py TOOL WORKDIR"""
+import json
+import math
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing import event_accumulator
+
+tool, workdir = sys.argv[1], sys.argv[2]
+shutil.rmtree(workdir, ignore_errors=True)
+os.makedirs(workdir)
+rng = random.Random(5)
+points = []
+for step in range(1, 301):
+    wall = 1_790_000_000.0 + step * 0.75
+    points.append(["train/loss", step, 5.5 * math.exp(-step / 80) + rng.random() * 0.01, wall])
+    points.append(["train/lr", step, 3e-4 * min(1, step / 30), wall])
+    points.append(["perf/tokens_per_s", step, 4000 + 500 * rng.random(), wall])
+    if step % 50 == 0:
+        points.append(["eval/val_loss", step, 2.0 + 3 / step, wall])
+points.append(["memory/peak_gib", 300, 0.3138, 1_790_000_226.0])
+points_path = os.path.join(workdir, "points.json")
+with open(points_path, "w") as f:
+    json.dump(points, f)
+run = os.path.join(workdir, "run")
+subprocess.run([tool, run, points_path], check=True, capture_output=True)
+
+accumulator = event_accumulator.EventAccumulator(run, size_guidance={event_accumulator.SCALARS: 0})
+accumulator.Reload()
+failures = []
+expected = {}
+for tag, step, value, wall in points:
+    expected.setdefault(tag, []).append((step, struct.unpack("<f", struct.pack("<f", value))[0], wall))
+tags = accumulator.Tags()["scalars"]
+if sorted(tags) != sorted(expected):
+    failures.append("tags %s, expected %s" % (sorted(tags), sorted(expected)))
+for tag, want in expected.items():
+    got = [(e.step, e.value, e.wall_time) for e in accumulator.Scalars(tag)] if tag in tags else []
+    if got != want:
+        failures.append("%s: %d points read, %d written; first difference %s" % (
+            tag, len(got), len(want), next(((g, w) for g, w in zip(got, want) if g != w), None)))
+print("tensorboard reference: %d points in %d tags read back by EventAccumulator" % (len(points), len(expected)))
+for failure in failures:
+    print("FAIL:", failure)
+sys.exit(1 if failures else 0)
