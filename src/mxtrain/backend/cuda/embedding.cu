@@ -99,7 +99,6 @@ __global__ void position_grad_kernel(const T* dout, G* dposition, int64_t vector
   store<W>(target, g);
 }
 
-
 }  // namespace
 
 void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,

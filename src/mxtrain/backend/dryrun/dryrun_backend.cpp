@@ -156,7 +156,7 @@ void DryrunBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, co
 
 void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, float theta, bool, const Tensor&) {
   if (!cuda_.enabled) return;
-  auto key = std::make_tuple(shape.seq, shape.head_dim, theta);  // cuda_backend.cpp keeps one per key too
+  auto key = std::make_tuple(shape.seq, shape.head_dim, theta);
   if (rope_tables_.count(key)) return;
   rope_tables_.emplace(key, private_buffers::allocate_private(*this, private_buffers::rope_table(shape.seq, shape.head_dim)));
 }
