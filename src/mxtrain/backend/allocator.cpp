@@ -127,6 +127,8 @@ CachingAllocator::Allocation CachingAllocator::allocate(size_t bytes, const std:
   stats_.live_by_lifetime[static_cast<int>(lifetime)] += block->size;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
   ++stats_.allocations;
+  if (trace_)
+    trace_(TraceEvent{false, name, lifetime, bytes, block->size, stats_.live_bytes, stats_.reserved_bytes});
   return Allocation{reinterpret_cast<void*>(block->address), block};
 }
 
@@ -136,6 +138,8 @@ void CachingAllocator::release(Block* block) {
   MXTRAIN_ASSERT(!block->free, "double free of %s", block->name.c_str());
   stats_.live_bytes -= block->size;
   stats_.live_by_lifetime[static_cast<int>(block->lifetime)] -= block->size;
+  if (trace_)
+    trace_(TraceEvent{true, block->name, block->lifetime, 0, block->size, stats_.live_bytes, stats_.reserved_bytes});
   block->free = true;
   block->name.clear();
   auto& pool = block->small ? free_small_ : free_large_;
@@ -193,6 +197,11 @@ void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_live_bytes = stats_.live_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void CachingAllocator::set_trace_hook(TraceHook hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_ = std::move(hook);
 }
 
 std::vector<CachingAllocator::LiveEntry> CachingAllocator::live_entries() const {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,6 +70,19 @@ class CachingAllocator {
     size_t bytes;
   };
 
+  // One allocate() or release(), as the trace hook sees it. bytes: what the block charges to the
+  // live bytes (the rounded request, or more where a large block was not split).
+  struct TraceEvent {
+    bool is_free = false;
+    std::string name;
+    Lifetime lifetime = Lifetime::scratch;
+    size_t bytes_requested = 0;  // allocate() only
+    size_t bytes = 0;
+    size_t live_bytes_after = 0;
+    size_t reserved_bytes_after = 0;
+  };
+  using TraceHook = std::function<void(const TraceEvent&)>;
+
   explicit CachingAllocator(std::unique_ptr<MemorySource> source);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
@@ -84,6 +98,9 @@ class CachingAllocator {
   void reset_peak();
   void empty_cache();  // returns wholly free segments to the source
   std::vector<LiveEntry> live_entries() const;
+  // Called after every allocate() and release() (under the allocator's lock: the hook must not
+  // call back into it); an empty hook detaches. For tests and tools comparing backends' traces.
+  void set_trace_hook(TraceHook hook);
   const MemorySource& source() const { return *source_; }
 
  private:
@@ -103,6 +120,7 @@ class CachingAllocator {
   std::set<Block*, BlockOrder> free_small_;
   std::set<Block*, BlockOrder> free_large_;
   MemoryStats stats_;
+  TraceHook trace_;
 };
 
 }  // namespace mxtrain

@@ -97,8 +97,6 @@ const std::vector<CalibrationField>& calibration_fields() {
       number("collectives.latency_s", &GpuCalibration::collective_latency_s),
       number("outside_allocator.cuda_context_bytes", &GpuCalibration::cuda_context_bytes),
       number("outside_allocator.nccl_buffer_bytes", &GpuCalibration::nccl_buffer_bytes),
-      cuda_number("cuda_allocations.gemm_workspace_bytes", &CudaAllocationModel::gemm_workspace_bytes),
-      cuda_number("cuda_allocations.reduction_partials", &CudaAllocationModel::reduction_partials),
       cuda_number("cuda_allocations.attention_forward_workspace_bytes",
                   &CudaAllocationModel::attention_forward_workspace_bytes),
       cuda_number("cuda_allocations.attention_backward_dq_accum_f32",

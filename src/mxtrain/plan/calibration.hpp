@@ -56,7 +56,8 @@ struct GpuCalibration {
   double cuda_context_bytes = 0;
   double nccl_buffer_bytes = 0;  // per NCCL communicator (FSDP creates two or three)
 
-  // Inside the allocator: what backend/cuda allocates in its ops.
+  // Inside the allocator: the device facts backend/cuda sizes its in-op buffers with, as modelled
+  // (the buffers themselves are backend/private_buffers.hpp's).
   CudaAllocationModel cuda_allocations;
 
   // Measured / predicted step time from `mxtrain tune` (1 = uncorrected).

@@ -20,7 +20,7 @@
 namespace mxtrain::cuda_kernels {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = private_buffers::kAdamwThreads;
 
 struct NoCopy {};  // copy type when the master is itself the compute weight
 
@@ -206,8 +206,9 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
   s.decay_count = args.decay_count;
   const float* norm = args.max_grad_norm > 0 ? static_cast<const float*>(grad_norm_sq.data) : nullptr;
   const float* step_factors = args.step_factors.defined() ? static_cast<const float*>(args.step_factors.data) : nullptr;
-  const bool vector = n % 8 == 0 && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
-                      aligned16(compute_copy) && aligned16(args.master_low);
+  // The vector width, the grid and the norm's partials (one a block): private_buffers.hpp.
+  const private_buffers::AdamwPlan plan = private_buffers::adamw(param, grad, m, v, compute_copy, args);
+  const bool vector = plan.vector;
   AmaxSegments segments;
   for (const AmaxSegment& segment : args.weight_amaxes) {
     if (segments.count == kSegments) break;
@@ -216,7 +217,7 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
     segments.bits[segments.count] = static_cast<unsigned*>(segment.amax.data);
     ++segments.count;
   }
-  Buffer partials;  // the norm's, one a block
+  std::vector<Buffer> scratch;  // the norm's partials
   auto launch = [&](auto grad_tag, auto copy_tag, auto split_tag) {
     using G = decltype(grad_tag);
     using C = decltype(copy_tag);
@@ -227,15 +228,15 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
     float* first = static_cast<float*>(m.data);
     float* second = static_cast<float*>(v.data);
     const int64_t vectors = vector ? n / 8 : n;
-    const unsigned blocks = blocks_for(vectors, kThreads);
+    const unsigned blocks = static_cast<unsigned>(plan.blocks);
     auto kernel = vector ? adamw_kernel<8, G, C, kSplit> : adamw_kernel<1, G, C, kSplit>;
-    if (norm_out) partials = backend.allocate("adamw.norm_partials", Shape{blocks}, DType::f32, Lifetime::scratch);
+    scratch = private_buffers::allocate_private(backend, plan.buffers);
+    float* partials = norm_out ? scratch.at(0).tensor().ptr<float>() : nullptr;
     kernel<<<blocks, kThreads, 0, stream>>>(p, g, first, second, copy, static_cast<uint16_t*>(args.master_low.data),
-                                            norm, step_factors, vectors, s, segments,
-                                            norm_out ? partials.tensor().ptr<float>() : nullptr);
+                                            norm, step_factors, vectors, s, segments, partials);
     MXTRAIN_CUDA_CHECK_LAUNCH();
     if (norm_out)
-      sum_partials_final(partials.tensor().ptr<float>(), blocks, grad_norm_sq.ptr<float>(),
+      sum_partials_final(partials, blocks, grad_norm_sq.ptr<float>(),
                          args.grad_norm_output == AdamWArgs::NormOutput::add, stream);
   };
   using Plain = std::false_type;

@@ -54,7 +54,9 @@ std::vector<int64_t> output_strides(const AttentionShape& s) {
 struct CudnnAttention::Impl {
   using Key = std::array<int64_t, 9>;
 
-  explicit Impl(Backend& owner) : backend(owner) { MXTRAIN_CUDNN_CHECK(cudnnCreate(&handle)); }
+  Impl(Backend& owner, private_buffers::DeviceFacts* recorded) : backend(owner), facts(recorded) {
+    MXTRAIN_CUDNN_CHECK(cudnnCreate(&handle));
+  }
   ~Impl() {
     graphs.clear();
     if (handle) cudnnDestroy(handle);
@@ -150,20 +152,23 @@ struct CudnnAttention::Impl {
     return graph;
   }
 
-  void* workspace_for(const std::shared_ptr<fe::graph::Graph>& graph, const AttentionShape& shape) {
+  void* workspace_for(const std::shared_ptr<fe::graph::Graph>& graph, const AttentionShape& shape, DType io,
+                      bool backward) {
     int64_t bytes = 0;
     check(graph->get_workspace_size(bytes), shape, "get_workspace_size");
-    if (static_cast<size_t>(bytes) > workspace_size) {
+    if (facts)
+      facts->record(private_buffers::attention_workspace_fact(shape, io, backward, backward && deterministic), bytes);
+    if (auto grown = private_buffers::attention_workspace(workspace_size, bytes)) {
       workspace.reset();
-      workspace = backend.allocate("cudnn.workspace", Shape{bytes}, DType::u8, Lifetime::workspace);
-      workspace_size = static_cast<size_t>(bytes);
+      workspace = private_buffers::allocate_private(backend, *grown);
+      workspace_size = grown->bytes();
     }
     return workspace_size > 0 ? workspace.tensor().data : nullptr;
   }
 
   void execute(const std::shared_ptr<fe::graph::Graph>& graph, std::unordered_map<int64_t, void*>& pack,
-               const AttentionShape& shape, cudaStream_t stream) {
-    void* space = workspace_for(graph, shape);
+               const AttentionShape& shape, DType io, bool backward, cudaStream_t stream) {
+    void* space = workspace_for(graph, shape, io, backward);
     MXTRAIN_CUDNN_CHECK(cudnnSetStream(handle, stream));
     check(graph->execute(handle, pack, space), shape, "execute");
   }
@@ -176,6 +181,7 @@ struct CudnnAttention::Impl {
   }
 
   Backend& backend;
+  private_buffers::DeviceFacts* facts = nullptr;
   cudnnHandle_t handle = nullptr;
   bool deterministic = false;
   bool warned_f32 = false;
@@ -184,7 +190,8 @@ struct CudnnAttention::Impl {
   size_t workspace_size = 0;
 };
 
-CudnnAttention::CudnnAttention(Backend& backend) : impl_(std::make_unique<Impl>(backend)) {}
+CudnnAttention::CudnnAttention(Backend& backend, private_buffers::DeviceFacts* facts)
+    : impl_(std::make_unique<Impl>(backend, facts)) {}
 CudnnAttention::~CudnnAttention() = default;
 void CudnnAttention::set_deterministic(bool deterministic) { impl_->deterministic = deterministic; }
 bool CudnnAttention::deterministic() const { return impl_->deterministic; }
@@ -197,9 +204,10 @@ void CudnnAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor&
                  out.describe().c_str());
   if (qkv.dtype == DType::f32) {
     impl_->note_f32();
-    Backend& backend = impl_->backend;
-    Buffer qkv16 = backend.allocate("attention.qkv_bf16", qkv.shape, DType::bf16, Lifetime::scratch);
-    Buffer out16 = backend.allocate("attention.out_bf16", out.shape, DType::bf16, Lifetime::scratch);
+    std::vector<Buffer> staging =
+        private_buffers::allocate_private(impl_->backend, private_buffers::attention_forward(qkv, out));
+    const Tensor& qkv16 = staging.at(0).tensor();
+    const Tensor& out16 = staging.at(1).tensor();
     cuda_kernels::convert(qkv, qkv16, stream);
     forward(qkv16, out16, lse, shape, stream);
     cuda_kernels::convert(out16, out, stream);
@@ -216,7 +224,7 @@ void CudnnAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor&
       {kV, base + (shape.heads + shape.kv_heads) * shape.head_dim * element},
       {kO, out.data},
       {kStats, lse.data}};
-  impl_->execute(graph, pack, shape, stream);
+  impl_->execute(graph, pack, shape, qkv.dtype, false, stream);
 }
 
 void CudnnAttention::backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -229,11 +237,12 @@ void CudnnAttention::backward(const Tensor& dout, const Tensor& qkv, const Tenso
                  qkv.describe().c_str(), out.describe().c_str(), dqkv.describe().c_str());
   if (qkv.dtype == DType::f32) {
     impl_->note_f32();
-    Backend& backend = impl_->backend;
-    Buffer dout16 = backend.allocate("attention.dout_bf16", dout.shape, DType::bf16, Lifetime::scratch);
-    Buffer qkv16 = backend.allocate("attention.qkv_bf16", qkv.shape, DType::bf16, Lifetime::scratch);
-    Buffer out16 = backend.allocate("attention.out_bf16", out.shape, DType::bf16, Lifetime::scratch);
-    Buffer dqkv16 = backend.allocate("attention.dqkv_bf16", dqkv.shape, DType::bf16, Lifetime::scratch);
+    std::vector<Buffer> staging = private_buffers::allocate_private(
+        impl_->backend, private_buffers::attention_backward(dout, qkv, out, dqkv));
+    const Tensor& dout16 = staging.at(0).tensor();
+    const Tensor& qkv16 = staging.at(1).tensor();
+    const Tensor& out16 = staging.at(2).tensor();
+    const Tensor& dqkv16 = staging.at(3).tensor();
     cuda_kernels::convert(dout, dout16, stream);
     cuda_kernels::convert(qkv, qkv16, stream);
     cuda_kernels::convert(out, out16, stream);
@@ -253,7 +262,7 @@ void CudnnAttention::backward(const Tensor& dout, const Tensor& qkv, const Tenso
       {kQ, base},           {kK, base + k_offset}, {kV, base + v_offset}, {kO, out.data},
       {kDO, dout.data},     {kStats, lse.data},    {kDQ, grad},           {kDK, grad + k_offset},
       {kDV, grad + v_offset}};
-  impl_->execute(graph, pack, shape, stream);
+  impl_->execute(graph, pack, shape, qkv.dtype, true, stream);
 }
 
 }  // namespace mxtrain

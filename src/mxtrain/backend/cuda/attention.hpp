@@ -9,8 +9,10 @@
 // copies, because cuDNN has no f32 flash attention; this is logged once.
 //
 // The workspace is one buffer from the backend's allocator ("cudnn.workspace",
-// Lifetime::workspace) grown to the largest size any graph has asked for; its size comes from
-// cuDNN's plan (get_workspace_size), so it is reported here through workspace_bytes().
+// Lifetime::workspace) grown to the largest size any graph has asked for
+// (private_buffers::attention_workspace); each graph's size comes from cuDNN's plan
+// (get_workspace_size), a device fact: recorded in `facts` when given, the size held so far
+// reported through workspace_bytes().
 // This file is its own translation unit because the cudnn-frontend headers are slow to compile.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -18,12 +20,13 @@
 #include <memory>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 
 namespace mxtrain {
 
 class CudnnAttention {
  public:
-  explicit CudnnAttention(Backend& backend);
+  explicit CudnnAttention(Backend& backend, private_buffers::DeviceFacts* facts = nullptr);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

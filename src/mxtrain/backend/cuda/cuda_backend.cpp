@@ -12,6 +12,7 @@
 #include "mxtrain/backend/cuda/device_memory.hpp"
 #include "mxtrain/backend/cuda/gemm.hpp"
 #include "mxtrain/backend/cuda/kernels.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 
@@ -62,14 +63,13 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   MXTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t& event : events_) MXTRAIN_CUDA_CHECK(cudaEventCreate(&event));
 
-  gemm_workspace_ = allocate("cublaslt.workspace", Shape{static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes)},
-                             DType::u8, Lifetime::workspace);
-  reduction_partials_ =
-      allocate("reduction.partials", Shape{cuda_kernels::kSumMaxBlocks}, DType::f32, Lifetime::workspace);
-  gemm_ = std::make_unique<CublasLtGemm>(gemm_workspace_.tensor().data, CublasLtGemm::kWorkspaceBytes);
+  std::vector<Buffer> workspaces = private_buffers::allocate_private(*this, private_buffers::backend_workspaces());
+  gemm_workspace_ = std::move(workspaces[0]);
+  reduction_partials_ = std::move(workspaces[1]);
+  gemm_ = std::make_unique<CublasLtGemm>(gemm_workspace_.tensor().data, gemm_workspace_.tensor().bytes());
   gemm_->set_tf32(options.tf32);
   gemm_->set_autotune(options.gemm_autotune);
-  attention_ = std::make_unique<CudnnAttention>(*this);
+  attention_ = std::make_unique<CudnnAttention>(*this, &device_facts_);
   attention_->set_deterministic(options.deterministic);
 }
 
@@ -281,7 +281,7 @@ void CudaBackend::impl_embedding_forward(const Tensor& tokens, const Tensor& tok
 
 void CudaBackend::impl_embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
                                           const Tensor& dposition_table, int64_t seq_len) {
-  cuda_kernels::embedding_backward(*this, tokens, dout, dtoken_table, dposition_table, seq_len, stream_);
+  cuda_kernels::embedding_backward(*this, tokens, dout, dtoken_table, dposition_table, seq_len, stream_, &device_facts_);
 }
 
 void CudaBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -355,19 +355,23 @@ void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& 
   }
   // cuBLASLt has no f32-input GEMM with a 16-bit output: with f32 activations and bf16/f16
   // gradients the product goes to an f32 scratch, then is added into dweight (one rounding).
-  const bool via_f32 = x.dtype == DType::f32 && dweight.dtype != DType::f32;
-  Buffer product;
-  if (via_f32) product = allocate("linear.weight_grad", dweight.shape, DType::f32, Lifetime::scratch);
-  const Tensor& target = via_f32 ? product.tensor() : dweight;
   // The bias gradient either rides on the weight GEMM (BGRADB epilogue into an f32 scratch,
   // added to dbias after) or comes from the deterministic column-sum kernel; which one is the
   // backend's setting (the column sums are the default, measured faster: cuda_backend.hpp).
   // Without a BGRADB algorithm for the shape the column sums run.
+  const bool via_f32 = x.dtype == DType::f32 && dweight.dtype != DType::f32;
+  const bool fused_bias = dbias.defined() && fused_bias_gradient_;
+  std::vector<Buffer> scratch =
+      private_buffers::allocate_private(*this, private_buffers::linear_backward_weight(dout, x, dweight, dbias,
+                                                                                       fused_bias_gradient_));
+  MXTRAIN_ASSERT(scratch.size() == static_cast<size_t>(via_f32) + static_cast<size_t>(fused_bias),
+                 "linear_backward_weight: %zu scratch buffers", scratch.size());
+  const Tensor& product = via_f32 ? scratch.front().tensor() : Tensor();
+  const Tensor& target = via_f32 ? product : dweight;
   bool bias_pending = dbias.defined();
   bool gemm_done = false;
-  if (bias_pending && fused_bias_gradient_) {
-    Buffer column_sums = allocate("linear.bias_grad", Shape{dout.cols()}, DType::f32, Lifetime::scratch);
-    float* sums = column_sums.tensor().ptr<float>();
+  if (fused_bias) {
+    float* sums = scratch.back().tensor().ptr<float>();
     if (gemm_->linear_backward_weight(dout, x, target, sums, accumulate && !via_f32, stream_)) {
       cuda_kernels::accumulate_f32(sums, dbias, accumulate, stream_);
       bias_pending = false;
@@ -380,7 +384,7 @@ void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& 
   }
   if (!gemm_done) gemm_->linear_backward_weight(dout, x, target, nullptr, accumulate && !via_f32, stream_);
   if (bias_pending) cuda_kernels::column_sum(*this, dout, dbias, accumulate, stream_);
-  if (via_f32) cuda_kernels::accumulate_f32(product.tensor().ptr<float>(), dweight, accumulate, stream_);
+  if (via_f32) cuda_kernels::accumulate_f32(product.ptr<float>(), dweight, accumulate, stream_);
 }
 
 const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, float theta) {
@@ -404,8 +408,9 @@ const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, float theta)
       table[static_cast<size_t>((seq + position) * half + i)] = std::sin(angle);
     }
   }
-  Buffer buffer = allocate(strf("rope.table.seq%lld.dim%lld", static_cast<long long>(seq), static_cast<long long>(head_dim)),
-                           Shape{2, seq, half}, DType::f32, Lifetime::workspace);
+  Buffer buffer = private_buffers::allocate_private(*this, private_buffers::rope_table(seq, head_dim));
+  MXTRAIN_ASSERT(buffer.tensor().numel() == static_cast<int64_t>(table.size()), "rope table of %s",
+                 buffer.tensor().describe().c_str());
   MXTRAIN_CUDA_CHECK(cudaMemcpyAsync(buffer.tensor().data, table.data(), table.size() * sizeof(float),
                                      cudaMemcpyHostToDevice, stream_));
   synchronize();  // once per shape: `table` dies on return
@@ -510,7 +515,8 @@ void CudaBackend::impl_linear_quantized(GemmRole role, const QuantizedTensor& a,
     gemm_->linear_quantized(role, a, b, bias, out, accumulate, nullptr, stream_);
     return;
   }
-  Buffer scalars = allocate("gemm.nvfp4_scalars", Shape{2}, DType::f32, Lifetime::scratch);
+  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::linear_quantized(a.spec.mode));
+  const Buffer& scalars = scratch.at(0);
   cuda_kernels::nvfp4_gemm_scalars(a.amax, b.amax, accumulate ? 1.0f : 0.0f, scalars.tensor().ptr<float>(), stream_);
   gemm_->linear_quantized(role, a, b, bias, out, accumulate, scalars.tensor().ptr<float>(), stream_);
 }

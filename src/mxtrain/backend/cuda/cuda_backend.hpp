@@ -5,12 +5,9 @@
 // cudaMalloc and the memory stats match the dryrun's. Ops never synchronize with the host;
 // copy_to_host and read_scalar are the only waits.
 //
-// Workspaces, allocated through Backend::allocate with Lifetime::workspace:
-//   cublaslt.workspace  32 MiB, once, when the backend is created
-//   reduction.partials  4 KiB (kSumMaxBlocks f32), once, when the backend is created
-//   cudnn.workspace     the largest size any cached SDPA plan asks for, grown on first use
-//   rope.table.*        f32 [2, seq, head_dim/2] per (seq, head_dim, theta), on first use
-//   gemm.nvfp4_scalars  f32 [2] (Lifetime::scratch) around each NVFP4 GEMM (sm_100+ only)
+// Workspaces and kernel scratch: every buffer an op allocates for itself is the list a function
+// of backend/private_buffers.hpp returns for the op's arguments (the dryrun records the same
+// lists), with cuDNN's and cub's sizes passed in as the device reports them.
 //
 // Quantized GEMMs: per-tensor FP8 through cuBLASLt on sm_89+ (Hopper is TN-only, so the recipe
 // hands over transposed copies); MXFP8 and NVFP4 block-scaled GEMMs on sm_100+ when this
@@ -25,6 +22,7 @@
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 
 namespace mxtrain {
 
@@ -74,6 +72,9 @@ class CudaBackend final : public Backend {
   bool fused_bias_gradient() const { return fused_bias_gradient_; }
   // Bytes of the cuDNN workspace grown so far (for logs and the planner's calibration).
   size_t attention_workspace_bytes() const;
+  // The device facts the private buffers were sized with so far (each SDPA graph's workspace,
+  // cub's sort storage), keyed as private_buffers.hpp keys them: what the dryrun models.
+  const private_buffers::DeviceFacts& device_facts() const { return device_facts_; }
 
   static constexpr int kTimestampSlots = 1024;
 
@@ -142,6 +143,7 @@ class CudaBackend final : public Backend {
   int device_index_;
   cudaStream_t stream_ = nullptr;
   DeviceProperties properties_;
+  private_buffers::DeviceFacts device_facts_;
   Buffer gemm_workspace_;
   Buffer reduction_partials_;
   std::unique_ptr<CublasLtGemm> gemm_;

@@ -99,12 +99,6 @@ __global__ void position_grad_kernel(const T* dout, G* dposition, int64_t vector
   store<W>(target, g);
 }
 
-int key_bits(int64_t vocab) {
-  int bits = 1;
-  while ((int64_t{1} << bits) <= vocab) ++bits;  // the sentinel key `vocab` must fit too
-  return bits;
-}
-
 }  // namespace
 
 void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
@@ -141,7 +135,8 @@ void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Te
 }
 
 void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
-                        const Tensor& dposition_table, int64_t seq_len, cudaStream_t stream) {
+                        const Tensor& dposition_table, int64_t seq_len, cudaStream_t stream,
+                        private_buffers::DeviceFacts* facts) {
   const int64_t n = dout.rows(), cols = dout.cols();
   if (n == 0) return;
   MXTRAIN_REQUIRE(n < (int64_t{1} << 31), unsupported, "embedding_backward: more than 2^31 tokens in one call",
@@ -149,23 +144,26 @@ void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& do
   const int32_t vocab = static_cast<int32_t>(dtoken_table.rows());
   const bool vector = cols % 8 == 0 && aligned16(dout) && aligned16(dtoken_table) && aligned16(dposition_table);
 
-  // Stable sort of (token, row) pairs by token.
-  Buffer keys = backend.allocate("embedding_backward.keys", Shape{2, n}, DType::i32, Lifetime::scratch);
-  Buffer rows = backend.allocate("embedding_backward.rows", Shape{2, n}, DType::i32, Lifetime::scratch);
-  int32_t* keys_in = keys.tensor().ptr<int32_t>();
+  // Stable sort of (token, row) pairs by token. cub's temp storage is a device fact: its size
+  // query (no pointer is read) comes first, then the buffers of private_buffers.hpp.
+  const int bits = private_buffers::embedding_sort_key_bits(vocab);
+  size_t temp_bytes = 0;
+  MXTRAIN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, bits,
+                                                     stream));
+  if (facts) facts->record(private_buffers::embedding_sort_fact(n, bits), static_cast<int64_t>(temp_bytes));
+  std::vector<Buffer> scratch =
+      private_buffers::allocate_private(backend, private_buffers::embedding_backward(n, temp_bytes));
+  int32_t* keys_in = scratch.at(0).tensor().ptr<int32_t>();
   int32_t* keys_out = keys_in + n;
-  int32_t* rows_in = rows.tensor().ptr<int32_t>();
+  int32_t* rows_in = scratch.at(1).tensor().ptr<int32_t>();
   int32_t* rows_out = rows_in + n;
+  const Tensor& temp = scratch.at(2).tensor();
   sort_inputs_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const int32_t*>(tokens.data),
                                                                        keys_in, rows_in, n, vocab);
   MXTRAIN_CUDA_CHECK_LAUNCH();
-  const int bits = key_bits(vocab);
-  size_t temp_bytes = 0;
-  MXTRAIN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, rows_in, rows_out,
-                                                     static_cast<int>(n), 0, bits, stream));
-  Buffer temp = backend.allocate("embedding_backward.sort", Shape{static_cast<int64_t>(temp_bytes)}, DType::u8,
-                                 Lifetime::scratch);
-  MXTRAIN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.tensor().data, temp_bytes, keys_in, keys_out, rows_in,
+  MXTRAIN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data, temp_bytes, keys_in, keys_out, rows_in,
                                                      rows_out, static_cast<int>(n), 0, bits, stream));
 
   dispatch_float<true>(dout.dtype, "embedding_backward", [&](auto tag) {

@@ -9,8 +9,9 @@
 // (train.gemm_autotune), the first call of each key times up to kCandidates of the heuristic's
 // algorithms on the call's own operands and keeps the fastest for the rest of the run (like
 // cudnn.benchmark: the choice, hence the last bits of the results, can differ between runs). The workspace is one
-// fixed 32 MiB buffer from the backend's allocator ("cublaslt.workspace", Lifetime::workspace),
-// allocated when the backend is created, so its bytes are the same in every run.
+// fixed buffer from the backend's allocator ("cublaslt.workspace", Lifetime::workspace; its size
+// is private_buffers::kGemmWorkspaceBytes), allocated when the backend is created, so its bytes
+// are the same in every run.
 #pragma once
 #include <cublasLt.h>
 
@@ -24,8 +25,6 @@ namespace mxtrain {
 
 class CublasLtGemm {
  public:
-  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
   CublasLtGemm(void* workspace, size_t workspace_bytes);
   ~CublasLtGemm();
   CublasLtGemm(const CublasLtGemm&) = delete;

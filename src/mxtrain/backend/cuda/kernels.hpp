@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 
 namespace mxtrain::cuda_kernels {
 
@@ -34,8 +35,9 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
                    cudaStream_t stream);
 
 // ---- reduce.cu ------------------------------------------------------------------------------
-// out[0] (+)= sum of x or of x^2; partials: f32 scratch of at least kSumMaxBlocks elements.
-constexpr int kSumMaxBlocks = 1024;
+// out[0] (+)= sum of x or of x^2; partials: f32 scratch of at least kSumMaxBlocks elements (the
+// backend's "reduction.partials", private_buffers.hpp).
+constexpr int kSumMaxBlocks = private_buffers::kReductionBlocks;
 void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, float* partials, cudaStream_t stream);
 // out[0] (+)= the sum of partials[0, count) in a fixed order (one block; thread t adds elements
 // t, t + kSumMaxBlocks, ...): the second stage of a reduction whose first stage ran inside
@@ -45,9 +47,9 @@ void sum_partials_final(const float* partials, int64_t count, float* out, bool a
 void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accumulate, cudaStream_t stream);
 // out[i] (+)= values[i] (values f32 [n]).
 void accumulate_f32(const float* values, const Tensor& out, bool accumulate, cudaStream_t stream);
-// Row chunks of the two-stage column reductions (bias column sums, the wide-row norm
-// backward): depends on the row count only, so every run sums in the same order.
-int64_t column_reduction_chunks(int64_t rows);
+// The two-stage column reductions (bias column sums, the wide-row norm backward) sum row chunks
+// of private_buffers::column_reduction_chunks(rows): the row count only, so every run sums in
+// the same order.
 // out[c] (+)= sum over p of partials[p * cols + c], p in order (cols = out.numel()).
 void reduce_column_partials(const float* partials, int64_t chunks, const Tensor& out, bool accumulate,
                             cudaStream_t stream);
@@ -61,8 +63,10 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bo
 // ---- embedding.cu ---------------------------------------------------------------------------
 void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
                        const Tensor& out, int64_t seq_len, cudaStream_t stream);
+// Records cub's sort storage size in `facts` (when given) under private_buffers::embedding_sort_fact.
 void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
-                        const Tensor& dposition_table, int64_t seq_len, cudaStream_t stream);
+                        const Tensor& dposition_table, int64_t seq_len, cudaStream_t stream,
+                        private_buffers::DeviceFacts* facts = nullptr);
 
 // ---- cross_entropy.cu -----------------------------------------------------------------------
 void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,

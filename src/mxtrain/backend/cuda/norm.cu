@@ -25,7 +25,7 @@ namespace {
 
 constexpr int kRowThreads = 256;  // 8 rows (warps) per block
 constexpr int kColumnThreads = 64;
-constexpr int kFusedWarps = 4;    // the fused backward's block: 4 warps, a row per warp at a time
+constexpr int kFusedWarps = private_buffers::kNormFusedWarps;  // the fused backward's block: a row per warp at a time
 
 // The fused backward's per-warp rows of column sums in shared memory. Lane `lane`'s vector k
 // holds columns (k * 32 + lane) * W + [0, W). For W = 8 the two 4-float halves of that vector are
@@ -34,7 +34,7 @@ constexpr int kFusedWarps = 4;    // the fused backward's block: 4 warps, a row 
 // 5-way in ncu, and the norm backward took 9.56 against 9.33 ms a step of gpt2-1.5b, 4.41
 // against 4.28 of llama-1b, on an H200). A row holds shared_row_floats(cols) floats.
 template <int W> __host__ __device__ constexpr int64_t shared_row_floats(int64_t cols) {
-  return W == 8 ? (cols + 255) / 256 * 256 : cols;
+  return private_buffers::norm_fused_row_floats(cols, W == 8);
 }
 template <int W> __device__ __forceinline__ int64_t shared_slot(int64_t c) {
   if constexpr (W == 1) {
@@ -575,32 +575,6 @@ void launch_backward_partials(NormKind kind, bool vector, bool with_bias, const 
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-// Rows per chunk of the fused backward: about 512 chunks, at least 32 rows each (8 per warp, so
-// the per-chunk partial row stays small next to the rows' traffic); a function of the row count
-// only, so results do not depend on the GPU. (16-row chunks, up to 4096 of them, measured no
-// faster on an H200: llama-1b's RMSNorm backward 4.35 against 4.28 ms a step, and their
-// partial rows cost the column reductions 0.1 ms more.)
-int64_t fused_chunks(int64_t rows) {
-  const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + 511) / 512);
-  return (rows + rows_per_chunk - 1) / rows_per_chunk;
-}
-
-// Shared memory of the fused backward: each warp's dweight row (and dbias row), padded to
-// whole 256-column groups for 8-wide vectors (shared_row_floats).
-size_t fused_shared_bytes(int64_t cols, bool with_bias, bool vector) {
-  const int64_t row = vector ? shared_row_floats<8>(cols) : shared_row_floats<1>(cols);
-  return static_cast<size_t>(kFusedWarps) * (with_bias ? 2 : 1) * static_cast<size_t>(row) * sizeof(float);
-}
-
-// Vectors per lane the fused kernel needs for `cols`, rounded up to 4, 8 or 16; 0 = too wide.
-int fused_vectors_per_lane(int64_t cols, int width) {
-  const int64_t needed = (cols / width + 31) / 32;
-  if (needed <= 4) return 4;
-  if (needed <= 8) return 8;
-  if (needed <= 16) return 16;
-  return 0;
-}
-
 template <typename T, typename Wt>
 void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes_k, const Tensor& dout,
                            const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
@@ -610,7 +584,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
   const int cols = static_cast<int>(x.cols());
   const int rows_per_chunk = static_cast<int>((rows + chunks - 1) / chunks);  // <= max(32, rows / 512 + 1)
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  const size_t shared_bytes = fused_shared_bytes(cols, with_bias, vector);
+  const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, vector);
   auto go = [&](auto width, auto vectors, auto layer, auto has_bias) {
     constexpr int W = decltype(width)::value;
     constexpr int K = decltype(vectors)::value;
@@ -696,17 +670,16 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     if (!accumulate_dparams && dbias.defined()) fill(dbias, 0.0f, stream);
     return;
   }
-  const int64_t rows = x.rows(), cols = x.cols();
-  const bool layer = kind == NormKind::layer;
-  const bool with_bias = layer && dbias.defined();
-  const bool vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
-  const int lanes_k = fused_vectors_per_lane(cols, vector ? 8 : 1);
-  const bool fused = dweight.defined() && lanes_k > 0 && fused_shared_bytes(cols, with_bias, vector) <= 96 * 1024;
-  if (fused) {
-    const int64_t chunks = fused_chunks(rows);
-    Buffer partials = backend.allocate("norm_backward.partials", Shape{with_bias ? 2 * chunks : chunks, cols},
-                                       DType::f32, Lifetime::scratch);
-    float* partial_weight = partials.tensor().ptr<float>();
+  const int64_t cols = x.cols();
+  // The path (fused or two kernels), its row chunks and its partials: private_buffers.hpp.
+  const private_buffers::NormBackwardPlan plan =
+      private_buffers::norm_backward(kind, dout, x, weight, dx, dweight, dbias);
+  const bool with_bias = plan.with_bias, vector = plan.vector;
+  const int lanes_k = plan.lanes;
+  const int64_t chunks = plan.chunks;
+  if (plan.fused) {
+    std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
+    float* partial_weight = scratch.at(0).tensor().ptr<float>();
     float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
     dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
       using T = decltype(tag);
@@ -728,10 +701,8 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     });
   });
   if (!dweight.defined()) return;
-  const int64_t chunks = column_reduction_chunks(rows);
-  Buffer partials = backend.allocate("norm_backward.partials", Shape{with_bias ? 2 * chunks : chunks, cols},
-                                     DType::f32, Lifetime::scratch);
-  float* partial_weight = partials.tensor().ptr<float>();
+  std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
+  float* partial_weight = scratch.at(0).tensor().ptr<float>();
   float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
   dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
     using T = decltype(tag);

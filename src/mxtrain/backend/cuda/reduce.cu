@@ -108,14 +108,6 @@ template <typename G> __global__ void accumulate_kernel(const float* values, G* 
 
 }  // namespace
 
-int64_t column_reduction_chunks(int64_t rows) {
-  // At least 32 rows per chunk and at most 512 chunks: for the row counts of a training step
-  // (16k-64k) that is 512 blocks of partial sums, enough to fill the GPU, and a partial buffer
-  // that adds only a few percent to the bytes read.
-  const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + 511) / 512);
-  return std::max<int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk);
-}
-
 void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, float* partials, cudaStream_t stream) {
   const int64_t n = x.numel();
   float* o = static_cast<float*>(out.data);
@@ -170,10 +162,10 @@ void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accum
     if (!accumulate) fill(out, 0.0f, stream);
     return;
   }
-  const int64_t chunks = column_reduction_chunks(rows);
+  const int64_t chunks = private_buffers::column_reduction_chunks(rows);
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-  Buffer partials = backend.allocate("column_sum.partials", Shape{chunks, cols}, DType::f32, Lifetime::scratch);
-  float* p = partials.tensor().ptr<float>();
+  std::vector<Buffer> scratch = private_buffers::allocate_private(backend, private_buffers::column_sum(x));
+  float* p = scratch.at(0).tensor().ptr<float>();
   const bool vector = cols % 8 == 0 && aligned16(x);
   dispatch_float<true>(x.dtype, "column sum", [&](auto tag) {
     using T = decltype(tag);

@@ -1,11 +1,12 @@
-// Fake memory, and the replay of backend/cuda's in-op allocations. Each replayed allocation
-// names the cuda source it mirrors; it has the same name, dtype, shape, lifetime and order as
-// there, so the allocator sees the same request sequence.
+// Fake memory, and backend/cuda's in-op allocations: each op records the list
+// backend/private_buffers.hpp returns for its arguments, in the order backend/cuda allocates
+// it, with the device facts from the model (CudaAllocationModel).
 #include "mxtrain/backend/dryrun/dryrun_backend.hpp"
 
 #include <algorithm>
 #include <cmath>
 
+#include "mxtrain/backend/private_buffers.hpp"
 #include "mxtrain/core/error.hpp"
 
 namespace mxtrain {
@@ -33,34 +34,39 @@ class FakeMemory final : public MemorySource {
   uintptr_t next_ = uintptr_t{1} << 44;
 };
 
-// reduce.cu column_reduction_chunks: about 64 rows per chunk, 1 to 256 chunks.
-int64_t column_reduction_chunks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>((rows + 63) / 64, 256)); }
-
-int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-// norm.cu: the fused backward's row chunks (at least 32 rows, about 512 chunks) and the lanes
-// it needs per row; 0 = too wide for it.
-int64_t fused_norm_chunks(int64_t rows) {
-  const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + 511) / 512);
-  return (rows + rows_per_chunk - 1) / rows_per_chunk;
-}
-int fused_norm_vectors_per_lane(int64_t cols, int width) {
-  const int64_t needed = (cols / width + 31) / 32;
-  return needed <= 4 ? 4 : needed <= 8 ? 8 : needed <= 16 ? 16 : 0;
-}
-bool aligned16(const Tensor& tensor) { return !tensor.defined() || (reinterpret_cast<uintptr_t>(tensor.data) & 15u) == 0; }
-
-
 }  // namespace
 
 DryrunBackend::DryrunBackend(size_t memory_bytes, std::string label, CudaAllocationModel cuda_model)
     : Backend(std::make_unique<FakeMemory>(memory_bytes, label.empty() ? "device" : label)),
       memory_bytes_(memory_bytes), label_(std::move(label)), cuda_(cuda_model) {
   if (!cuda_.enabled) return;
-  // cuda_backend.cpp, constructor.
-  gemm_workspace_ = allocate("cublaslt.workspace", Shape{static_cast<int64_t>(cuda_.gemm_workspace_bytes)}, DType::u8,
-                             Lifetime::workspace);
-  reduction_partials_ = allocate("reduction.partials", Shape{cuda_.reduction_partials}, DType::f32, Lifetime::workspace);
+  workspaces_ = private_buffers::allocate_private(*this, private_buffers::backend_workspaces());
+}
+
+int64_t CudaAllocationModel::attention_workspace_bytes(const AttentionShape& shape, DType io, bool backward) const {
+  const bool deterministic = backward && deterministic_attention;
+  if (auto value = recorded.find(private_buffers::attention_workspace_fact(shape, io, backward, deterministic)))
+    return *value;
+  if (!backward) return attention_forward_workspace_bytes;
+  const double rows = static_cast<double>(shape.batch * shape.heads * shape.seq);
+  double bytes = static_cast<double>(attention_backward_engine_bytes);
+  if (deterministic) {
+    // cudnn-frontend SDPA backward on sm_90, deterministic: a bf16 dP workspace instead of dQ accumulation.
+    auto round_up = [](int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; };
+    bytes += 2.0 * static_cast<double>(shape.batch * shape.heads) * static_cast<double>(round_up(shape.seq, 64)) *
+             static_cast<double>(round_up(shape.seq, 128));
+  } else {
+    bytes += 4.0 * attention_backward_dq_accum_f32 * rows * static_cast<double>(shape.head_dim);
+  }
+  bytes += 4.0 * attention_backward_row_f32 * rows;
+  if (shape.kv_heads < shape.heads) bytes += attention_backward_gqa_bytes * rows * static_cast<double>(shape.head_dim);
+  return static_cast<int64_t>(static_cast<size_t>(bytes));
+}
+
+int64_t CudaAllocationModel::embedding_sort_bytes(int64_t tokens, int key_bits) const {
+  if (auto value = recorded.find(private_buffers::embedding_sort_fact(tokens, key_bits))) return *value;
+  return static_cast<int64_t>(std::ceil(embedding_sort_bytes_per_token * static_cast<double>(tokens))) +
+         embedding_sort_fixed_bytes;
 }
 
 DeviceProperties DryrunBackend::properties() const {
@@ -104,128 +110,82 @@ void DryrunBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Te
 }
 
 void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
-  // reduce.cu column_sum: f32 partial sums per row chunk.
-  if (!cuda_.enabled || x.numel() == 0) return;
-  Buffer partials = allocate("column_sum.partials", Shape{column_reduction_chunks(x.rows()), x.cols()}, DType::f32,
-                             Lifetime::scratch);
+  if (!cuda_.enabled) return;
+  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::column_sum(x));
 }
 
-void DryrunBackend::impl_adamw(const Tensor&, const Tensor& grad, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const AdamWArgs& args) {
-  // adamw.cu with grad_norm_output: one f32 partial sum per block of 256 threads, a thread per
-  // 8-element vector (the shards are whole, aligned groups).
-  const int64_t n = grad.numel();
-  if (!cuda_.enabled || n == 0 || args.grad_norm_output == AdamWArgs::NormOutput::none) return;
-  const int64_t vectors = n % 8 == 0 ? n / 8 : n;
-  Buffer partials = allocate("adamw.norm_partials", Shape{(vectors + 255) / 256}, DType::f32, Lifetime::scratch);
+void DryrunBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                               const Tensor& compute_copy, const Tensor&, const AdamWArgs& args) {
+  if (!cuda_.enabled) return;
+  const private_buffers::AdamwPlan plan = private_buffers::adamw(param, grad, m, v, compute_copy, args);
+  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, plan.buffers);
 }
 
-void DryrunBackend::impl_embedding_backward(const Tensor&, const Tensor& dout, const Tensor&, const Tensor&, int64_t) {
-  // embedding.cu embedding_backward: sort buffers, then cub's temp storage.
+void DryrunBackend::impl_embedding_backward(const Tensor&, const Tensor& dout, const Tensor& dtoken_table,
+                                            const Tensor&, int64_t) {
   const int64_t n = dout.rows();
   if (!cuda_.enabled || n == 0) return;
-  Buffer keys = allocate("embedding_backward.keys", Shape{2, n}, DType::i32, Lifetime::scratch);
-  Buffer rows = allocate("embedding_backward.rows", Shape{2, n}, DType::i32, Lifetime::scratch);
-  const auto temp_bytes = static_cast<int64_t>(std::ceil(cuda_.embedding_sort_bytes_per_token * static_cast<double>(n))) +
-                          cuda_.embedding_sort_fixed_bytes;
-  Buffer temp = allocate("embedding_backward.sort", Shape{temp_bytes}, DType::u8, Lifetime::scratch);
+  const int bits = private_buffers::embedding_sort_key_bits(dtoken_table.rows());
+  const int64_t sort_bytes = cuda_.embedding_sort_bytes(n, bits);
+  facts_used_.record(private_buffers::embedding_sort_fact(n, bits), sort_bytes);
+  std::vector<Buffer> scratch = private_buffers::allocate_private(
+      *this, private_buffers::embedding_backward(n, static_cast<size_t>(sort_bytes)));
 }
 
 void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                        const Tensor&, const Tensor&, const Tensor& dx, const Tensor& dweight,
                                        const Tensor& dbias, bool, bool, const Tensor&) {
-  // norm.cu norm_backward: f32 partial column sums of dweight (and dbias for LayerNorm), from the
-  // fused kernel's chunks where it applies, else from the two-kernel path's.
-  if (!cuda_.enabled || x.numel() == 0) return;
-  const int64_t rows = x.rows(), cols = x.cols();
-  const bool with_bias = kind == NormKind::layer && dbias.defined();
-  const bool vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
-  const int lanes = fused_norm_vectors_per_lane(cols, vector ? 8 : 1);
-  // fused_shared_bytes: 4 warps' rows of f32 sums (two rows each with a bias; rows of 8-wide
-  // vectors padded to whole 256-column groups) within 96 KB.
-  const int64_t row = vector ? (cols + 255) / 256 * 256 : cols;
-  const bool fused = dweight.defined() && lanes > 0 && 4 * (with_bias ? 2 : 1) * 4 * row <= 96 * 1024;
-  if (!fused && !dweight.defined()) return;
-  const int64_t chunks = fused ? fused_norm_chunks(rows) : column_reduction_chunks(rows);
-  Buffer partials =
-      allocate("norm_backward.partials", Shape{with_bias ? 2 * chunks : chunks, cols}, DType::f32, Lifetime::scratch);
+  if (!cuda_.enabled) return;
+  const private_buffers::NormBackwardPlan plan = private_buffers::norm_backward(kind, dout, x, weight, dx, dweight, dbias);
+  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, plan.buffers);
 }
 
 void DryrunBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
                                                 const Tensor& dbias, bool accumulate) {
-  // cuda_backend.cpp impl_linear_backward_weight: an f32 product when f32 activations meet 16-bit
-  // gradients; the bias gradient from BGRADB's f32 sums or reduce.cu column_sum.
-  if (!cuda_.enabled) return;
-  Buffer product;
-  if (x.dtype == DType::f32 && dweight.dtype != DType::f32)
-    product = allocate("linear.weight_grad", dweight.shape, DType::f32, Lifetime::scratch);
-  if (!dbias.defined()) return;
-  if (cuda_.bias_gradient_fused) {
-    Buffer column_sums = allocate("linear.bias_grad", Shape{dout.cols()}, DType::f32, Lifetime::scratch);
-    return;
-  }
-  impl_column_sum(dout, dbias, accumulate);
+  if (!cuda_.enabled || x.rows() == 0) return;
+  std::vector<Buffer> scratch = private_buffers::allocate_private(
+      *this, private_buffers::linear_backward_weight(dout, x, dweight, dbias, cuda_.bias_gradient_fused));
+  if (dbias.defined() && !cuda_.bias_gradient_fused) impl_column_sum(dout, dbias, accumulate);
 }
 
 void DryrunBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&,
                                           const Tensor&, bool) {
-  // cuda_backend.cpp: NVFP4 GEMMs take their two global scales from an f32 [2] scratch.
-  if (!cuda_.enabled || a.spec.mode != ScalingMode::nvfp4) return;
-  Buffer scalars = allocate("gemm.nvfp4_scalars", Shape{2}, DType::f32, Lifetime::scratch);
+  if (!cuda_.enabled) return;
+  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::linear_quantized(a.spec.mode));
 }
 
 void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, float theta, bool, const Tensor&) {
-  // cuda_backend.cpp rope_table: one f32 [2, seq, head_dim/2] table per (seq, head_dim, theta).
   if (!cuda_.enabled) return;
   auto key = std::make_tuple(shape.seq, shape.head_dim, theta);
   if (rope_tables_.count(key)) return;
-  Buffer table = allocate(strf("rope.table.seq%lld.dim%lld", static_cast<long long>(shape.seq),
-                               static_cast<long long>(shape.head_dim)),
-                          Shape{2, shape.seq, shape.head_dim / 2}, DType::f32, Lifetime::workspace);
-  rope_tables_.emplace(key, std::move(table));
+  rope_tables_.emplace(key, private_buffers::allocate_private(*this, private_buffers::rope_table(shape.seq, shape.head_dim)));
 }
 
-void DryrunBackend::grow_attention_workspace(size_t bytes) {
-  // attention.cpp workspace_for: replaced only by a larger request; 0 bytes allocates nothing.
-  if (bytes <= attention_workspace_bytes_) return;
-  attention_workspace_.reset();
-  attention_workspace_ = allocate("cudnn.workspace", Shape{static_cast<int64_t>(bytes)}, DType::u8, Lifetime::workspace);
-  attention_workspace_bytes_ = bytes;
+void DryrunBackend::grow_attention_workspace(const AttentionShape& shape, DType io, bool backward) {
+  const int64_t bytes = cuda_.attention_workspace_bytes(shape, io, backward);
+  facts_used_.record(private_buffers::attention_workspace_fact(shape, io, backward,
+                                                               backward && cuda_.deterministic_attention),
+                     bytes);
+  if (auto grown = private_buffers::attention_workspace(attention_workspace_bytes_, bytes)) {
+    attention_workspace_.reset();
+    attention_workspace_ = private_buffers::allocate_private(*this, *grown);
+    attention_workspace_bytes_ = grown->bytes();
+  }
 }
 
 void DryrunBackend::impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor&,
-                                           const AttentionShape&) {
+                                           const AttentionShape& shape) {
   if (!cuda_.enabled) return;
-  Buffer qkv16, out16;
-  if (qkv.dtype == DType::f32) {  // attention.cpp: bf16 staging copies for f32 activations
-    qkv16 = allocate("attention.qkv_bf16", qkv.shape, DType::bf16, Lifetime::scratch);
-    out16 = allocate("attention.out_bf16", out.shape, DType::bf16, Lifetime::scratch);
-  }
-  grow_attention_workspace(static_cast<size_t>(cuda_.attention_forward_workspace_bytes));
+  std::vector<Buffer> staging = private_buffers::allocate_private(*this, private_buffers::attention_forward(qkv, out));
+  grow_attention_workspace(shape, qkv.dtype == DType::f32 ? DType::bf16 : qkv.dtype, false);
 }
 
 void DryrunBackend::impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor&,
                                             const Tensor& dqkv, const AttentionShape& shape) {
   if (!cuda_.enabled) return;
-  Buffer dout16, qkv16, out16, dqkv16;
-  if (qkv.dtype == DType::f32) {
-    dout16 = allocate("attention.dout_bf16", dout.shape, DType::bf16, Lifetime::scratch);
-    qkv16 = allocate("attention.qkv_bf16", qkv.shape, DType::bf16, Lifetime::scratch);
-    out16 = allocate("attention.out_bf16", out.shape, DType::bf16, Lifetime::scratch);
-    dqkv16 = allocate("attention.dqkv_bf16", dqkv.shape, DType::bf16, Lifetime::scratch);
-  }
-  const double rows = static_cast<double>(shape.batch * shape.heads * shape.seq);
-  double bytes = static_cast<double>(cuda_.attention_backward_engine_bytes);
-  if (cuda_.deterministic_attention) {
-    // cudnn-frontend SDPA backward on sm_90, deterministic: a bf16 dP workspace instead of dQ accumulation.
-    bytes += 2.0 * static_cast<double>(shape.batch * shape.heads) * static_cast<double>(round_up(shape.seq, 64)) *
-             static_cast<double>(round_up(shape.seq, 128));
-  } else {
-    bytes += 4.0 * cuda_.attention_backward_dq_accum_f32 * rows * static_cast<double>(shape.head_dim);
-  }
-  bytes += 4.0 * cuda_.attention_backward_row_f32 * rows;
-  if (shape.kv_heads < shape.heads) bytes += cuda_.attention_backward_gqa_bytes * rows * static_cast<double>(shape.head_dim);
-  grow_attention_workspace(static_cast<size_t>(bytes));
+  std::vector<Buffer> staging =
+      private_buffers::allocate_private(*this, private_buffers::attention_backward(dout, qkv, out, dqkv));
+  grow_attention_workspace(shape, qkv.dtype == DType::f32 ? DType::bf16 : qkv.dtype, true);
 }
 
 }  // namespace mxtrain

@@ -3,48 +3,53 @@
 // step code on it yields the exact allocation trace, peak bytes and op list of a real step.
 //
 // A GPU backend also allocates inside its ops, through the same allocator: library workspaces
-// and kernel scratch. When planning for a GPU the dryrun replays those allocations too
-// (CudaAllocationModel, mirroring backend/cuda), so its peak and reserved bytes are what the
-// cuda backend's allocator reports; without a model it allocates exactly what the cpu backend
-// does (nothing inside ops).
+// and kernel scratch. When planning for a GPU the dryrun records those allocations too: the
+// lists backend/private_buffers.hpp returns for each op, the same functions backend/cuda
+// allocates from, so its peak and reserved bytes are what the cuda backend's allocator reports.
+// Without the model it allocates exactly what the cpu backend does (nothing inside ops).
 #pragma once
 #include <map>
 #include <tuple>
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 
 namespace mxtrain {
 
-// The allocations backend/cuda makes through Backend::allocate besides the model's own buffers
-// (see cuda_backend.hpp's workspace list). Sizes that come from a library's plan are data
-// (plan/calibration), the rest follow the cuda code exactly.
+// The device facts backend/cuda sizes its private buffers with (private_buffers.hpp), as the
+// dryrun models them: sizes that come from a library's plan are data (plan/calibration fills
+// these fields from configs/plan/calibration.json), and `recorded` holds values a cuda run
+// reported (CudaBackend::device_facts()), used in place of the model where present.
 struct CudaAllocationModel {
   bool enabled = false;
-  // At creation: "cublaslt.workspace" (gemm.hpp kWorkspaceBytes) and "reduction.partials" f32.
-  size_t gemm_workspace_bytes = size_t{32} << 20;
-  int64_t reduction_partials = 1024;  // kernels.hpp kSumMaxBlocks
-  // "cudnn.workspace", grown to the largest any SDPA graph asks for (attention.cpp). Backward:
-  // cudnn-frontend's SDPA backward node keeps dQ accumulated in f32 [b, h, s, d] and the
-  // softmax sum f32 [b, h, s] in its workspace, plus what the engine itself asks for. With
-  // grouped-query heads (kv_heads < heads) it also asks for 4 bytes per b·h·s·d (dK and dV
-  // for every query head before they are summed per KV head); measured on the H200.
+  // cuDNN's SDPA workspace. Forward: what the graph asks for. Backward: cudnn-frontend's SDPA
+  // backward node keeps dQ accumulated in f32 [b, h, s, d] and the softmax sum f32 [b, h, s] in
+  // its workspace, plus what the engine itself asks for. With grouped-query heads (kv_heads <
+  // heads) it also asks for 4 bytes per b·h·s·d (dK and dV for every query head before they are
+  // summed per KV head); measured on the H200.
   int64_t attention_forward_workspace_bytes = 0;
   double attention_backward_dq_accum_f32 = 1;     // f32 elements per b·h·s·d
   double attention_backward_row_f32 = 1;          // f32 elements per b·h·s
   double attention_backward_gqa_bytes = 4;        // bytes per b·h·s·d when kv_heads < heads
   int64_t attention_backward_engine_bytes = 0;
   bool deterministic_attention = false;  // dP workspace b·h·s64·s128·2 bytes instead of dQ accum
-  // embedding_backward: keys, rows i32 [2, n] and cub's radix-sort temp storage (about this many
-  // bytes per token plus a fixed part; the exact figure is cub's and depends on its version).
+  // cub's radix-sort temp storage of the embedding backward (about this many bytes per token
+  // plus a fixed part; the exact figure is cub's and depends on its version).
   double embedding_sort_bytes_per_token = 9;
   int64_t embedding_sort_fixed_bytes = 65536;
-  // linear_backward_weight with a bias: the cuda backend's default sums the bias gradient with
-  // the column-sum kernel (f32 partials); fused = the BGRADB epilogue into f32 [cols] sums.
+  // Not a fact but the cuda backend's setting (set_fused_bias_gradient): the bias gradient from
+  // the BGRADB epilogue (assumed available for every shape) instead of the column-sum kernel.
   bool bias_gradient_fused = false;
+  private_buffers::DeviceFacts recorded;
+
+  // The modelled facts (recorded ones first).
+  int64_t attention_workspace_bytes(const AttentionShape& shape, DType io, bool backward) const;
+  int64_t embedding_sort_bytes(int64_t tokens, int key_bits) const;
 };
 
-class DryrunBackend final : public Backend {
+// Not final: tests derive from it to watch the private buffers of each op.
+class DryrunBackend : public Backend {
  public:
   // memory_bytes: the simulated device's capacity (0 = unlimited); label: e.g. "h200".
   DryrunBackend(size_t memory_bytes, std::string label, CudaAllocationModel cuda_model = {});
@@ -55,6 +60,9 @@ class DryrunBackend final : public Backend {
   bool supports(OpKind kind, DType dtype) const override;
   void synchronize() override {}
   const CudaAllocationModel& cuda_model() const { return cuda_; }
+  // Every device fact the private buffers were sized with so far, keyed as the cuda backend's
+  // CudaBackend::device_facts(): the model's values (or the recorded ones it was given).
+  const private_buffers::DeviceFacts& device_facts_used() const { return facts_used_; }
   // The GEMM operand formats the simulated GPU runs natively (supports(linear_forward, e4m3 |
   // e8m0 | e2m1)); the precision recipes emulate the others. Default: none.
   void set_native_quantized_gemms(std::vector<DType> dtypes) { native_quantized_gemms_ = std::move(dtypes); }
@@ -77,7 +85,8 @@ class DryrunBackend final : public Backend {
                           const Tensor& dx_amax) override;
   void impl_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_linear_backward_input(const Tensor&, const Tensor&, const Tensor&, bool) override {}
-  // cuda: the DGELU epilogue writes dx directly (no scratch) where it applies (cuda gemm.hpp).
+  // cuda: the DGELU epilogue writes dx directly (no scratch) where cuBLASLt has one (modelled:
+  // 16-bit operands, rows a multiple of 8, as cuda gemm.cpp asks); else Backend's GEMM + GELU.
   void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
                                        const Tensor& dx) override;
   void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
@@ -104,16 +113,18 @@ class DryrunBackend final : public Backend {
                              bool) override;
   void impl_fp8_scale_update(const Tensor&, const Tensor&, const Tensor&, const ScaleUpdateArgs&) override {}
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
-  void impl_adamw(const Tensor& param, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                  const AdamWArgs& args) override;
+  void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const Tensor& compute_copy, const Tensor&, const AdamWArgs& args) override;
 
  private:
-  void grow_attention_workspace(size_t bytes);
+  void grow_attention_workspace(const AttentionShape& shape, DType io, bool backward);
 
   size_t memory_bytes_;
   std::string label_;
   CudaAllocationModel cuda_;
-  Buffer gemm_workspace_, reduction_partials_, attention_workspace_;
+  private_buffers::DeviceFacts facts_used_;
+  std::vector<Buffer> workspaces_;  // private_buffers::backend_workspaces()
+  Buffer attention_workspace_;
   size_t attention_workspace_bytes_ = 0;
   std::map<std::tuple<int64_t, int64_t, float>, Buffer> rope_tables_;
   std::vector<DType> native_quantized_gemms_;

@@ -1,0 +1,135 @@
+// What the cuda backend allocates inside its ops, besides the buffers the model hands it: library
+// workspaces and kernel scratch. One description, as pure functions of an op's arguments and of
+// device facts, called by both
+//   - backend/cuda, which allocates exactly the list a function returns (allocate_private), in
+//     order, and holds it for the op (scratch) or for the backend's life (workspace), and
+//   - backend/dryrun (CudaAllocationModel enabled), which records exactly the same list through
+//     the same caching allocator, so the planner's peak and reserved bytes are the cuda run's.
+//
+// Device facts: values only the device knows at run time are arguments, never modelled here.
+//   cuDNN's SDPA workspace   the bytes the built plan asks for (get_workspace_size)
+//   cub's radix-sort storage the temp bytes cub's size query returns for the embedding backward
+// The cuda backend passes the real value; the dryrun passes its model's (plan/calibration,
+// CudaAllocationModel) or, where a test recorded a cuda run's values, those (DeviceFacts).
+//
+// Nothing here includes CUDA: the library (and so the dryrun and the CPU tests) compiles it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mxtrain/backend/backend.hpp"
+
+namespace mxtrain::private_buffers {
+
+// One allocation: Backend::allocate(name, shape, dtype, lifetime).
+struct PrivateBuffer {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::u8;
+  Lifetime lifetime = Lifetime::scratch;
+  size_t bytes() const { return dtype_bytes(dtype, static_cast<size_t>(shape.numel())); }
+  bool operator==(const PrivateBuffer& other) const {
+    return name == other.name && shape == other.shape && dtype == other.dtype && lifetime == other.lifetime;
+  }
+};
+using PrivateBuffers = std::vector<PrivateBuffer>;
+
+// Allocates the list in order; the Buffers keep it alive (move them into the op's scope).
+std::vector<Buffer> allocate_private(Backend& backend, const PrivateBuffers& buffers);
+Buffer allocate_private(Backend& backend, const PrivateBuffer& buffer);
+
+// ---- at creation -------------------------------------------------------------------------------
+// cuBLASLt's workspace (every GEMM may use up to this much) and the whole-tensor sum's partials
+// (one f32 per block of the first stage; the second stage is one block of that many threads).
+constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+constexpr int kReductionBlocks = 1024;
+// "cublaslt.workspace" u8, then "reduction.partials" f32 [kReductionBlocks]; Lifetime::workspace.
+PrivateBuffers backend_workspaces();
+
+// ---- reductions -------------------------------------------------------------------------------
+// Row chunks of the two-stage column reductions (column_sum, the unfused norm backward): at
+// least 32 rows a chunk, at most 512 chunks, at least 1.
+int64_t column_reduction_chunks(int64_t rows);
+// column_sum(x): "column_sum.partials" f32 [chunks, cols]; nothing for an empty x.
+PrivateBuffers column_sum(const Tensor& x);
+
+// ---- norm backward ----------------------------------------------------------------------------
+// The fused kernel (dx and per-chunk dweight/dbias sums in one pass, 4 warps a block) runs where
+// the row fits its lanes and its warps' sums fit 96 KiB of shared memory; otherwise dx and the
+// column partials run as two kernels. Either way the parameter sums go through f32 partials.
+constexpr int kNormFusedWarps = 4;
+constexpr size_t kNormFusedSharedLimit = 96 * 1024;
+int64_t norm_fused_chunks(int64_t rows);                 // >= 32 rows a chunk, about 512 chunks
+int norm_fused_vectors_per_lane(int64_t cols, int width);  // 4, 8 or 16; 0 = too wide
+// Floats of one warp's row of sums: 8-wide vectors pad the row to whole 256-column groups.
+constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) { return vector ? (cols + 255) / 256 * 256 : cols; }
+size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector);
+
+struct NormBackwardPlan {
+  bool vector = false;   // 8-wide loads (cols % 8 == 0, 16-byte aligned operands)
+  bool with_bias = false;
+  int lanes = 0;         // the fused kernel's vectors per lane
+  bool fused = false;
+  int64_t chunks = 0;    // row chunks of the partial sums (0: no partials)
+  PrivateBuffers buffers;  // "norm_backward.partials" f32 [chunks (x2 with a bias), cols]
+};
+NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
+                               const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+
+// ---- AdamW ------------------------------------------------------------------------------------
+constexpr int kAdamwThreads = 256;
+struct AdamwPlan {
+  bool vector = false;   // a thread per 8-element vector (n % 8 == 0, 16-byte aligned operands)
+  int64_t blocks = 0;    // of kAdamwThreads
+  PrivateBuffers buffers;  // with a norm output: "adamw.norm_partials" f32 [blocks], one a block
+};
+AdamwPlan adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
+                const AdamWArgs& args);
+
+// ---- embedding backward -----------------------------------------------------------------------
+// Bits of the radix sort's keys: tokens and the sentinel `vocab` must fit.
+int embedding_sort_key_bits(int64_t vocab);
+// "embedding_backward.keys" and ".rows" i32 [2, tokens] (in and out of the sort), then ".sort",
+// cub's temp storage of `sort_temp_bytes` (a device fact); nothing for 0 tokens.
+PrivateBuffers embedding_backward(int64_t tokens, size_t sort_temp_bytes);
+
+// ---- linear -----------------------------------------------------------------------------------
+// Held through the weight-gradient GEMM: "linear.weight_grad" f32 [dweight] when f32 activations
+// meet a 16-bit gradient (no cuBLASLt f32 x f32 -> bf16 GEMM); "linear.bias_grad" f32 [cols] when
+// the bias gradient rides on the GEMM (BGRADB, `fused_bias`). An unfused bias gradient adds
+// column_sum(dout) after it.
+PrivateBuffers linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
+                                      bool fused_bias);
+// NVFP4 GEMMs read their two global scales from "gemm.nvfp4_scalars" f32 [2].
+PrivateBuffers linear_quantized(ScalingMode mode);
+
+// ---- RoPE, attention --------------------------------------------------------------------------
+// One cos/sin table f32 [2, seq, head_dim/2] per (seq, head_dim, theta), kept (workspace).
+PrivateBuffer rope_table(int64_t seq, int64_t head_dim);
+// cuDNN has no f32 SDPA: f32 activations run on bf16 copies, held through the call.
+PrivateBuffers attention_forward(const Tensor& qkv, const Tensor& out);
+PrivateBuffers attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& dqkv);
+// The one "cudnn.workspace" is replaced only by a larger request: the new buffer when
+// `requested_bytes` (a device fact: what the graph's plan asks for) exceeds `held_bytes`.
+std::optional<PrivateBuffer> attention_workspace(size_t held_bytes, int64_t requested_bytes);
+
+// ---- device facts -----------------------------------------------------------------------------
+// Keys of the facts above, so a cuda run can record them and a dryrun can be given them.
+std::string attention_workspace_fact(const AttentionShape& shape, DType io, bool backward, bool deterministic);
+std::string embedding_sort_fact(int64_t tokens, int key_bits);
+
+struct DeviceFacts {
+  std::map<std::string, int64_t> bytes;
+  void record(const std::string& key, int64_t value) { bytes[key] = value; }
+  std::optional<int64_t> find(const std::string& key) const {
+    auto found = bytes.find(key);
+    if (found == bytes.end()) return std::nullopt;
+    return found->second;
+  }
+};
+
+}  // namespace mxtrain::private_buffers
