@@ -1,6 +1,6 @@
 // docs/distributed.md runs: every config key it names is a real key, every `--set key=value` in
 // its commands is accepted, and every flag its `mxtrain launch` and `mxtrain train` commands use
-// is in that subcommand's --help (STYLE.md: every doc example runs in a test).
+// is in that subcommand's --help (docs/conventions.md #15).
 #include <gtest/gtest.h>
 
 #include <fstream>
