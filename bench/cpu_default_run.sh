@@ -16,9 +16,11 @@ fi
 commit=$(git rev-parse HEAD)
 out=bench/results/cpu_default_run_${commit:0:7}.log
 body=$(mktemp)
+load_before=$(cut -d' ' -f1 /proc/loadavg)
 start=$(date +%s)
 "./$binary" train > "$body" 2>&1
 end=$(date +%s)
+load_after=$(cut -d' ' -f1 /proc/loadavg)
 {
   echo "# command: ./$binary train"
   echo "# commit: $commit$(git diff --quiet HEAD -- src CMakeLists.txt cmake configs || echo ' (with uncommitted changes)')"
@@ -26,6 +28,7 @@ end=$(date +%s)
   echo "# machine: $(nproc) CPU cores ($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')), $(command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | head -1 || echo 'no GPU')"
   echo "# date: $(date -u +%Y-%m-%d)"
   echo "# wall: $(( (end - start) / 60 )) min $(( (end - start) % 60 )) s (the run alone)"
+  echo "# load: $load_before at the start, $load_after at the end (1-minute load average; other work shares the cores)"
   cat "$body"
 } > "$out"
 rm -f "$body"
