@@ -33,7 +33,6 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENTS = ["README.md", "docs/planning.md", "docs/precision.md", "docs/benchmarking.md"]
 MARKER = re.compile(r"<!-- derived:([a-z0-9-]+)((?: [^ >]+)*) -->(.*?)<!-- /derived -->", re.S)
 
 ALIASES = {"gpt2-124M": "gpt2-124m", "gpt2-1.5B": "gpt2-1.5b", "tinyllama-1.1B": "llama-1b"}
@@ -406,7 +405,7 @@ def cpu_run_text(relative):
             f"{count} steps, final loss {final}, held-out loss {held} (from ln 256 = {ln_vocab}, "
             f"{100 * (1 - float(held) / float(ln_vocab)):.0f}% lower), **{tok_s} tokens/s** over the run (median "
             f"logged step {thousands(median)} tok/s), peak {max(s[3] for s in steps):.1f} MiB; wall time "
-            f"{header['wall']}")
+            f"{header['wall']}" + (f"; load average {header['load'].split(' (')[0]}" if "load" in header else ""))
 
 
 def cpu_run_tail(relative):
@@ -470,9 +469,10 @@ def main():
     options = parser.parse_args()
     planner = Planner(os.path.abspath(options.binary))
     outputs = {}
-    for doc in DOCUMENTS:
-        if os.path.exists(path(doc)):
-            outputs[doc] = regenerate(read(doc), planner)
+    documents = ["README.md"] + sorted(os.path.relpath(os.path.join(d, f), ROOT)
+                                       for d, _, files in os.walk(path("docs")) for f in files if f.endswith(".md"))
+    for doc in documents:
+        outputs[doc] = regenerate(read(doc), planner)
     outputs.update(derived_files(planner))
     stale = []
     for relative, new in outputs.items():
