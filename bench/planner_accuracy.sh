@@ -9,7 +9,8 @@
 # Usage: bench/planner_accuracy.sh [path/to/mxtrain]   (default: build/cuda/mxtrain)
 # Then: commit bench/results/planner_accuracy.json; to adopt the fit, merge the fit's gpus.h200
 # entry into configs/plan/calibration.json (or try it first: mxtrain plan ... --calibration
-# bench/results/planner_calibration_fit.json) and rerun the CPU test PlannerAccuracy.*.
+# bench/results/planner_calibration_fit.json) and rerun the CPU test PlannerAccuracy.*; then
+# `python3 scripts/derive.py` rewrites every figure the documents quote from the new file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary="${1:-build/cuda/mxtrain}"

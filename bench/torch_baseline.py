@@ -1,5 +1,5 @@
-# Copied from the team's shared/bench/torch_baseline.py so that it travels to the GPU machine with the
-# repository; keep it identical to that file apart from this header.
+# The PyTorch baseline of docs/benchmarking.md (the protocol): kept in the repository so that it travels to
+# the GPU machine with it.
 """PyTorch baselines on one GPU: GEMM ceilings and transformer training throughput.
 Prints one JSON line per measurement: what a user would run instead of mxtrain.
 Usage: python3 torch_baseline.py [all|gemm|gpt2|gpt2xl|llama|big]"""

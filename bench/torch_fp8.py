@@ -1,5 +1,5 @@
-# Copied from the team's shared/bench/torch_fp8.py so that it travels to the GPU machine with the
-# repository; keep it identical to that file apart from this header.
+# PyTorch's FP8 baseline of docs/benchmarking.md (the protocol): kept in the repository so that it travels
+# to the GPU machine with it.
 """PyTorch FP8 training anchor: Linear layers through torch._scaled_mm with per-tensor current scaling
 (E4M3 forward, E5M2 gradients), like torchao's tensorwise float8 training, under torch.compile.
 Prints JSON lines. Usage: python3 torch_fp8.py [all|1b|3b]"""

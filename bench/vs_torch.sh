@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mxtrain beside the PyTorch baseline, in one command, on one GPU (TARGETS.md's protocol).
+# mxtrain beside the PyTorch baseline, in one command, on one GPU (the protocol of docs/benchmarking.md).
 # Usage: bench/vs_torch.sh OUT.jsonl SET...   with SET one of
 #   gpt2    gpt2-124m 64x1024 (vs PyTorch eager and torch.compile)
 #   gpt2xl  gpt2-1.5b 16x1024 (vs eager and torch.compile)

@@ -26,7 +26,7 @@ find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DI
 foreach(required CUDNN_INCLUDE_DIR CUDNN_LIBRARY CUDNN_FRONTEND_INCLUDE_DIR NCCL_INCLUDE_DIR NCCL_LIBRARY)
   if(NOT ${required})
     message(FATAL_ERROR "${required} not found. cuDNN, cudnn-frontend (pip nvidia-cudnn-frontend headers) and NCCL "
-                        "are needed for the cuda preset; see docs/ARCHITECTURE.md#building-for-cuda")
+                        "are needed for the cuda preset; see docs/building.md#building-for-cuda")
   endif()
 endforeach()
 

@@ -1,6 +1,6 @@
 # Third-party dependencies, all from Debian packages (scripts/setup.sh installs them). On the GPU
 # machine the header-only ones travel in a carried folder named by CMAKE_PREFIX_PATH /
-# CMAKE_INCLUDE_PATH (shared/tools/gpu-carry-headers).
+# CMAKE_INCLUDE_PATH (docs/building.md#building-for-cuda).
 add_library(mxtrain_deps INTERFACE)
 add_library(mxtrain::deps ALIAS mxtrain_deps)
 

@@ -3,7 +3,7 @@
 // it with --gtest_also_run_disabled_tests --gtest_filter='*OpTimings*'). Each op runs 3 times to
 // warm up, then 20 times between two stream timestamps; the table gives the mean time, the
 // bytes or FLOPs the op must move or do (the Backend's own trace formulas), and the achieved
-// rate against the H200 ceilings in TARGETS.md (4.26 TB/s copy, 773 TFLOP/s bf16 GEMM).
+// rate against the H200 ceilings in docs/benchmarking.md (4.26 TB/s copy, 773 TFLOP/s bf16 GEMM).
 #include <functional>
 
 #include "cuda/cuda_test_support.hpp"

@@ -1,6 +1,8 @@
-// docs/distributed.md runs: every config key it names is a real key, every `--set key=value` in
-// its commands is accepted, and every flag its `mxtrain launch` and `mxtrain train` commands use
-// is in that subcommand's --help (STYLE.md: every doc example runs in a test).
+// docs/distributed.md is checked, not run (docs/conventions.md #15): every config key it names is
+// a real key, every `--set key=value` in its commands is accepted, and every flag its `mxtrain
+// launch` and `mxtrain train` commands use is in that subcommand's --help. The commands
+// themselves need several GPUs or nodes, a scheduler, or the reader's own run.toml, so none is
+// executed here.
 #include <gtest/gtest.h>
 
 #include <fstream>

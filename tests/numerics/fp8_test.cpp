@@ -282,7 +282,7 @@ TEST(E2m1, DecodesTheSixteenCodes) {
 }
 
 TEST(E2m1, TiesFromTheSpec) {
-  // cuda_deps.md §4.4
+  // docs/numerics-reference.md §2.6
   EXPECT_EQ(e2m1_to_float(float_to_e2m1(0.25f)), 0.0f);
   EXPECT_EQ(e2m1_to_float(float_to_e2m1(0.75f)), 1.0f);
   EXPECT_EQ(e2m1_to_float(float_to_e2m1(1.25f)), 1.0f);

@@ -1,5 +1,5 @@
 // MXFP8: the E8M0 scale rules (RCEIL and OCP FLOOR) on hand-worked amax values, the OCP examples
-// of cuda_deps.md §4.4, block layout in both directions, the round-trip error bound, and the cuBLAS
+// of docs/numerics-reference.md §2.6, block layout in both directions, the round-trip error bound, and the cuBLAS
 // 128×4 swizzled scale layout against the documented offsets.
 #include <gtest/gtest.h>
 
@@ -64,7 +64,7 @@ TEST(MxScale, RoundUpVersusFloorForE4m3) {
 }
 
 TEST(MxScale, OcpFloorExamplesForE2m1) {
-  // cuda_deps.md §4.4: amax 3 → X = 2^-1 and 3 / X = 6 exactly; amax 3.0001 → 6.0002 clamps to 6;
+  // docs/numerics-reference.md §2.6: amax 3 → X = 2^-1 and 3 / X = 6 exactly; amax 3.0001 → 6.0002 clamps to 6;
   // amax 7 → X = 1 and 7 → 6.
   EXPECT_EQ(mx_scale_floor(3.0f, kE2m1MaxExponent), 126);
   EXPECT_EQ(float_to_e2m1(3.0f * mx_element_multiplier(126)), 0x7);

@@ -274,7 +274,7 @@ TEST(Nvfp4StochasticRounding, UnbiasedOverManyStreams) {
 
 // ---- random Hadamard transform ---------------------------------------------------------------------
 
-// H16 by Sylvester's construction and the sign vector as listed in precision_recipes.md §2.5.
+// H16 by Sylvester's construction and the sign vector as listed in docs/numerics-reference.md §2.5.
 std::vector<std::vector<int>> sylvester16() {
   std::vector<std::vector<int>> h = {{1}};
   while (h.size() < 16) {

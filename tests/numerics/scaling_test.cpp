@@ -1,5 +1,5 @@
 // Per-tensor FP8 recipes: delayed scaling's history and scale rule step by step, worked by hand
-// from precision_recipes.md §2.1, and current scaling's edge cases from §2.2.
+// from docs/numerics-reference.md §2.1, and current scaling's edge cases from §2.2.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // The calibration data and the cost model's primitives: the committed H200 factors reproduce the
-// measured ceilings they were fitted to (TARGETS.md: 773 TFLOP/s BF16 GEMM at 8192³, 4.26 TB/s
+// measured ceilings they were fitted to (docs/benchmarking.md: 773 TFLOP/s BF16 GEMM at 8192³, 4.26 TB/s
 // copy); layering overrides field by field; an unknown field is an error, never ignored.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@ namespace mxtrain {
 namespace {
 
 // The committed H200 factors are a least-squares fit to whole training steps (the accuracy
-// harness). They must stay consistent with the ceilings measured on the same GPU (TARGETS.md):
+// harness). They must stay consistent with the ceilings measured on the same GPU (docs/benchmarking.md):
 // the 8192^3 BF16 GEMM within 3% of its measured 773 TFLOP/s, and memory-bound ops no faster
 // than the measured 4.26 TB/s device-to-device copy.
 TEST(Calibration, CommittedH200FactorsStayConsistentWithTheMeasuredCeilings) {

@@ -2,7 +2,8 @@
 // bench/planner_accuracy_configs.json, the peak (allocator peak live bytes) and step time that
 // `mxtrain bench` measured on an H200 (written by bench/planner_accuracy.sh on the GPU machine).
 // This test re-plans every config on the CPU with the committed calibration and checks the
-// planned peak within 3% and the planned step time within 15% of the measurements (TARGETS.md).
+// planned peak within kPeakToleranceBytes and the planned step time within 15% of the
+// measurements (docs/benchmarking.md, "The bar": peaks within a few MiB).
 // The file must exist: until the GPU run is committed this test fails, saying how to make it.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,13 @@
 
 namespace mxtrain {
 namespace {
+
+// The planner replays the CUDA backend's allocations, so its peak is exact up to what cuDNN and
+// cuBLASLt ask for internally: across the committed measurements the largest difference is
+// 1.5625 MiB (gpt2-1.5b 32x1024 full; bench/results/planner_peaks.json, written by
+// scripts/derive.py), every other config within 68 KiB. 2 MiB keeps that and catches any
+// missed buffer of a layer (the smallest activation of the set is larger).
+constexpr double kPeakToleranceBytes = 2.0 * 1024 * 1024;
 
 TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements) {
   const std::string path = test::source_dir() + "/bench/results/planner_accuracy.json";
@@ -37,7 +45,7 @@ TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements)
     const Plan plan = make_plan(accuracy_entry_config(entry), PlanTarget{gpu, 1, 1}, calibration, options);
     const double measured_peak = measured.at("peak_bytes").get<double>();
     const double measured_ms = measured.at("step_ms").get<double>();
-    EXPECT_LE(std::fabs(static_cast<double>(plan.memory.peak_live) / measured_peak - 1.0), 0.03)
+    EXPECT_LE(std::fabs(static_cast<double>(plan.memory.peak_live) - measured_peak), kPeakToleranceBytes)
         << "planned peak " << plan.memory.peak_live << " bytes, measured " << measured_peak;
     EXPECT_LE(std::fabs(1e3 * plan.time.total_s / measured_ms - 1.0), 0.15)
         << "planned step " << 1e3 * plan.time.total_s << " ms, measured " << measured_ms << " ms";

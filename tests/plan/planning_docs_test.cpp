@@ -1,4 +1,4 @@
-// docs/planning.md tells the truth (STYLE.md #15): every `mxtrain plan` and `mxtrain tune` example
+// docs/planning.md tells the truth (docs/conventions.md #15): every `mxtrain plan` and `mxtrain tune` example
 // in its shell blocks runs (tune as --dry-run: the trials need a GPU), and its preset table is what
 // bench/planning_table.sh generates now. Also the command line's own error paths.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Activation checkpointing changes exactly the ops it should, counted on the dryrun (STYLE.md
+// Activation checkpointing changes exactly the ops it should, counted on the dryrun (docs/conventions.md
 // #14): every op outside the recompute phase is the same as without checkpointing, and the
 // recompute phase holds, per checkpointed block,
 //   selective: the two norms and the MLP activation;

@@ -238,7 +238,7 @@ void Backend::linear_forward_gelu(const Tensor& x, const Tensor& weight, const T
   require_same_shape(pre, out, "linear_forward_gelu");
   MXTRAIN_ASSERT(pre.dtype == out.dtype, "linear_forward_gelu: pre %s, out %s", pre.describe().c_str(),
                  out.describe().c_str());
-  // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the second output's
+  // FLOPs as the plain GEMM's (docs/benchmarking.md: matmuls and bias adds count); the second output's
   // write counts.
   check_and_record_linear_forward("linear_forward_gelu", x, weight, bias, pre, b(out), b(out));
   impl_linear_forward_gelu(x, weight, bias, pre, out);
@@ -281,7 +281,7 @@ void Backend::linear_forward_residual(const Tensor& x, const Tensor& weight, con
   require_same_shape(residual, out, "linear_forward_residual");
   MXTRAIN_ASSERT(residual.dtype == out.dtype, "linear_forward_residual: residual %s, out %s",
                  residual.describe().c_str(), out.describe().c_str());
-  // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); the residual's read counts.
+  // FLOPs as the plain GEMM's (docs/benchmarking.md: matmuls and bias adds count); the residual's read counts.
   check_and_record_linear_forward("linear_forward_residual", x, weight, bias, out, b(residual), b(residual));
   impl_linear_forward_residual(x, weight, bias, residual, out);
 }

@@ -89,7 +89,7 @@ struct AttentionShape {
 
 // ---- quantized operands (the precision recipes; numerics/ holds the rules, bit for bit) -------
 
-// How a quantized tensor is scaled (reference/precision_recipes.md §2).
+// How a quantized tensor is scaled (docs/numerics-reference.md §2).
 enum class ScalingMode : uint8_t {
   per_tensor,  // FP8 E4M3/E5M2 with one FP32 scale per tensor (delayed or current scaling)
   mxfp8,       // FP8 with one E8M0 scale per 32 consecutive elements along K

@@ -1,4 +1,4 @@
-// The command line as declarative tables (STYLE.md #9): each short flag maps to one config key,
+// The command line as declarative tables (docs/conventions.md #9): each short flag maps to one config key,
 // so parsing, help text with live defaults, MXTRAIN_* variables and config files all agree.
 // tests/cli/flags_test.cpp checks the tables for duplicates and against a committed list.
 #pragma once

@@ -1,6 +1,6 @@
 // A training run as data: one struct per config section and ONE field list (fields()) that TOML
 // parsing, --set/--flag and MXTRAIN_* overrides, the printed "effective config", the JSON saved
-// with checkpoints and the resume check all use (STYLE.md #6). Adding a key = one line in fields().
+// with checkpoints and the resume check all use (docs/conventions.md #6). Adding a key = one line in fields().
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -39,7 +39,7 @@ struct TrainConfig {
   }
 };
 
-// How train.precision's recipe runs (reference/precision_recipes.md §2; docs/precision.md).
+// How train.precision's recipe runs (docs/numerics-reference.md §2; docs/precision.md).
 struct PrecisionConfig {
   std::string fp8_format = "auto";          // auto (hybrid for fp8, e4m3 for mxfp8) | hybrid | e4m3
   int64_t amax_history_len = 1024;          // fp8 delayed scaling window (TE's default)

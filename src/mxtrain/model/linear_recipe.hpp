@@ -3,7 +3,7 @@
 // that owns the scaling state they need. The Transformer calls it instead of the backend's three
 // linear ops, so the block diagram stays the same for every precision.
 //
-// Per GEMM (TransformerEngine's roles, reference/precision_recipes.md §2):
+// Per GEMM (TransformerEngine's roles, docs/numerics-reference.md §2):
 //   forward         out  = x · Wᵀ        x rowwise,  W rowwise      (E4M3 x E4M3 under HYBRID)
 //   backward_input  dx   = dy · W        dy rowwise, W columnwise   (E5M2 x E4M3)
 //   backward_weight dW (+)= dyᵀ · x      dy columnwise, x columnwise (E5M2 x E4M3, FP32 accumulate)

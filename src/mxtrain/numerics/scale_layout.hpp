@@ -3,7 +3,7 @@
 // padded to R' = roundup(R, 128) and C' = roundup(C, 4) and cut into 128×4 tiles of 512 bytes; the
 // tiles are laid out row-major by (r/128, c/4) and, inside a tile, row r sits at
 // (r%32)·16 + ((r%128)/32)·4, i.e. rows 0, 32, 64, 96, 1, 33, ... interleaved 4 bytes at a time.
-// (cuda_deps.md §2.3; torchao to_blocked; cudnn-frontend F8_128x4.)
+// (docs/numerics-reference.md §2.3; torchao to_blocked; cudnn-frontend F8_128x4.)
 #pragma once
 #include <cstdint>
 #include <span>

@@ -1,5 +1,5 @@
 // Every scale rule of the precision recipes as one scalar function, exactly as
-// reference/precision_recipes.md §2 states it (TransformerEngine's arithmetic, operation by
+// docs/numerics-reference.md §2 states it (TransformerEngine's arithmetic, operation by
 // operation, where the spec leaves the order open). Block and tensor loops live in scaling.cpp,
 // mxfp8.cpp and nvfp4.cpp; CUDA kernels call these same MXTRAIN_HD functions.
 //
@@ -37,7 +37,7 @@ MXTRAIN_HD inline float current_scale_from_amax(float amax, float format_max, fl
   return scale;
 }
 
-// ---- MXFP8 block scales (§2.4 and cuda_deps.md §4.2) -----------------------------------------------
+// ---- MXFP8 block scales (§2.4, both rules) -----------------------------------------------
 
 enum class E8m0Rounding : uint8_t {
   round_up,  // NVIDIA "RCEIL" (TE, cuBLAS D_OUT scales): s_dec = 2^ceil(log2(amax / fmax)); never saturates

@@ -1,5 +1,5 @@
 // Which rank this process is, read from whatever started it. Precedence, first match wins
-// (reference/memory_and_contracts.md §5): explicit command-line flags > torchrun (RANK and
+// (docs/distributed.md, "Precedence"): explicit command-line flags > torchrun (RANK and
 // WORLD_SIZE; also what `mxtrain launch` sets) > Slurm srun (SLURM_PROCID, SLURM_NTASKS) >
 // Open MPI (OMPI_COMM_WORLD_*) > MPICH/Hydra PMI (PMI_RANK, PMI_SIZE) > SageMaker
 // (resourceconfig.json or SM_HOSTS/SM_CURRENT_HOST) > a single process.

@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""Every figure the documents quote, regenerated from the committed measurements.
+
+The documents (README.md, docs/*.md) hold generated text between marker comments:
+
+    <!-- derived:KIND ARGS -->generated text<!-- /derived -->
+
+(on one line for a phrase, or with the text on the lines between for a table). This script
+recomputes each span from the files it names under bench/results/ (and docs/tune-llama-1b/,
+docs/precision-curves/), and the derived files below, and writes them back. With --check it
+writes nothing and exits 1 when any document or derived file would change, or when a committed
+result fails its acceptance check; `ctest -L cpu -R docs_match_data` runs it that way.
+
+Derived files (rewritten from the measurements):
+  bench/results/planner_calibration_fit.json  the harness's fit, copied out of planner_accuracy.json
+  bench/results/planner_cross_validation.json `mxtrain plan --cross-validate` of planner_accuracy.json
+  bench/results/planner_peaks.json            every accuracy config re-planned: planned vs measured peak
+
+Results checks (--check fails when they do not hold):
+  tune    docs/tune-llama-1b: tune's pick, measured, reaches 97% of the grid's fastest trial, the
+          grid is the full 15-config space, both ran at one commit on one model.
+
+Usage: python3 scripts/derive.py [--check] [--binary build/auto/mxtrain]
+Only the standard library; the planner figures run the binary (no GPU needed).
+"""
+import argparse
+import difflib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = re.compile(r"<!-- derived:([a-z0-9-]+)((?: [^ >]+)*) -->(.*?)<!-- /derived -->", re.S)
+
+ALIASES = {"gpt2-124M": "gpt2-124m", "gpt2-1.5B": "gpt2-1.5b", "tinyllama-1.1B": "llama-1b"}
+
+
+def path(relative):
+    return os.path.join(ROOT, relative)
+
+
+def read(relative):
+    with open(path(relative)) as f:
+        return f.read()
+
+
+def jsonl(relative):
+    return [json.loads(line) for line in read(relative).splitlines() if line.strip().startswith("{")]
+
+
+def thousands(x):
+    return f"{x:,.0f}"
+
+
+# ---- mxtrain beside PyTorch (bench/vs_torch.sh files) ----------------------------------------------
+
+def vs_torch_rows(relative):
+    """One row per mxtrain record, in file order, with the PyTorch records of the same shape."""
+    records = jsonl(relative)
+
+    def key(r):
+        name = ALIASES.get(r.get("name"), r.get("name"))
+        if r.get("engine") == "mxtrain":
+            recompute = r.get("recompute", "none")
+        else:
+            recompute = "full" if r.get("ckpt") else "none"
+        return (name, r.get("B"), r.get("T"), recompute)
+
+    eager = {key(r): r for r in records if r.get("engine") != "mxtrain" and not r.get("compile") and "tok_s" in r}
+    compiled = {key(r): r for r in records if r.get("engine") != "mxtrain" and r.get("compile") and "tok_s" in r}
+    rows = []
+    for r in records:
+        if r.get("engine") != "mxtrain":
+            continue
+        k = key(r)
+        e, c = eager.get(k), compiled.get(k)
+        best = max([x for x in (e, c) if x], key=lambda x: x["tok_s"], default=None)
+        rows.append({"key": k, "ours": r, "eager": e, "compile": c, "best": best,
+                     "ratio": r["tok_s"] / best["tok_s"] if best else None})
+    return rows
+
+
+def vs_torch_table(relative):
+    lines = ["| model | batch × seq | recompute | mxtrain tok/s | PyTorch eager | torch.compile | "
+             "mxtrain / best PyTorch | peak GiB mxtrain / eager / compile | mxtrain MFU |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in vs_torch_rows(relative):
+        name, b, t, recompute = row["key"]
+        r, e, c = row["ours"], row["eager"], row["compile"]
+        fmt = lambda x: thousands(x["tok_s"]) if x else "–"
+        peak = lambda x: f"{x['peak_gib']:.1f}" if x else "–"
+        ratio = f"**{row['ratio']:.3f}×**" if row["ratio"] else "–"
+        if row["best"] is not None and c is None:
+            ratio += " (eager)"
+        lines.append(f"| {name} | {b} × {t} | {recompute} | {fmt(r)} | {fmt(e)} | {fmt(c)} | {ratio} | "
+                     f"{peak(r)} / {peak(e)} / {peak(c)} | {100 * r['mfu']:.1f}% |")
+    return "\n".join(lines)
+
+
+def vs_torch_ratios(relative):
+    """'llama-1b 8×2048 1.104× (210.5 ms against torch.compile's 232.4)', one per mxtrain row."""
+    parts = []
+    for row in vs_torch_rows(relative):
+        name, b, t, recompute = row["key"]
+        best = row["best"]
+        shape = f"{name} {b}×{t}" + (f" {recompute}" if recompute != "none" else "")
+        if best is None:
+            parts.append(f"{shape} {row['ours']['step_ms']:.1f} ms (no PyTorch line)")
+            continue
+        against = "torch.compile's" if best is row["compile"] else "eager's"
+        parts.append(f"{shape} {row['ratio']:.3f}× ({row['ours']['step_ms']:.1f} ms against {against} "
+                     f"{best['step_ms']:.1f})")
+    return ", ".join(parts)
+
+
+def ab_steps(relative):
+    """A/B files (binaries interleaved in one call): per model, each binary's step times in file order."""
+    ms = lambda records: ", ".join(f"{r['step_ms']:.2f}" for r in records)
+    models = {}
+    for r in jsonl(relative):
+        runs = models.setdefault(r["name"], {})
+        runs.setdefault(r["commit"], []).append(r)
+    parts = []
+    for name, runs in models.items():
+        if len(runs) == 1:
+            (only,) = runs.values()
+            parts.append(f"{name} {ms(only)} ms")
+            continue
+        sides = [f"`{commit[:7]}` {ms(rs)} ms ({rs[0]['peak_gib']:.1f} GiB)"
+                 for commit, rs in runs.items()]
+        parts.append(f"{name} " + " → ".join(sides))
+    return "; ".join(parts)
+
+
+# ---- FP8 beside PyTorch FP8 (bench/fp8_vs_torch.sh) -------------------------------------------------
+
+def fp8_groups(relative, commit):
+    """Per model, in file order: bf16, fp8, fp8-current, [fp8 with quantized_weights], PyTorch FP8.
+    bench/fp8_vs_torch.sh writes the quantized_weights run as the model's second fp8 line."""
+    groups = {}
+    for r in jsonl(relative):
+        mine = r.get("engine") == "mxtrain"
+        if mine and r.get("commit") != commit:
+            continue
+        name = r["name"]
+        g = groups.setdefault(name, {"shape": (r["B"], r["T"])})
+        if not mine:
+            # PyTorch lines carry no commit: the one that follows this commit's mxtrain lines.
+            if "bf16" in g and "torch" not in g:
+                g["torch"] = r
+            continue
+        slot = r["precision"]
+        if slot == "fp8" and "fp8" in g:
+            slot = "fp8_quantized_weights"
+        g.setdefault(slot, r)
+    return {name: g for name, g in groups.items() if "bf16" in g and "torch" in g}
+
+
+def fp8_table(relative, commit):
+    lines = ["| model | bf16 tok/s | fp8 (delayed) | fp8-current | PyTorch FP8 | fp8 + `quantized_weights` | "
+             "peak GiB bf16 / fp8 / PyTorch FP8 |", "|---|---|---|---|---|---|---|"]
+    for name, g in fp8_groups(relative, commit).items():
+        bf16, torch = g["bf16"]["tok_s"], g["torch"]["tok_s"]
+        cell = lambda r: f"{thousands(r['tok_s'])} (**{r['tok_s'] / bf16:.3f}×** bf16, **{r['tok_s'] / torch:.3f}×** PyTorch)"
+        q = g.get("fp8_quantized_weights")
+        qcell = f"{thousands(q['tok_s'])} tok/s at **{q['peak_gib']:.1f} GiB**" if q else "–"
+        b, t = g["shape"]
+        lines.append(f"| {name} {b} × {t} | {thousands(bf16)} | {cell(g['fp8'])} | {cell(g['fp8-current'])} | "
+                     f"{thousands(torch)} | {qcell} | {g['bf16']['peak_gib']:.1f} / {g['fp8']['peak_gib']:.1f} / "
+                     f"{g['torch']['peak_gib']:.1f} |")
+    return "\n".join(lines)
+
+
+def fp8_ratios(relative, commit):
+    parts = []
+    for name, g in fp8_groups(relative, commit).items():
+        bf16, torch = g["bf16"]["tok_s"], g["torch"]["tok_s"]
+        parts.append(f"{name} fp8 {g['fp8']['tok_s'] / bf16:.3f}× / {g['fp8']['tok_s'] / torch:.3f}×, fp8-current "
+                     f"{g['fp8-current']['tok_s'] / bf16:.3f}× / {g['fp8-current']['tok_s'] / torch:.3f}×")
+    return "; ".join(parts)
+
+
+# ---- precision curves (mxtrain compare-precision) ---------------------------------------------------
+
+def precision_curves(relative, *columns):
+    """The final-loss table of a compare-precision run; `tok_s` adds each format's tokens/s."""
+    data = json.loads(read(relative))
+    speed = "tok_s" in columns
+    labels = {"fp8": "fp8 (delayed scaling, HYBRID)", "mxfp8": "mxfp8 (emulated on sm_90)",
+              "nvfp4": "nvfp4 (emulated on sm_90, RHT + stochastic rounding)"}
+    lines = [f"| format | final loss (mean of last {data['final_window']} steps) | gap to {data['baseline']} |"
+             + (" tok/s (this small step; not a throughput benchmark) |" if speed else ""),
+             "|---|---|---|" + ("---|" if speed else "")]
+    for f in data["formats"]:
+        gap = "–" if f["format"] == data["baseline"] else f"{100 * f['gap_to_baseline']:+.2f}%".replace("-", "−")
+        lines.append(f"| {labels.get(f['format'], f['format'])} | {f['final_loss']:.4f} | {gap} |"
+                     + (f" {thousands(f['tokens_per_s'])} |" if speed else ""))
+    return "\n".join(lines)
+
+
+# ---- the tune run (docs/tune-llama-1b) -------------------------------------------------------------
+
+def tune_files():
+    return json.loads(read("docs/tune-llama-1b/tune.json")), json.loads(read("docs/tune-llama-1b/grid/tune.json"))
+
+
+def tune_key(config):
+    return (config["micro_batch"], config["micro_batches"], config["recompute"], config["precision"], config["seq_len"])
+
+
+def check_tune():
+    """The acceptance of the tuner: its pick, measured in its own trial, is within 3% of the grid's best."""
+    tune, grid = tune_files()
+    problems = []
+    pick = tune["trials"][tune["best"]]
+    ok = [t for t in grid["trials"] if t["status"] == "ok"]
+    grid_best = max(t["tokens_per_s"] for t in ok)
+    if len(grid["trials"]) != 15:
+        problems.append(f"the grid has {len(grid['trials'])} trials, not 15 (micro-batch 1..16 x none/selective/full)")
+    if any(t["config"]["global_batch"] != pick["config"]["global_batch"] for t in grid["trials"]):
+        problems.append("the grid's global batch differs from the pick's")
+    if tune_key(pick["config"]) not in {tune_key(t["config"]) for t in ok}:
+        problems.append(f"tune's pick {tune_key(pick['config'])} is not among the grid's configs")
+    if tune["model"] != grid["model"] or tune["commit"] != grid["commit"]:
+        problems.append("tune and grid were not run on the same model at the same commit")
+    if pick["tokens_per_s"] < 0.97 * grid_best:
+        problems.append(f"tune's pick reached {pick['tokens_per_s']:.0f} tokens/s, under 97% of the grid's best "
+                        f"{grid_best:.0f}")
+    return problems
+
+
+def tune_table():
+    tune, grid = tune_files()
+    tried = {tune_key(t["config"]): t for t in tune["trials"]}
+    pick = tune_key(tune["trials"][tune["best"]]["config"])
+    best = max((t for t in grid["trials"] if t["status"] == "ok"), key=lambda t: t["tokens_per_s"])
+    lines = ["| config | tune: tokens/s | grid: tokens/s | predicted tokens/s | peak GiB | planned GiB |",
+             "|---|---|---|---|---|---|"]
+    gib = lambda b: f"{b / 2**30:.2f}"
+    for t in sorted(grid["trials"], key=lambda t: -t.get("tokens_per_s", 0)):
+        k = tune_key(t["config"])
+        label = f"micro-batch {k[0]} × {k[1]}, {k[2]}" + (" (tune's pick)" if k == pick else "")
+        mine = tried.get(k)
+        tune_cell = "–" if mine is None else (f"**{thousands(mine['tokens_per_s'])}**" if k == pick
+                                              else thousands(mine["tokens_per_s"]))
+        grid_cell = thousands(t["tokens_per_s"]) if t["status"] == "ok" else t["status"]
+        if t is best:
+            grid_cell = f"**{grid_cell}** (grid's best)"
+        lines.append(f"| {label} | {tune_cell} | {grid_cell} | {thousands(t['config']['tokens_per_s'])} | "
+                     f"{gib(t['peak_bytes'])} | {gib(t['predicted_peak_bytes'])} |")
+    return "\n".join(lines)
+
+
+def tune_summary():
+    tune, grid = tune_files()
+    pick = tune["trials"][tune["best"]]
+    ok = [t for t in grid["trials"] if t["status"] == "ok"]
+    best = max(ok, key=lambda t: t["tokens_per_s"])
+    errors = [abs(t["config"]["tokens_per_s"] / t["tokens_per_s"] - 1) for t in ok]
+    same = sum(t["peak_bytes"] == t["predicted_peak_bytes"] for t in ok)
+    k = pick["config"]
+    return (f"tune's pick (micro-batch {k['micro_batch']} × {k['micro_batches']}, {k['recompute']}) ran at "
+            f"{thousands(pick['tokens_per_s'])} tokens/s in its own trial, "
+            f"{100 * pick['tokens_per_s'] / best['tokens_per_s']:.1f}% of the grid's best trial "
+            f"({thousands(best['tokens_per_s'])} tokens/s, micro-batch {best['config']['micro_batch']} × "
+            f"{best['config']['micro_batches']}, {best['config']['recompute']}); the planner of commit "
+            f"{tune['commit']} predicted the {len(ok)} grid trials' throughput within {100 * max(errors):.1f}% and "
+            f"their peaks to the byte on {same} of {len(ok)}")
+
+
+# ---- the planner against the H200 (bench/results/planner_accuracy.json) ----------------------------
+
+class Planner:
+    """Runs the binary once per question and remembers the answers."""
+
+    def __init__(self, binary):
+        self.binary = binary
+        self._peaks = None
+        self._cross = None
+
+    def run(self, *args):
+        if not self.binary or not os.access(self.binary, os.X_OK):
+            raise SystemExit(f"derive.py: the planner figures need the mxtrain binary ({self.binary!r} not found): "
+                             "build it (./scripts/setup.sh) or pass --binary")
+        done = subprocess.run([self.binary, *args], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"derive.py: {self.binary} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def cross_validation(self):
+        if self._cross is None:
+            self._cross = json.loads(self.run("plan", "--cross-validate", "bench/results/planner_accuracy.json",
+                                              "--json"))
+            # The calibration files are named relative to the repository, so the file is the same anywhere.
+            self._cross["calibration_sources"] = [os.path.relpath(p, ROOT) if os.path.isabs(p) else p
+                                                  for p in self._cross.get("calibration_sources", [])]
+        return self._cross
+
+    def peaks(self):
+        if self._peaks is None:
+            report = json.loads(read("bench/results/planner_accuracy.json"))
+            rows = []
+            for entry in report["entries"]:
+                args = ["plan", "--gpu", report["gpu"], "--plan-steps", str(report["plan_steps"]), "--json"]
+                for key, value in entry["set"].items():
+                    args += ["--set", f"{key}={value}"]
+                plan = json.loads(self.run(*args))
+                planned = int(plan["memory"]["peak_live_bytes"])
+                measured = int(entry["measured"]["peak_bytes"])
+                rows.append({"name": entry["name"], "measured_peak_bytes": measured, "planned_peak_bytes": planned,
+                             "difference_bytes": planned - measured,
+                             "relative_error": planned / measured - 1})
+            self._peaks = {"kind": "planner_peaks",
+                           "source": "bench/results/planner_accuracy.json (measured at commit "
+                                     f"{report['commit']}), every config re-planned by scripts/derive.py",
+                           "gpu": report["gpu"], "entries": rows}
+        return self._peaks
+
+
+def mib(b):
+    return f"{b / 2**20:.2f} MiB" if abs(b) >= 2**20 else (f"{b / 2**10:.1f} KiB" if abs(b) >= 1024 else f"{b} bytes")
+
+
+def planner_summary(planner):
+    report = json.loads(read("bench/results/planner_accuracy.json"))
+    cross = planner.cross_validation()
+    peaks = planner.peaks()["entries"]
+    exact = sum(p["difference_bytes"] == 0 for p in peaks)
+    worst_peak = max(peaks, key=lambda p: abs(p["difference_bytes"]))
+    rows = cross["entries"]
+    worst_in = max(rows, key=lambda r: abs(r["predicted_error"]))
+    worst_out = max(rows, key=lambda r: abs(r["held_out_error"]))
+    return {
+        "configs": len(peaks), "commit": report["commit"], "exact": exact, "worst_peak": worst_peak,
+        "worst_in": worst_in, "worst_out": worst_out,
+        "median_in": statistics.median(abs(r["predicted_error"]) for r in rows),
+        "median_out": statistics.median(abs(r["held_out_error"]) for r in rows),
+    }
+
+
+def planner_accuracy_text(planner):
+    s = planner_summary(planner)
+    p = s["worst_peak"]
+    return (f"{s['configs']} configs measured at commit `{s['commit']}` and re-planned by this commit's planner: "
+            f"planned peak equal to the allocator's measured peak to the byte on {s['exact']} of {s['configs']}, "
+            f"at most {mib(abs(p['difference_bytes']))} ({100 * abs(p['relative_error']):.4f}%, {p['name']}) apart; "
+            f"step time within **{100 * abs(s['worst_in']['predicted_error']):.1f}%** with the committed calibration "
+            f"(median {100 * s['median_in']:.1f}%; worst {s['worst_in']['name']}) and within "
+            f"**{100 * abs(s['worst_out']['held_out_error']):.1f}%** (median {100 * s['median_out']:.1f}%; worst "
+            f"{s['worst_out']['name']}) for each config held out of a fit to the others")
+
+
+def planner_accuracy_table(planner):
+    s = planner_summary(planner)
+    p = s["worst_peak"]
+    return "\n".join([
+        "| | worst | typical |", "|---|---|---|",
+        f"| peak memory (allocator live bytes) | {mib(abs(p['difference_bytes']))} "
+        f"({100 * abs(p['relative_error']):.4f}%, {p['name']}) | 0 bytes on {s['exact']} of {s['configs']} |",
+        f"| step time, with the committed calibration | {100 * abs(s['worst_in']['predicted_error']):.1f}% "
+        f"({s['worst_in']['name']}) | median {100 * s['median_in']:.1f}% |",
+        f"| step time, held out of the fit (leave-one-out) | {100 * abs(s['worst_out']['held_out_error']):.1f}% "
+        f"({s['worst_out']['name']}) | median {100 * s['median_out']:.1f}% |"])
+
+
+def calibration_fit_text():
+    fit = json.loads(read("bench/results/planner_accuracy.json"))["calibration_fit"]["gpus"]["h200"]
+    return (f"GEMM fraction {fit['gemm']['peak_fraction']:.3f}, attention {fit['attention']['forward_fraction']:.3f} "
+            f"forward and {fit['attention']['backward_fraction']:.3f} backward, memory-bound "
+            f"{fit['memory']['bandwidth_fraction']:.3f}")
+
+
+def derived_files(planner):
+    report = json.loads(read("bench/results/planner_accuracy.json"))
+    return {
+        "bench/results/planner_calibration_fit.json": json.dumps(report["calibration_fit"], indent=2) + "\n",
+        "bench/results/planner_cross_validation.json": json.dumps(planner.cross_validation(), indent=2) + "\n",
+        "bench/results/planner_peaks.json": json.dumps(planner.peaks(), indent=2) + "\n",
+    }
+
+
+# ---- the CPU default run (bench/results/cpu_default_run_*.log) -------------------------------------
+
+def cpu_run(relative):
+    text = read(relative)
+    header = dict(re.findall(r"^# (\w+): (.*)$", text, re.M))
+    steps = [(int(m[0]), float(m[1]), float(m[2].replace(",", "")), float(m[3]))
+             for m in re.findall(r"step (\d+)/\d+ \| loss [\d.]+ \|.*?\| ([\d.]+) ms \| ([\d,]+) tok/s \|.*?peak ([\d.]+) MiB",
+                                 text)]
+    done = re.search(r"done: (\d+) steps \| final loss ([\d.]+) \| held-out loss ([\d.]+) \(ln\(vocab\) = ([\d.]+)\) \| "
+                     r"([\d,]+) tok/s", text)
+    if not done or not steps:
+        raise SystemExit(f"derive.py: {relative} holds no finished run")
+    return header, steps, done
+
+
+def cpu_run_text(relative):
+    header, steps, done = cpu_run(relative)
+    count, final, held, ln_vocab, tok_s = done.groups()
+    median = statistics.median(s[2] for s in steps)
+    return (f"`{header['command']}` at commit `{header['commit'][:12]}` ({header['machine']}, {header['date']}): "
+            f"{count} steps, final loss {final}, held-out loss {held} (from ln 256 = {ln_vocab}, "
+            f"{100 * (1 - float(held) / float(ln_vocab)):.0f}% lower), **{tok_s} tokens/s** over the run (median "
+            f"logged step {thousands(median)} tok/s), peak {max(s[3] for s in steps):.1f} MiB; wall time "
+            f"{header['wall']}" + (f"; load average {header['load'].split(' (')[0]}" if "load" in header else ""))
+
+
+def cpu_run_tail(relative):
+    text = read(relative)
+    lines = [l for l in text.splitlines() if l.startswith("[rank 0]")]
+    last = [i for i, l in enumerate(lines) if re.search(r"step \d+/\d+ \| loss", l)][-1]
+    return "```\n" + "\n".join(lines[last:]) + "\n```"
+
+
+# ---- the planning table (bench/planning_table.sh) ---------------------------------------------------
+
+def planning_table(planner):
+    planner.run("version")  # says what to do when the binary is missing
+    return subprocess.run(["bash", path("bench/planning_table.sh"), planner.binary], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
+# ---- the documents ----------------------------------------------------------------------------------
+
+def generate(kind, args, planner):
+    generators = {
+        "vs-torch-table": lambda: vs_torch_table(*args),
+        "vs-torch-ratios": lambda: vs_torch_ratios(*args),
+        "ab-steps": lambda: ab_steps(*args),
+        "fp8-table": lambda: fp8_table(*args),
+        "fp8-ratios": lambda: fp8_ratios(*args),
+        "precision-curves": lambda: precision_curves(*args),
+        "tune-table": tune_table,
+        "tune-summary": tune_summary,
+        "planner-accuracy": lambda: planner_accuracy_text(planner),
+        "planner-accuracy-table": lambda: planner_accuracy_table(planner),
+        "calibration-fit": calibration_fit_text,
+        "cpu-run": lambda: cpu_run_text(*args),
+        "cpu-run-tail": lambda: cpu_run_tail(*args),
+    }
+    if kind not in generators:
+        raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
+    return generators[kind]()
+
+
+def regenerate(text, planner):
+    def replace(match):
+        kind, args, old = match.group(1), match.group(2).split(), match.group(3)
+        new = generate(kind, args, planner)
+        if old.startswith("\n"):  # a block: the text sits on its own lines
+            new = "\n" + new + "\n"
+        return f"<!-- derived:{kind}{match.group(2)} -->{new}<!-- /derived -->"
+    text = MARKER.sub(replace, text)
+    begin, end = "<!-- planning-table:begin -->\n", "<!-- planning-table:end -->"
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + begin + planning_table(planner) + end + tail
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything would change")
+    parser.add_argument("--binary", default=os.environ.get("MXTRAIN_BINARY", path("build/auto/mxtrain")))
+    options = parser.parse_args()
+    planner = Planner(os.path.abspath(options.binary))
+    outputs = {}
+    documents = ["README.md"] + sorted(os.path.relpath(os.path.join(d, f), ROOT)
+                                       for d, _, files in os.walk(path("docs")) for f in files if f.endswith(".md"))
+    for doc in documents:
+        outputs[doc] = regenerate(read(doc), planner)
+    outputs.update(derived_files(planner))
+    stale = []
+    for relative, new in outputs.items():
+        old = read(relative) if os.path.exists(path(relative)) else ""
+        if old == new:
+            continue
+        stale.append(relative)
+        if options.check:
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                       "a/" + relative, "b/" + relative))
+        else:
+            with open(path(relative), "w") as f:
+                f.write(new)
+            print(f"derive.py: rewrote {relative}")
+    problems = check_tune()
+    for problem in problems:
+        print(f"derive.py: results check failed: {problem}")
+    if options.check and stale:
+        print(f"derive.py: {', '.join(stale)} disagree with the committed measurements: run "
+              "python3 scripts/derive.py and commit the result")
+    if problems or (options.check and stale):
+        return 1
+    print(f"derive.py: {len(outputs)} files {'checked' if options.check else 'current'}, tune results check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
