@@ -115,18 +115,16 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   step_scalars_ = backend_.allocate("step_scalars", Shape{4}, DType::f32, Lifetime::scratch);
   grad_norm_sq_ = step_scalars_.tensor().slice_flat(0, Shape{1});
   step_factors_ = step_scalars_.tensor().slice_flat(1, Shape{3});
-  auto* local = dynamic_cast<LocalParameterStore*>(params_.get());
   // Without clipping (and without fp16's unscaling, which reads the norm before the update) the
-  // norm the step reports comes out of the AdamW pass, which reads every gradient anyway; a
-  // local store's shards are whole groups, so their sums are the norm (FSDP's would need an
+  // norm the step reports comes out of the AdamW pass, which reads every gradient anyway, when
+  // the shards are whole groups, so their sums are the norm (sharded FSDP's would need an
   // all-reduce after the update: it keeps its own pass).
-  norm_in_optimizer_ = config_.optimizer.grad_clip <= 0 && !loss_scaler_ && local != nullptr;
+  norm_in_optimizer_ = config_.optimizer.grad_clip <= 0 && !loss_scaler_ && params_->shards_are_whole_groups();
   // A graph holds steps whose every launch is the same from step to step apart from the
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
-  // quantized recipes (scales and histories kept on the host side), not FSDP's collectives
-  // (untested under capture).
+  // quantized recipes (scales and histories kept on the host side), not a store that says no.
   graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ &&
-                    options.linear.format == LinearFormat::high_precision && local != nullptr;
+                    options.linear.format == LinearFormat::high_precision && params_->step_graph_capturable();
 }
 
 void TrainingSession::upload(const TokenBatch& batch) {

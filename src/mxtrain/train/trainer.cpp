@@ -18,7 +18,6 @@
 #include "mxtrain/data/loader.hpp"
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
-#include "mxtrain/distributed/fsdp_store.hpp"
 #include "mxtrain/hw/gpu_catalog.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/metrics.hpp"
@@ -193,9 +192,9 @@ TrainerSummary Trainer::run() {
   TrainingSession session(c, *backend, precision,
                           make_parameter_store(*backend, c, precision, world_communicator, environment.local_world_size));
   session.all_reduce_sum = [&ranks](double value) { return ranks.sum(value); };
-  auto* fsdp = dynamic_cast<FsdpParameterStore*>(&session.params());
-  if (fsdp) log::info(fsdp->describe());
-  const std::string strategy = fsdp ? sharding_strategy_name(fsdp->options().strategy) : "local";
+  const std::string description = session.params().describe();
+  if (!description.empty()) log::info(description);
+  const std::string strategy = session.params().strategy_name();
   CheckpointStore checkpoints(run_dir, rank, world, ranks.barrier());
 
   int64_t start_step = 0;
@@ -271,7 +270,7 @@ TrainerSummary Trainer::run() {
     meta.world_size = world;
     meta.strategy = strategy;
     // Replicas (no_shard, hybrid_shard) hold the same slices: only the first one writes them.
-    const bool writes = !fsdp || fsdp->writes_checkpoint_shards();
+    const bool writes = session.params().writes_checkpoint_shards();
     last_checkpoint = checkpoints.save(meta, writes ? session.params().shards() : std::vector<ParamShard>{}, *backend);
     checkpoints.prune(c.checkpoint.keep);
     log::info("saved checkpoint " + last_checkpoint);
