@@ -77,14 +77,19 @@ class FsdpParameterStore final : public ParameterStore {
   void grad_norm_sq(const Tensor& out) override;
   void zero_grads() override;
   int world_size() const override { return world_.size(); }
+  // Unsharded (no_shard, or shard groups of one rank), a rank's slices are whole groups holding
+  // the all-reduced gradient; sharded, the norm needs the shard group's all-reduce (grad_norm_sq).
+  bool shards_are_whole_groups() const override { return !sharded_; }
+  // Collectives are not captured into step graphs (untested under capture).
+  bool step_graph_capturable() const override { return false; }
+  std::string strategy_name() const override { return sharding_strategy_name(options_.strategy); }
+  // One line for the log: strategy, mesh, elements per rank, reduction.
+  std::string describe() const override;
+  bool writes_checkpoint_shards() const override { return replica_rank_ == 0; }
 
   const FsdpOptions& options() const { return options_; }
-  // Replicas hold identical slices; only the first replica writes them into checkpoints.
-  bool writes_checkpoint_shards() const { return replica_rank_ == 0; }
   // Elements each rank of a shard group holds of `group` (padding included).
   int64_t shard_numel(int group) const { return groups_[static_cast<size_t>(group)].shard_numel; }
-  // One line for the log: strategy, mesh, elements per rank, reduction.
-  std::string describe() const;
 
  private:
   struct GroupState {

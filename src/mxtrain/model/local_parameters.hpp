@@ -9,6 +9,7 @@
 // (grad_target), so no zero fill runs in a step but for parameters no op reached.
 #pragma once
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mxtrain/model/parameters.hpp"
@@ -46,6 +47,11 @@ class LocalParameterStore final : public ParameterStore {
   std::vector<ParamShard> shards() override;
   void grad_norm_sq(const Tensor& out) override;
   void zero_grads() override;
+  bool shards_are_whole_groups() const override { return true; }
+  bool step_graph_capturable() const override { return true; }
+  std::string strategy_name() const override { return "local"; }
+  std::string describe() const override { return ""; }
+  bool writes_checkpoint_shards() const override { return true; }
 
  private:
   struct GroupStorage {

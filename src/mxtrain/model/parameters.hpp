@@ -98,6 +98,27 @@ class ParameterStore {
   virtual void grad_norm_sq(const Tensor& out) = 0;
   virtual void zero_grads() = 0;
   virtual int world_size() const { return 1; }
+
+  // ---- what the store is, for the trainer's decisions ---------------------------------------
+  // The trainer asks these instead of testing the store's type, so a store wrapped in another
+  // (the planner's ObservedStore) leads to the decisions the run itself takes. Pure virtual:
+  // every wrapper has to forward them.
+  //
+  // Whether this rank's shards() hold every element of the model's gradient once, fully reduced
+  // (whole groups): then the sum of their squares is the global squared norm, and the AdamW pass
+  // can leave it (AdamWArgs::grad_norm_output) instead of a separate grad_norm_sq pass.
+  virtual bool shards_are_whole_groups() const = 0;
+  // Whether a step over this store issues the same launches from step to step with nothing but
+  // device work between them, so it can be captured once and replayed (train.cuda_graph).
+  virtual bool step_graph_capturable() const = 0;
+  // "local", or the FSDP strategy ("full_shard", ...): what a checkpoint records as its strategy.
+  virtual std::string strategy_name() const = 0;
+  // One line for the log on how parameters are held (sharding, mesh, reduction); "" when there
+  // is nothing to say beyond the start-up lines.
+  virtual std::string describe() const = 0;
+  // Whether this rank writes its shards into checkpoints: replicas hold identical slices, and
+  // only the first replica writes them.
+  virtual bool writes_checkpoint_shards() const = 0;
 };
 
 }  // namespace mxtrain

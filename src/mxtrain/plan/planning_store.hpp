@@ -4,6 +4,7 @@
 // hook in model or trainer code.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/config/run_config.hpp"
@@ -54,6 +55,11 @@ class ObservedStore final : public ParameterStore {
   void grad_norm_sq(const Tensor& out) override { inner_->grad_norm_sq(out); }
   void zero_grads() override { inner_->zero_grads(); }
   int world_size() const override { return inner_->world_size(); }
+  bool shards_are_whole_groups() const override { return inner_->shards_are_whole_groups(); }
+  bool step_graph_capturable() const override { return inner_->step_graph_capturable(); }
+  std::string strategy_name() const override { return inner_->strategy_name(); }
+  std::string describe() const override { return inner_->describe(); }
+  bool writes_checkpoint_shards() const override { return inner_->writes_checkpoint_shards(); }
 
  private:
   std::unique_ptr<Communicator> communicator_;

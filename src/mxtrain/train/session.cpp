@@ -9,20 +9,6 @@
 
 namespace mxtrain {
 
-namespace {
-
-// Where `part` lies in `whole`, in elements; -1 unless wholly inside it, in the same dtype.
-int64_t element_offset(const Tensor& whole, const Tensor& part) {
-  if (!whole.defined() || !part.defined() || whole.dtype != part.dtype) return -1;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(whole.data), at = reinterpret_cast<uintptr_t>(part.data);
-  const uintptr_t element = static_cast<uintptr_t>(dtype_bits(whole.dtype) / 8);
-  if (at < begin || (at - begin) % element != 0) return -1;
-  const int64_t offset = static_cast<int64_t>((at - begin) / element);
-  return offset + part.numel() <= whole.numel() ? offset : -1;
-}
-
-}  // namespace
-
 std::string resolve_device(const std::string& requested) {
   if (requested == "auto") return backend_available("cuda") ? "cuda" : "cpu";
   if (requested == "cuda" && !backend_available("cuda")) {
@@ -115,18 +101,14 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   step_scalars_ = backend_.allocate("step_scalars", Shape{4}, DType::f32, Lifetime::scratch);
   grad_norm_sq_ = step_scalars_.tensor().slice_flat(0, Shape{1});
   step_factors_ = step_scalars_.tensor().slice_flat(1, Shape{3});
-  auto* local = dynamic_cast<LocalParameterStore*>(params_.get());
-  // Without clipping (and without fp16's unscaling, which reads the norm before the update) the
-  // norm the step reports comes out of the AdamW pass, which reads every gradient anyway; a
-  // local store's shards are whole groups, so their sums are the norm (FSDP's would need an
-  // all-reduce after the update: it keeps its own pass).
-  norm_in_optimizer_ = config_.optimizer.grad_clip <= 0 && !loss_scaler_ && local != nullptr;
+  // fp16's unscaling reads the norm before the update.
+  optimizer_ = std::make_unique<Optimizer>(config_.optimizer, backend_, *params_, model_->linears(),
+                                           loss_scaler_ != nullptr);
   // A graph holds steps whose every launch is the same from step to step apart from the
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
-  // quantized recipes (scales and histories kept on the host side), not FSDP's collectives
-  // (untested under capture).
+  // quantized recipes (scales and histories kept on the host side), not a store that says no.
   graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ &&
-                    options.linear.format == LinearFormat::high_precision && local != nullptr;
+                    options.linear.format == LinearFormat::high_precision && params_->step_graph_capturable();
 }
 
 void TrainingSession::upload(const TokenBatch& batch) {
@@ -135,18 +117,6 @@ void TrainingSession::upload(const TokenBatch& batch) {
                  static_cast<long long>(tokens_.tensor().numel()));
   backend_.copy_from_host(batch.tokens, tokens_);
   backend_.copy_from_host(batch.targets, targets_);
-}
-
-AdamWArgs TrainingSession::adamw_args(double learning_rate, int64_t step_number) const {
-  AdamWArgs args;
-  args.learning_rate = static_cast<float>(learning_rate);
-  args.beta1 = static_cast<float>(config_.optimizer.beta1);
-  args.beta2 = static_cast<float>(config_.optimizer.beta2);
-  args.epsilon = static_cast<float>(config_.optimizer.eps);
-  args.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
-  args.step = step_number;
-  args.max_grad_norm = static_cast<float>(config_.optimizer.grad_clip);
-  return args;
 }
 
 void TrainingSession::stage_graph_inputs(const std::vector<TokenBatch>& micro_batches, double learning_rate,
@@ -159,7 +129,7 @@ void TrainingSession::stage_graph_inputs(const std::vector<TokenBatch>& micro_ba
     host_tokens_[i].assign(batch.tokens, batch.tokens + n);
     host_targets_[i].assign(batch.targets, batch.targets + n);
   }
-  const AdamWStepFactors factors = adamw_step_factors(adamw_args(learning_rate, step_number));
+  const AdamWStepFactors factors = adamw_step_factors(optimizer_->arguments(learning_rate, step_number));
   host_step_factors_[0] = factors.decay_factor;
   host_step_factors_[1] = factors.negative_step_size;
   host_step_factors_[2] = factors.bias_correction2_sqrt;
@@ -167,64 +137,44 @@ void TrainingSession::stage_graph_inputs(const std::vector<TokenBatch>& micro_ba
 
 bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,
                                double learning_rate, int64_t step_number, bool captured, float loss_scale) {
-  // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
-  const float grad_scale = loss_scale / static_cast<float>(global_tokens);
   backend_.fill(loss_sum_, 0.0f);
   // A captured step's host inputs are all read at its start (the next replay may refill their
   // staging as soon as they are): the learning-rate factors first, then the micro-batches.
   if (captured) backend_.copy_from_host(host_step_factors_, step_factors_);
+  // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
+  forward_backward(micro_batches, loss_scale / static_cast<float>(global_tokens), captured);
+
+  PhaseScope scope(backend_, Phase::optimizer);
+  optimizer_->measure_norm(grad_norm_sq_);
+  AdamWArgs args = optimizer_->arguments(learning_rate, step_number);
+  if (captured) args.step_factors = step_factors_;
+  const bool apply = !loss_scaler_ || unscale(loss_scale, step_number, args);
+  if (apply) optimizer_->update(args, grad_norm_sq_);
+  params_->zero_grads();
+  model_->linears().finish_step();
+  return apply;
+}
+
+void TrainingSession::forward_backward(const std::vector<TokenBatch>& micro_batches, float grad_scale, bool captured) {
   const int count = static_cast<int>(micro_batches.size());
   for (int i = 0; i < count; ++i) {
+    const TokenBatch& batch = micro_batches[static_cast<size_t>(i)];
     params_->begin_micro_batch(i, count);
     if (captured) {
       backend_.copy_from_host(host_tokens_[static_cast<size_t>(i)].data(), tokens_);
       backend_.copy_from_host(host_targets_[static_cast<size_t>(i)].data(), targets_);
     } else {
-      upload(micro_batches[static_cast<size_t>(i)]);
+      upload(batch);
     }
-    model_->forward_backward(tokens_, targets_, micro_batches[static_cast<size_t>(i)].batch,
-                             micro_batches[static_cast<size_t>(i)].seq, grad_scale, loss_sum_);
+    model_->forward_backward(tokens_, targets_, batch.batch, batch.seq, grad_scale, loss_sum_);
   }
   params_->finish_backward();
+}
 
-  PhaseScope scope(backend_, Phase::optimizer);
-  if (!norm_in_optimizer_) params_->grad_norm_sq(grad_norm_sq_);
-  AdamWArgs args = adamw_args(learning_rate, step_number);
-  if (captured) args.step_factors = step_factors_;
-  bool apply = true;
-  if (loss_scaler_) {
-    // The norm of the unscaled gradients (clipping reads it); inf/NaN = the scaled ones overflowed.
-    backend_.scale(grad_norm_sq_, static_cast<float>(1.0 / (static_cast<double>(loss_scale) * loss_scale)));
-    apply = loss_scaler_->update(!std::isfinite(backend_.read_scalar(grad_norm_sq_)), step_number);
-    args.grad_multiplier = 1.0f / loss_scale;
-  }
-  // Current scaling: the step records the new amax of each quantized weight it writes whole
-  // (a local store's weights are views of its shards), sparing the next casts their passes.
-  std::vector<LinearRecipe::WeightAmax> weights;
-  if (apply) weights = model_->linears().weight_amaxes();
-  bool first_shard = true;
-  for (const ParamShard& shard : params_->shards()) {
-    if (!apply) break;
-    args.decay_count = shard.decay_count;
-    if (norm_in_optimizer_)
-      args.grad_norm_output = first_shard ? AdamWArgs::NormOutput::overwrite : AdamWArgs::NormOutput::add;
-    first_shard = false;
-    args.weight_amaxes.clear();
-    std::vector<const LinearRecipe::WeightAmax*> recorded;
-    const Tensor& written = shard.compute_copy.defined() ? shard.compute_copy : shard.master;
-    for (const LinearRecipe::WeightAmax& weight : weights) {
-      const int64_t offset = element_offset(written, weight.weight);
-      if (offset < 0) continue;
-      args.weight_amaxes.push_back({offset, offset + weight.weight.numel(), weight.amax});
-      recorded.push_back(&weight);
-    }
-    args.master_low = shard.master_low;  // a split master: (compute_copy, master_low)
-    backend_.adamw(shard.master, shard.grad, shard.m, shard.v, shard.compute_copy, grad_norm_sq_, args);
-    for (const LinearRecipe::WeightAmax* weight : recorded) model_->linears().weight_amax_recorded(*weight);
-  }
-  params_->zero_grads();
-  model_->linears().finish_step();
-  return apply;
+bool TrainingSession::unscale(float loss_scale, int64_t step_number, AdamWArgs& args) {
+  backend_.scale(grad_norm_sq_, static_cast<float>(1.0 / (static_cast<double>(loss_scale) * loss_scale)));
+  args.grad_multiplier = 1.0f / loss_scale;
+  return loss_scaler_->update(!std::isfinite(backend_.read_scalar(grad_norm_sq_)), step_number);
 }
 
 StepResult TrainingSession::step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens,

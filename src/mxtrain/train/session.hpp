@@ -13,6 +13,7 @@
 #include "mxtrain/model/parameters.hpp"
 #include "mxtrain/model/transformer.hpp"
 #include "mxtrain/train/loss_scaler.hpp"
+#include "mxtrain/train/optimizer.hpp"
 #include "mxtrain/train/precision.hpp"
 
 namespace mxtrain {
@@ -88,8 +89,13 @@ class TrainingSession {
   // loss_scale: fp16's scale in effect for this step (1 without scaling), read by launch_step.
   bool run_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens, double learning_rate,
                 int64_t step_number, bool captured, float loss_scale);
+  // Forward and backward of every micro-batch, the loss summed into loss_sum_ and the gradients,
+  // multiplied by grad_scale, into the store; captured: tokens from the staged host copies.
+  void forward_backward(const std::vector<TokenBatch>& micro_batches, float grad_scale, bool captured);
+  // fp16: unscales the squared norm (clipping reads the unscaled one), has the update unscale the
+  // gradients, and returns whether to apply it (an inf/NaN norm: the scaled gradients overflowed).
+  bool unscale(float loss_scale, int64_t step_number, AdamWArgs& args);
   void stage_graph_inputs(const std::vector<TokenBatch>& micro_batches, double learning_rate, int64_t step_number);
-  AdamWArgs adamw_args(double learning_rate, int64_t step_number) const;
 
   RunConfig config_;
   Backend& backend_;
@@ -97,11 +103,11 @@ class TrainingSession {
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<LossScaler> loss_scaler_;  // fp16 only
+  std::unique_ptr<Optimizer> optimizer_;
   Buffer tokens_, targets_;        // i32 [batch * seq], reused every micro-batch
   Buffer loss_sum_;                // f32 [1]
   Buffer step_scalars_;            // f32 [4]: grad_norm_sq_, then step_factors_
   Tensor grad_norm_sq_;            // f32 [1]
-  bool norm_in_optimizer_ = false;          // the AdamW pass sums the squared gradients (no clipping)
 
   // Step graphs (train.cuda_graph): after kEagerSteps steps op by op, one step is captured and
   // later steps of the same shape replay it, until the backend reports it stale (memory was
