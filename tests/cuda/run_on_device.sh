@@ -16,23 +16,10 @@ cmake -S . -B build/gpu -G Ninja -DMXTRAIN_CUDA=ON -DMXTRAIN_BENCHMARKS=OFF -DCM
   -DCMAKE_INCLUDE_PATH="$PWD/.gpu-deps/include" -DMXTRAIN_CUDA_ARCHITECTURES=90 -DCMAKE_CXX_COMPILER=g++ \
   > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
 grep -E "CUDNN|NCCL" build/gpu/CMakeCache.txt | grep -E "_DIR:|_LIBRARY:" | tee -a "$OUT/configure.log"
-if ! ninja -C build/gpu mxtrain_cuda_tests > "$OUT/build.log" 2>&1; then
-  # Other parts of the tree (the CLI) may not build yet: link the cuda tests from whatever
-  # library objects did build; they need only the backend, model and core code.
-  grep -E -A6 "error|FAILED" "$OUT/build.log" | head -30
-  echo "full build failed; linking mxtrain_cuda_tests from the objects that built"
-  ninja -C build/gpu -k 0 mxtrain_cuda mxtrain_lib >> "$OUT/build.log" 2>&1
-  (cd build/gpu && python3 - <<'PY'
-import glob, os, subprocess
-commands = subprocess.run(["ninja", "-t", "commands", "mxtrain_cuda_tests"], capture_output=True, text=True).stdout
-lines = [l for l in commands.splitlines() if "mxtrain_cuda_tests" in l]
-if not os.path.exists("libmxtrain_lib.a"):
-    objects = glob.glob("CMakeFiles/mxtrain_lib.dir/**/*.o", recursive=True)
-    subprocess.run(["ar", "rcs", "libmxtrain_lib.a"] + objects, check=True)
-for line in lines:
-    subprocess.run(line, shell=True, check=True)
-PY
-  ) >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+if ! ninja -C build/gpu mxtrain_cuda_tests mxtrain > "$OUT/build.log" 2>&1; then
+  grep -E -A6 "error|FAILED" "$OUT/build.log" | head -40
+  echo "build failed"
+  exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s"
 ./build/gpu/tests/mxtrain_cuda_tests --gtest_also_run_disabled_tests --gtest_filter="$FILTER" > "$OUT/cuda_tests.log" 2>&1
