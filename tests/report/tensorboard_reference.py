@@ -2,7 +2,10 @@
 EventAccumulator): every point written comes back with its tag, step, value (as float32) and wall
 time, and the reader reports no data loss (its CRC checks pass).
 
-Usage: tensorboard_reference.py TOOL WORKDIR"""
+Then a short `mxtrain train` on the CPU: its tensorboard/ directory holds the same points as its
+metrics.jsonl (loss, learning rate, grad norm, tokens/s, step time, peak memory, held-out loss).
+
+Usage: tensorboard_reference.py TOOL WORKDIR MXTRAIN CORPUS_DIR"""
 import json
 import math
 import os
@@ -14,7 +17,7 @@ import sys
 
 from tensorboard.backend.event_processing import event_accumulator
 
-tool, workdir = sys.argv[1], sys.argv[2]
+tool, workdir, mxtrain, corpus = sys.argv[1:5]
 shutil.rmtree(workdir, ignore_errors=True)
 os.makedirs(workdir)
 rng = random.Random(5)
@@ -48,6 +51,29 @@ for tag, want in expected.items():
         failures.append("%s: %d points read, %d written; first difference %s" % (
             tag, len(got), len(want), next(((g, w) for g, w in zip(got, want) if g != w), None)))
 print("tensorboard reference: %d points in %d tags read back by EventAccumulator" % (len(points), len(expected)))
+
+# The trainer's own event files against its metrics.jsonl.
+train_dir = os.path.join(workdir, "train_run")
+command = [mxtrain, "train", "--steps", "6", "-b", "2", "-s", "64", "--device", "cpu", "-o", train_dir,
+           "--set", "data.train=%s/train_*.bin" % corpus, "--set", "data.val=%s/val_*.bin" % corpus,
+           "--set", "eval.every=3", "--set", "eval.batches=2", "--set", "train.threads=2"]
+run = subprocess.run(command, capture_output=True, text=True)
+if run.returncode != 0:
+    failures.append("mxtrain train failed (%d): %s" % (run.returncode, run.stderr[-500:]))
+else:
+    records = [json.loads(line) for line in open(os.path.join(train_dir, "metrics.jsonl"))]
+    trained = event_accumulator.EventAccumulator(os.path.join(train_dir, "tensorboard"),
+                                                 size_guidance={event_accumulator.SCALARS: 0})
+    trained.Reload()
+    pairs = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm", "perf/tokens_per_s": "tokens_per_s",
+             "perf/step_ms": "step_ms", "eval/val_loss": "val_loss"}
+    f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
+    for tag, key in pairs.items():
+        want = [(r["step"], f32(r[key])) for r in records if key in r]
+        got = [(e.step, e.value) for e in trained.Scalars(tag)] if tag in trained.Tags()["scalars"] else []
+        if not want or got != want:
+            failures.append("train run %s: tensorboard %s, metrics.jsonl %s" % (tag, got[:3], want[:3]))
+    print("train run: %d metrics records, tags %s" % (len(records), sorted(trained.Tags()["scalars"])))
 for failure in failures:
     print("FAIL:", failure)
 sys.exit(1 if failures else 0)

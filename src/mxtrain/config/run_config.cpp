@@ -217,6 +217,8 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(integer("log.every", c.log.every, "a step line every N steps", 1));
   list.push_back(text("log.metrics", c.log.metrics, "JSONL metrics file in the run directory"));
   list.push_back(boolean("log.all_ranks", c.log.all_ranks, "step lines from every rank"));
+  list.push_back(boolean("log.tensorboard", c.log.tensorboard,
+                         "TensorBoard event files in <run directory>/tensorboard: the metrics.jsonl points"));
 
   list.push_back(text("checkpoint.dir", c.checkpoint.dir, "run directory (\"\" = runs/<model.preset>)"));
   list.push_back(integer("checkpoint.every", c.checkpoint.every, "steps between checkpoints (0 = at the end only)", 0));

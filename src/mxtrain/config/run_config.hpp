@@ -83,6 +83,7 @@ struct LogConfig {
   int64_t every = 1;            // a step line every N steps
   std::string metrics = "metrics.jsonl";  // in the run directory
   bool all_ranks = false;       // step lines from every rank, not only rank 0
+  bool tensorboard = true;      // TensorBoard event files in <run directory>/tensorboard (rank 0)
 };
 
 struct CheckpointConfig {

@@ -128,12 +128,14 @@ FsdpParameterStore::~FsdpParameterStore() {
   advance_all(true);
 }
 
-void FsdpParameterStore::initialize(uint64_t seed) {
+void FsdpParameterStore::initialize(uint64_t seed) { initialize(random_initialization(config_, seed)); }
+
+void FsdpParameterStore::initialize(const ParameterValues& values) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     GroupState& s = groups_[g];
     if (backend_.device() != Device::none) {
       std::vector<float> host(static_cast<size_t>(s.shard_numel), 0.0f);  // padding stays zero
-      if (s.count > 0) initial_group_values(config_, layout_.groups[g], seed, s.begin, s.count, host.data());
+      if (s.count > 0) group_values(values, layout_.groups[g], s.begin, s.count, host.data());
       backend_.copy_from_host(host.data(), s.master);
     }
     if (s.compute.defined()) backend_.copy(s.master, s.compute);

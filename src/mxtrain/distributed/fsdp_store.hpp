@@ -61,6 +61,8 @@ class FsdpParameterStore final : public ParameterStore {
 
   // Fills this rank's slices from initial_values() (no communication); zeroes the rest.
   void initialize(uint64_t seed);
+  // The same from any source of values (a Hugging Face checkpoint: model.init_from).
+  void initialize(const ParameterValues& values);
 
   const ModelLayout& layout() const override { return layout_; }
   DType compute_dtype() const override { return compute_dtype_; }

@@ -6,12 +6,11 @@
 
 namespace mxtrain {
 
-void initial_group_values(const ModelConfig& config, const ParamGroup& group, uint64_t seed, int64_t begin,
-                          int64_t count, float* out) {
+void group_values(const ParameterValues& values, const ParamGroup& group, int64_t begin, int64_t count, float* out) {
   for (const ParamSpec& spec : group.params) {
     int64_t lo = std::max(begin, spec.offset);
     int64_t hi = std::min(begin + count, spec.offset + spec.numel());
-    if (hi > lo) initial_values(config, spec, seed, lo - spec.offset, hi - lo, out + (lo - begin));
+    if (hi > lo) values(spec, lo - spec.offset, hi - lo, out + (lo - begin));
   }
 }
 
@@ -40,12 +39,14 @@ LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& co
   }
 }
 
-void LocalParameterStore::initialize(uint64_t seed) {
+void LocalParameterStore::initialize(uint64_t seed) { initialize(random_initialization(config_, seed)); }
+
+void LocalParameterStore::initialize(const ParameterValues& values) {
   for (size_t g = 0; g < layout_.groups.size(); ++g) {
     GroupStorage& storage = groups_[g];
     if (backend_.device() != Device::none) {
       std::vector<float> host(static_cast<size_t>(layout_.groups[g].numel));
-      initial_group_values(config_, layout_.groups[g], seed, 0, layout_.groups[g].numel, host.data());
+      group_values(values, layout_.groups[g], 0, layout_.groups[g].numel, host.data());
       upload_master(backend_, master_of(storage), host.data());
     } else if (storage.master.defined() && storage.compute.defined()) {
       backend_.copy(storage.master, storage.compute);  // the dryrun's record of the op

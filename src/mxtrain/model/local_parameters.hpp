@@ -29,6 +29,8 @@ class LocalParameterStore final : public ParameterStore {
 
   // Fills master (and compute) weights from initial_values(); zeroes gradients and moments.
   void initialize(uint64_t seed);
+  // The same from any source of values (a Hugging Face checkpoint: model.init_from).
+  void initialize(const ParameterValues& values);
 
   const ModelLayout& layout() const override { return layout_; }
   DType compute_dtype() const override { return compute_dtype_; }
@@ -73,8 +75,8 @@ class LocalParameterStore final : public ParameterStore {
   std::vector<GroupStorage> groups_;
 };
 
-// Writes initial values of elements [begin, begin+count) of a group into host memory.
-void initial_group_values(const ModelConfig& config, const ParamGroup& group, uint64_t seed, int64_t begin,
-                          int64_t count, float* out);
+// Writes the values of elements [begin, begin+count) of a group into host memory, parameter by
+// parameter from `values`.
+void group_values(const ParameterValues& values, const ParamGroup& group, int64_t begin, int64_t count, float* out);
 
 }  // namespace mxtrain

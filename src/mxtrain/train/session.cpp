@@ -4,6 +4,7 @@
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/interop/hf_checkpoint.hpp"
 #include "mxtrain/distributed/fsdp_store.hpp"
 #include "mxtrain/model/local_parameters.hpp"
 
@@ -54,6 +55,18 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
                          "keeps them all %s",
                          block.c_str(), grad.c_str(), grad.c_str()));
   }
+  // The starting weights: a Hugging Face checkpoint's (model.init_from: every rank reads just
+  // the ranges it holds, straight from the safetensors files), else the seed's.
+  std::unique_ptr<interop::HfCheckpoint> checkpoint;
+  ParameterValues values = random_initialization(config.model, seed);
+  if (!config.model.init_from.empty() && backend.device() != Device::none) {
+    checkpoint = std::make_unique<interop::HfCheckpoint>(config.model.init_from);
+    checkpoint->check(build_layout(config.model));
+    values = [&checkpoint](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
+      checkpoint->values(spec, begin, count, out);
+    };
+    log::info("initial weights from " + config.model.init_from);
+  }
   if (world == nullptr) {
     // Precision bf16 on one process keeps each master split into its bf16 copy and the low
     // halves (numerics/split_master.hpp). The FP8/MX recipes keep f32 masters (quantized_weights
@@ -61,7 +74,7 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
     const bool split_masters = precision.compute == DType::bf16 && precision.linear == LinearFormat::high_precision;
     auto store = std::make_unique<LocalParameterStore>(backend, config.model, precision.compute, precision.grad,
                                                        master_only_layers, block_grad, split_masters);
-    store->initialize(seed);
+    store->initialize(values);
     return store;
   }
   if (config.precision.quantized_weights)
@@ -70,7 +83,7 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
   const FsdpOptions options = resolve_fsdp_options(config.dist, world->size(), local_world_size);
   auto store = std::make_unique<FsdpParameterStore>(backend, config.model, precision.compute, precision.grad, *world,
                                                     options);
-  store->initialize(seed);
+  store->initialize(values);
   return store;
 }
 

@@ -13,11 +13,13 @@
 #include "mxtrain/build_info.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/hw/gpu_catalog.hpp"
+#include "mxtrain/report/tensorboard.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/checkpoint_policy.hpp"
 #include "mxtrain/train/metrics.hpp"
@@ -145,6 +147,7 @@ class TrainingRun {
  private:
   void open_data(const std::string& source_dir);
   void report(int64_t step, const StepResult& result, double lr, double seconds);
+  void write_tensorboard(const StepMetrics& metrics);
   TrainerSummary summary(int64_t step) const;
 
   RunConfig& config_;  // not const: config_to_toml and config_to_json walk non-const field tables
@@ -161,6 +164,7 @@ class TrainingRun {
   std::unique_ptr<TrainingSession> session_;
   std::optional<CheckpointStore> checkpoints_;
   MetricsFile metrics_;
+  TensorBoardWriter tensorboard_;  // open on rank 0 with log.tensorboard
   double peak_flops_ = 0, flops_per_token_ = 0;
   int64_t start_step_ = 0, tokens_seen_ = 0;
   double timed_seconds_ = 0;  // steps after the first of this process, for the mean throughput
@@ -224,8 +228,10 @@ int64_t TrainingRun::start() {
   start_step_ = resumed.step;
   tokens_seen_ = resumed.tokens;
   if (rank_ == 0) {
-    std::ofstream(run_dir_ + "/config.toml") << effective_config_;
+    write_file_atomically(run_dir_ + "/config.toml", effective_config_,
+                          "set checkpoint.dir (-o) to a writable directory with free space");
     metrics_ = MetricsFile(run_dir_ + "/" + config_.log.metrics);
+    if (config_.log.tensorboard) tensorboard_ = TensorBoardWriter(run_dir_ + "/tensorboard");
   }
   return start_step_;
 }
@@ -274,6 +280,21 @@ void TrainingRun::report(int64_t step, const StepResult& result, double lr, doub
     log::info(line);
   }
   metrics_.write(step_json(m));
+  write_tensorboard(m);
+}
+
+void TrainingRun::write_tensorboard(const StepMetrics& m) {
+  if (!tensorboard_.is_open()) return;
+  tensorboard_.add_scalar("train/loss", m.step, m.loss);
+  tensorboard_.add_scalar("train/lr", m.step, m.lr);
+  tensorboard_.add_scalar("train/grad_norm", m.step, m.grad_norm);
+  if (m.loss_scale > 0) tensorboard_.add_scalar("train/loss_scale", m.step, m.loss_scale);
+  tensorboard_.add_scalar("perf/tokens_per_s", m.step, m.tokens_per_s);
+  tensorboard_.add_scalar("perf/tflops", m.step, m.tflops);
+  if (m.mfu >= 0) tensorboard_.add_scalar("perf/mfu", m.step, m.mfu);
+  tensorboard_.add_scalar("perf/step_ms", m.step, m.step_ms);
+  tensorboard_.add_scalar("memory/peak_gib", m.step, static_cast<double>(m.peak_bytes) / (1u << 30));
+  tensorboard_.add_scalar("memory/reserved_gib", m.step, static_cast<double>(m.reserved_bytes) / (1u << 30));
 }
 
 double TrainingRun::evaluate(int64_t step) {
@@ -285,6 +306,7 @@ double TrainingRun::evaluate(int64_t step) {
   log::info(strf("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
                  static_cast<long long>(config_.train.steps), val_loss));
   metrics_.write({{"step", step}, {"val_loss", val_loss}});
+  if (tensorboard_.is_open()) tensorboard_.add_scalar("eval/val_loss", step, val_loss);
   return val_loss;
 }
 
