@@ -370,7 +370,7 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
                            const Tensor& out, bool save_input) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward: layer %lld keeps no quantized input", static_cast<long long>(layer));
-    backend_.linear_forward(x, weight, bias, out);
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
@@ -391,20 +391,21 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
   }
   Operand wq = quantize(weight, linear, Role::weight, true, false, name + ".weight", true);
   if (native_) {
-    backend_.linear_quantized(GemmRole::forward, xq.rowwise, wq.rowwise, b, out, false);
+    backend_.gemm({.role = GemmRole::forward, .a = xq.rowwise, .b = wq.rowwise, .out = out, .bias = b});
     return;
   }
   Buffer xd = dequantized(xq.rowwise, out.dtype, name + ".input.dequantized");
   xq = Operand{};
   Buffer wd = dequantized(wq.rowwise, out.dtype, name + ".weight.dequantized");
   wq = Operand{};
-  backend_.linear_forward(xd, wd, b, out);
+  backend_.gemm({.role = GemmRole::forward, .a = xd, .b = wd, .out = out, .bias = b});
 }
 
 void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x,
                                    const Tensor& dweight, const Tensor& dbias, bool accumulate) {
   if (!quantized(layer)) {
-    backend_.linear_backward_weight(dout, x, dweight, dbias, accumulate);
+    backend_.gemm({.role = GemmRole::backward_weight, .a = dout, .b = x, .out = dweight, .accumulate = accumulate,
+                   .bias_gradient = dbias});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
@@ -421,13 +422,13 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
       xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
     }
     if (native_) {
-      backend_.linear_quantized(GemmRole::backward_weight, dq.columnwise, xq.columnwise, Tensor(), dweight,
-                                accumulate);
+      backend_.gemm({.role = GemmRole::backward_weight, .a = dq.columnwise, .b = xq.columnwise, .out = dweight,
+                     .accumulate = accumulate});
     } else {
       Buffer dd = dequantized(dq.columnwise, dout.dtype, name + ".grad.dequantized");
       Buffer xd = dequantized(xq.columnwise, dout.dtype, name + ".input.dequantized");
       xq = Operand{};
-      backend_.linear_backward_weight(dd, xd, dweight, Tensor(), accumulate);
+      backend_.gemm({.role = GemmRole::backward_weight, .a = dd, .b = xd, .out = dweight, .accumulate = accumulate});
     }
   }
   // The bias gradient from the high-precision gradient, as TE does.
@@ -445,7 +446,7 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
 void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
                                   const Tensor& dx, bool accumulate) {
   if (!quantized(layer)) {
-    backend_.linear_backward_input(dout, weight, dx, accumulate);
+    backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx, .accumulate = accumulate});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
@@ -456,21 +457,22 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
   stash_.reset();
   Operand wq = quantize(weight, linear, Role::weight, false, true, name + ".weight", true);
   if (native_) {
-    backend_.linear_quantized(GemmRole::backward_input, dq.rowwise, wq.columnwise, Tensor(), dx, accumulate);
+    backend_.gemm({.role = GemmRole::backward_input, .a = dq.rowwise, .b = wq.columnwise, .out = dx,
+                   .accumulate = accumulate});
     return;
   }
   Buffer dd = dequantized(dq.rowwise, dout.dtype, name + ".grad.dequantized");
   dq = Operand{};
   Buffer wd = dequantized(wq.columnwise, dout.dtype, name + ".weight.dequantized");
   wq = Operand{};
-  backend_.linear_backward_input(dd, wd, dx, accumulate);
+  backend_.gemm({.role = GemmRole::backward_input, .a = dd, .b = wd, .out = dx, .accumulate = accumulate});
 }
 
 void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
                                     const Tensor& bias, const Tensor& residual, const Tensor& out, bool save_input) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward_residual: layer %lld keeps no quantized input", static_cast<long long>(layer));
-    backend_.linear_forward_residual(x, weight, bias, residual, out);
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias, .residual = residual});
     return;
   }
   forward(layer, kind, x, weight, bias, out, save_input);
@@ -480,7 +482,8 @@ void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor
 void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
                                 const Tensor& bias, const Tensor& pre, const Tensor& out, const Tensor& out_amax) {
   if (!quantized(layer) && !out_amax.defined()) {
-    backend_.linear_forward_gelu(x, weight, bias, pre, out);
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .epilogue = GemmEpilogue::gelu_aux_bias,
+                   .bias = bias, .aux = pre});
     return;
   }
   forward(layer, kind, x, weight, bias, pre);
@@ -490,7 +493,8 @@ void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x,
 void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
                                        const Tensor& pre, const Tensor& dx, const Tensor& dx_amax) {
   if (!quantized(layer) && !dx_amax.defined()) {
-    backend_.linear_backward_input_gelu(dout, weight, pre, dx);
+    backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx,
+                   .epilogue = GemmEpilogue::dgelu, .aux = pre});
     return;
   }
   Buffer product = backend_.allocate(name_of(layer, kind) + ".input_grad", dx.shape, dx.dtype, Lifetime::scratch);

@@ -311,15 +311,16 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
     const int64_t end = std::min(begin + chunk, rows_);
     Tensor rows_logits = logits.tensor().slice_rows(0, end - begin);
     Tensor rows_normed = normed.tensor().slice_rows(begin, end);
-    backend_.linear_forward(rows_normed, head_weight, Tensor(), rows_logits);
+    backend_.gemm({.role = GemmRole::forward, .a = rows_normed, .b = head_weight, .out = rows_logits});
     backend_.cross_entropy(rows_logits, targets.slice_flat(begin, Shape{end - begin}),
                            losses.tensor().slice_flat(begin, Shape{end - begin}), config_.vocab_size,
                            training ? grad_scale : 0.0f);
     if (training) {
       PhaseScope scope(backend_, Phase::backward);
-      backend_.linear_backward_weight(rows_logits, rows_normed, head_grad.tensor, Tensor(),
-                                      head_grad.accumulate || begin > 0);
-      backend_.linear_backward_input(rows_logits, head_weight, dnormed.tensor().slice_rows(begin, end), false);
+      backend_.gemm({.role = GemmRole::backward_weight, .a = rows_logits, .b = rows_normed, .out = head_grad.tensor,
+                     .accumulate = head_grad.accumulate || begin > 0});
+      backend_.gemm({.role = GemmRole::backward_input, .a = rows_logits, .b = head_weight,
+                     .out = dnormed.tensor().slice_rows(begin, end)});
     }
   }
   logits.reset();

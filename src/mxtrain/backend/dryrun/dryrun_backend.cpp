@@ -96,11 +96,25 @@ bool DryrunBackend::supports(OpKind kind, DType dtype) const {
   }
 }
 
-void DryrunBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                                    const Tensor& dx) {
+void DryrunBackend::impl_gemm(const GemmArgs& args) {
+  // As cuda_backend.cpp impl_gemm: epilogues it may run apart run apart here too (through the
+  // same scratch), except the DGELU epilogue, whose scratch the cuda backend skips.
+  if (args.a.is_quantized()) {
+    gemm_quantized(args.a.quantized);
+  } else if (args.epilogue == GemmEpilogue::dgelu) {
+    gemm_backward_input_gelu(args);
+  } else if (has_separable_epilogue(args)) {
+    gemm_epilogue_apart(args);
+  } else if (args.role == GemmRole::backward_weight) {
+    gemm_backward_weight(args.a.tensor, args.b.tensor, args.out, args.bias_gradient, args.accumulate);
+  }
+}
+
+void DryrunBackend::gemm_backward_input_gelu(const GemmArgs& args) {
+  const Tensor& dx = args.out;
   const bool epilogue = (dx.dtype == DType::bf16 || dx.dtype == DType::f16) && dx.cols() % 8 == 0;
   if (cuda_.enabled && epilogue) return;
-  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx);
+  gemm_epilogue_apart(args);
 }
 
 void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
@@ -151,9 +165,9 @@ void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const 
       allocate("norm_backward.partials", Shape{with_bias ? 2 * chunks : chunks, cols}, DType::f32, Lifetime::scratch);
 }
 
-void DryrunBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                                const Tensor& dbias, bool accumulate) {
-  // cuda_backend.cpp impl_linear_backward_weight: an f32 product when f32 activations meet 16-bit
+void DryrunBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                                         const Tensor& dbias, bool accumulate) {
+  // cuda_backend.cpp gemm_backward_weight: an f32 product when f32 activations meet 16-bit
   // gradients; the bias gradient from BGRADB's f32 sums or reduce.cu column_sum.
   if (!cuda_.enabled) return;
   Buffer product;
@@ -167,8 +181,7 @@ void DryrunBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor
   impl_column_sum(dout, dbias, accumulate);
 }
 
-void DryrunBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&,
-                                          const Tensor&, bool) {
+void DryrunBackend::gemm_quantized(const QuantizedTensor& a) {
   // cuda_backend.cpp: NVFP4 GEMMs take their two global scales from an f32 [2] scratch.
   if (!cuda_.enabled || a.spec.mode != ScalingMode::nvfp4) return;
   Buffer scalars = allocate("gemm.nvfp4_scalars", Shape{2}, DType::f32, Lifetime::scratch);
