@@ -325,7 +325,8 @@ void Backend::check_and_record_gemm(const GemmArgs& args) {
 }
 
 void Backend::gemm_epilogue_apart(const GemmArgs& args) {
-  MXTRAIN_ASSERT(!args.a.is_quantized() && has_separable_epilogue(args), "gemm_epilogue_apart: no epilogue to run apart");
+  MXTRAIN_ASSERT(!args.a.is_quantized() && has_separable_epilogue(args),
+                 "gemm_epilogue_apart: no epilogue to run apart");
   GemmArgs plain = args;
   plain.epilogue = GemmEpilogue::none;
   plain.aux = Tensor();

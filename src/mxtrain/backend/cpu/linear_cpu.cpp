@@ -1,5 +1,8 @@
-// Linear layers through OpenBLAS cblas_sgemm (row-major; the weight is [out_features,
-// in_features] as in PyTorch, so the forward multiplies by its transpose). cpu::sgemm cuts every
+// The CPU's Backend::gemm: linear layers through OpenBLAS cblas_sgemm (row-major; the weight is
+// [out_features, in_features] as in PyTorch, so the forward multiplies by its transpose). No
+// epilogue is fused: the residual add and GELU run as their own ops after the GEMM
+// (Backend::gemm_epilogue_apart), and quantized operands are multiplied as their dequantized
+// values (quantize_cpu.cpp). cpu::sgemm cuts every
 // product into fixed tiles of single-threaded sgemm calls, so the bits do not depend on the thread
 // count. The bias is broadcast into the output first and the product added with beta = 1. dbias
 // sums dout over rows by column ranges: each column is summed in double over all rows in row

@@ -97,8 +97,9 @@ bool DryrunBackend::supports(OpKind kind, DType dtype) const {
 }
 
 void DryrunBackend::impl_gemm(const GemmArgs& args) {
-  // As cuda_backend.cpp impl_gemm: epilogues it may run apart run apart here too (through the
-  // same scratch), except the DGELU epilogue, whose scratch the cuda backend skips.
+  // cuda_backend.cpp impl_gemm: of the epilogues it may run apart, only DGELU allocates (its
+  // scratch, skipped where cuBLASLt's epilogue applies); the weight gradient's scratch and the
+  // NVFP4 GEMM's scalars as there.
   if (args.a.is_quantized()) {
     gemm_quantized(args.a.quantized);
   } else if (args.epilogue == GemmEpilogue::dgelu) {
