@@ -41,9 +41,10 @@ void BM_Linear(benchmark::State& state) {
   backend.set_observer(&counter);
   for (auto _ : state) {
     switch (state.range(2)) {
-      case 0: backend.linear_forward(x, weight, Tensor(), out); break;
-      case 1: backend.linear_backward_input(out, weight, x, false); break;
-      default: backend.linear_backward_weight(out, x, weight, Tensor()); break;
+      case 0: backend.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out}); break;
+      case 1: backend.gemm({.role = GemmRole::backward_input, .a = out, .b = weight, .out = x}); break;
+      default: backend.gemm({.role = GemmRole::backward_weight, .a = out, .b = x, .out = weight,
+                             .accumulate = true}); break;
     }
     benchmark::ClobberMemory();
   }

@@ -218,7 +218,8 @@ TEST(CpuSupports, UnsupportedDtypeThrowsNamingOpAndDtype) {
   Buffer x16 = backend.allocate("x", Shape{2, 4}, DType::bf16, Lifetime::scratch);
   Buffer w16 = backend.allocate("w", Shape{3, 4}, DType::bf16, Lifetime::scratch);
   Buffer out16 = backend.allocate("out", Shape{2, 3}, DType::bf16, Lifetime::scratch);
-  expect_unsupported([&] { backend.linear_forward(x16, w16, Tensor(), out16); }, "linear_forward", "bf16");
+  expect_unsupported([&] { backend.gemm({.role = GemmRole::forward, .a = x16, .b = w16,
+                                         .out = out16}); }, "linear_forward", "bf16");
   Buffer h = backend.allocate("h", Shape{8}, DType::f16, Lifetime::scratch);
   expect_unsupported([&] { backend.add(h, h, h); }, "add", "f16");
   expect_unsupported([&] { backend.gelu_forward(h, h); }, "gelu_forward", "f16");

@@ -38,12 +38,13 @@ Outputs linear(Backend& backend) {
   Buffer weight = upload(backend, random_vector(out_features * in_features, 312), Shape{out_features, in_features});
   Buffer bias = upload(backend, random_vector(out_features, 313), Shape{out_features});
   Buffer out = zeros(backend, Shape{rows, out_features});
-  backend.linear_forward(x, weight, bias, out);
+  backend.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias});
   Buffer dx = zeros(backend, Shape{rows, in_features});
-  backend.linear_backward_input(out, weight, dx, false);
+  backend.gemm({.role = GemmRole::backward_input, .a = out, .b = weight, .out = dx});
   Buffer dweight = upload(backend, random_vector(out_features * in_features, 314), Shape{out_features, in_features});
   Buffer dbias = upload(backend, random_vector(out_features, 315), Shape{out_features});
-  backend.linear_backward_weight(out, x, dweight, dbias);
+  backend.gemm({.role = GemmRole::backward_weight, .a = out, .b = x, .out = dweight, .accumulate = true,
+                .bias_gradient = dbias});
   return {download(backend, out), download(backend, dx), download(backend, dweight), download(backend, dbias)};
 }
 

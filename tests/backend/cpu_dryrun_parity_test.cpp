@@ -54,7 +54,7 @@ void run_step(Backend& backend) {
   backend.norm_forward(NormKind::layer, x, norm_weight, norm_bias, normed, mean, rstd, 1e-5f);
   backend.norm_forward(NormKind::rms, x, norm_weight, Tensor(), normed, Tensor(), rstd, 1e-5f);
   Buffer qkv = f32("qkv", Shape{rows, shape.qkv_cols()}, 0.0f);
-  backend.linear_forward(normed, qkv_weight, qkv_bias, qkv);
+  backend.gemm({.role = GemmRole::forward, .a = normed, .b = qkv_weight, .out = qkv, .bias = qkv_bias});
   backend.rope_forward(qkv, shape, 10000.0f);
   Buffer attn = f32("attn", Shape{rows, hidden}, 0.0f);
   Buffer lse = f32("lse", Shape{batch, shape.heads, seq}, 0.0f);
@@ -67,7 +67,7 @@ void run_step(Backend& backend) {
   Buffer gelu_out = f32("gelu", Shape{rows, 2 * ffn}, 0.0f);
   backend.gelu_forward(up, gelu_out);
   Buffer logits = f32("logits", Shape{rows, padded_vocab}, 0.0f, Lifetime::scratch);
-  backend.linear_forward(normed, table, Tensor(), logits);
+  backend.gemm({.role = GemmRole::forward, .a = normed, .b = table, .out = logits});
   Buffer losses = f32("losses", Shape{rows}, 0.0f, Lifetime::scratch);
   backend.cross_entropy(logits, targets, losses, vocab, 1.0f / static_cast<float>(rows));
   Buffer loss_sum = f32("loss_sum", Shape{1}, 0.0f, Lifetime::scratch);
@@ -81,8 +81,8 @@ void run_step(Backend& backend) {
   Buffer dqkv_weight = f32("qkv.weight.grad", Shape{shape.qkv_cols(), hidden}, 0.0f, Lifetime::gradient);
   Buffer dqkv_bias = f32("qkv.bias.grad", Shape{shape.qkv_cols()}, 0.0f, Lifetime::gradient);
   Buffer dnormed = f32("normed.grad", Shape{rows, hidden}, 0.0f, Lifetime::scratch);
-  backend.linear_backward_weight(logits, normed, dtable, Tensor());
-  backend.linear_backward_input(logits, table, dnormed, false);
+  backend.gemm({.role = GemmRole::backward_weight, .a = logits, .b = normed, .out = dtable, .accumulate = true});
+  backend.gemm({.role = GemmRole::backward_input, .a = logits, .b = table, .out = dnormed});
   Buffer dup = f32("up.grad", Shape{rows, 2 * ffn}, 0.0f, Lifetime::scratch);
   backend.swiglu_backward(act, up, dup);
   backend.gelu_backward(gelu_out, up, dup);
@@ -94,8 +94,9 @@ void run_step(Backend& backend) {
     PhaseScope recompute(backend, Phase::recompute);
     backend.norm_forward(NormKind::layer, x, norm_weight, norm_bias, normed, mean, rstd, 1e-5f);
   }
-  backend.linear_backward_weight(dqkv, normed, dqkv_weight, dqkv_bias);
-  backend.linear_backward_input(dqkv, qkv_weight, dnormed, true);
+  backend.gemm({.role = GemmRole::backward_weight, .a = dqkv, .b = normed, .out = dqkv_weight, .accumulate = true,
+                .bias_gradient = dqkv_bias});
+  backend.gemm({.role = GemmRole::backward_input, .a = dqkv, .b = qkv_weight, .out = dnormed, .accumulate = true});
   Buffer dx = f32("x.grad", Shape{rows, hidden}, 0.0f, Lifetime::scratch);
   backend.norm_backward(NormKind::layer, dnormed, x, norm_weight, mean, rstd, dx, dnorm_weight, dnorm_bias, false);
   backend.add(dx, dattn, dx);

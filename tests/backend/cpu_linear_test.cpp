@@ -40,7 +40,7 @@ class CpuLinear : public testing::TestWithParam<LinearCase> {
     Buffer tb = c.with_bias ? upload(backend_, bias, Shape{c.out_features}) : Buffer();
     Buffer out = upload(backend_, random_vector(static_cast<size_t>(c.rows * c.out_features), 34),
                         Shape{c.rows, c.out_features});  // garbage: the forward overwrites
-    backend_.linear_forward(tx, tw, tb, out);
+    backend_.gemm({.role = GemmRole::forward, .a = tx, .b = tw, .out = out, .bias = tb});
     return download(backend_, out);
   }
 
@@ -76,8 +76,9 @@ TEST_P(CpuLinear, BackwardMatchesFiniteDifferences) {
   Buffer dx = upload(backend_, c.accumulate_dx ? dx_before : random_vector(x_.size(), 39), Shape{c.rows, c.in_features});
   Buffer dweight = upload(backend_, dweight_before, Shape{c.out_features, c.in_features});
   Buffer dbias = c.with_bias ? upload(backend_, dbias_before, Shape{c.out_features}) : Buffer();
-  backend_.linear_backward_input(dout, tw, dx, c.accumulate_dx);
-  backend_.linear_backward_weight(dout, tx, dweight, dbias);
+  backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = tw, .out = dx, .accumulate = c.accumulate_dx});
+  backend_.gemm({.role = GemmRole::backward_weight, .a = dout, .b = tx, .out = dweight, .accumulate = true,
+                 .bias_gradient = dbias});
 
   auto objective = [&](const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b) {
     return weighted_sum(forward(x, w, b), r);
@@ -137,9 +138,9 @@ TEST(CpuLinearTiles, ProductsSpanningSeveralTilesMatchDoubleReference) {
   Buffer out = zeros(backend, Shape{rows, out_features});
   Buffer dx = zeros(backend, Shape{rows, in_features});
   Buffer dw = zeros(backend, Shape{out_features, in_features});
-  backend.linear_forward(tx, tw, Tensor(), out);
-  backend.linear_backward_input(tg, tw, dx, false);
-  backend.linear_backward_weight(tg, tx, dw, Tensor());
+  backend.gemm({.role = GemmRole::forward, .a = tx, .b = tw, .out = out});
+  backend.gemm({.role = GemmRole::backward_input, .a = tg, .b = tw, .out = dx});
+  backend.gemm({.role = GemmRole::backward_weight, .a = tg, .b = tx, .out = dw, .accumulate = true});
   // Sums of 260..600 products of O(1) terms are O(10); f32 accumulation is off by ~1e-5 of that.
   EXPECT_LE(relative_l2_error(download(backend, out), out_ref), 1e-5);
   EXPECT_LE(relative_l2_error(download(backend, dx), dx_ref), 1e-5);

@@ -233,13 +233,20 @@ class WatchedDryrun final : public DryrunBackend {
           [&] { DryrunBackend::impl_embedding_backward(tokens, dout, dtoken, dposition, seq_len); });
     EXPECT_EQ(device_facts_used().find(pb::embedding_sort_fact(dout.rows(), bits)).value_or(-1), sort);
   }
-  void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
-                                   bool accumulate) override {
-    pb::PrivateBuffers expected = pb::linear_backward_weight(dout, x, dweight, dbias, cuda_model().bias_gradient_fused);
-    if (dbias.defined() && !cuda_model().bias_gradient_fused && x.rows() > 0)
+  // The weight-gradient GEMM (plain operands, no epilogue to run apart): its scratch and, where
+  // the bias gradient is not fused, the column sum's.
+  void impl_gemm(const GemmArgs& args) override {
+    if (args.role != GemmRole::backward_weight || args.a.is_quantized() || has_separable_epilogue(args) ||
+        args.epilogue == GemmEpilogue::dgelu) {
+      DryrunBackend::impl_gemm(args);
+      return;
+    }
+    const Tensor &dout = args.a.tensor, &x = args.b.tensor;
+    pb::PrivateBuffers expected =
+        pb::linear_backward_weight(dout, x, args.out, args.bias_gradient, cuda_model().bias_gradient_fused);
+    if (args.bias_gradient.defined() && !cuda_model().bias_gradient_fused && x.rows() > 0)
       for (const pb::PrivateBuffer& buffer : pb::column_sum(dout)) expected.push_back(buffer);
-    watch("linear_backward_weight", expected,
-          [&] { DryrunBackend::impl_linear_backward_weight(dout, x, dweight, dbias, accumulate); });
+    watch("linear_backward_weight", expected, [&] { DryrunBackend::impl_gemm(args); });
   }
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                  const Tensor& out_amax) override {

@@ -107,29 +107,42 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
     Buffer dwq = random(Shape{shape.qkv_cols(), C}, DType::f32, 19);
     Buffer bq = random(Shape{shape.qkv_cols()}, bf, 20), dbq = random(Shape{shape.qkv_cols()}, DType::f32, 21);
     const Tensor qkv_bias = s.llama ? no : bq.tensor(), dqkv_bias = s.llama ? no : dbq.tensor();
-    time("linear_forward qkv", [&] { cuda().linear_forward(out, wq, qkv_bias, qkv); });
-    time("linear_backward_input qkv", [&] { cuda().linear_backward_input(dqkv, wq, out, false); });
-    time("linear_backward_weight qkv (f32 grad)", [&] { cuda().linear_backward_weight(dqkv, out, dwq, dqkv_bias); });
+    time("linear_forward qkv", [&] { cuda().gemm({.role = GemmRole::forward, .a = out, .b = wq, .out = qkv,
+                                                  .bias = qkv_bias}); });
+    time("linear_backward_input qkv", [&] { cuda().gemm({.role = GemmRole::backward_input, .a = dqkv, .b = wq,
+                                                         .out = out}); });
+    time("linear_backward_weight qkv (f32 grad)", [&] { cuda().gemm({.role = GemmRole::backward_weight, .a = dqkv,
+                                                                     .b = out, .out = dwq, .accumulate = true,
+                                                                     .bias_gradient = dqkv_bias}); });
     if (!s.llama) {
       cuda_backend().set_fused_bias_gradient(!cuda_backend().fused_bias_gradient());
       time(std::string("linear_backward_weight qkv (f32 grad) bias by ") +
                (cuda_backend().fused_bias_gradient() ? "BGRADB" : "column sums"),
-           [&] { cuda().linear_backward_weight(dqkv, out, dwq, dqkv_bias); });
+           [&] { cuda().gemm({.role = GemmRole::backward_weight, .a = dqkv, .b = out, .out = dwq, .accumulate = true,
+                              .bias_gradient = dqkv_bias}); });
       cuda_backend().set_fused_bias_gradient(!cuda_backend().fused_bias_gradient());
       Buffer dbo = random(Shape{C}, DType::f32, 36);
       Buffer wo = random(Shape{C, C}, DType::f32, 37);
-      time("linear_backward_weight out (f32 grad) + bias", [&] { cuda().linear_backward_weight(y, attn, wo, dbo); });
-      time("linear_backward_weight out (f32 grad), no bias", [&] { cuda().linear_backward_weight(y, attn, wo, no); });
+      time("linear_backward_weight out (f32 grad) + bias", [&] { cuda().gemm({.role = GemmRole::backward_weight,
+                                                                              .a = y, .b = attn, .out = wo,
+                                                                              .accumulate = true,
+                                                                              .bias_gradient = dbo}); });
+      time("linear_backward_weight out (f32 grad), no bias", [&] { cuda().gemm({.role = GemmRole::backward_weight,
+                                                                                .a = y, .b = attn, .out = wo,
+                                                                                .accumulate = true,
+                                                                                .bias_gradient = no}); });
     }
     Buffer wup = random(Shape{up_cols, C}, bf, 22, -0.05f, 0.05f);
-    time("linear_forward mlp up", [&] { cuda().linear_forward(out, wup, no, up); });
+    time("linear_forward mlp up", [&] { cuda().gemm({.role = GemmRole::forward, .a = out, .b = wup, .out = up,
+                                                     .bias = no}); });
     // The fused epilogues against the GEMM + separate kernel they replace.
     Buffer wdown = random(Shape{C, s.ffn}, bf, 38, -0.05f, 0.05f);
     time("linear_forward mlp down, then add", [&] {
-      cuda().linear_forward(act, wdown, bias, y);
+      cuda().gemm({.role = GemmRole::forward, .a = act, .b = wdown, .out = y, .bias = bias});
       cuda().add(y, x, out);
     });
-    time("linear_forward_residual mlp down", [&] { cuda().linear_forward_residual(act, wdown, bias, x, out); });
+    time("linear_forward_residual mlp down", [&] { cuda().gemm({.role = GemmRole::forward, .a = act, .b = wdown,
+                                                                .out = out, .bias = bias, .residual = x}); });
 
     // The loss: one logits chunk of 8192 rows.
     const int64_t chunk = std::min<int64_t>(8192, R);
@@ -138,7 +151,9 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % s.vocab);
     Buffer targets = upload_i32(cuda(), ids, Shape{chunk}), losses = random(Shape{chunk}, DType::f32, 24);
     Buffer head = random(Shape{s.vocab, C}, bf, 25, -0.05f, 0.05f);
-    time("linear_forward head (8192-row chunk)", [&] { cuda().linear_forward(out.tensor().slice_rows(0, chunk), head, no, logits); });
+    time("linear_forward head (8192-row chunk)", [&] { cuda().gemm({.role = GemmRole::forward,
+                                                                    .a = out.tensor().slice_rows(0, chunk), .b = head,
+                                                                    .out = logits, .bias = no}); });
     time("cross_entropy (grad, 8192-row chunk)", [&] {
       cuda().cross_entropy(logits, targets, losses, s.vocab, 1e-5f);
     });

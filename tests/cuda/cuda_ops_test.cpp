@@ -215,16 +215,20 @@ TEST_P(CudaOps, Linear) {
             both(random_as(static_cast<size_t>(g.out * g.in), 21, dtype(), -0.1f, 0.1f), Shape{g.out, g.in});
         auto bias = both(random_as(static_cast<size_t>(g.out), 22, dtype()), Shape{g.out});
         auto y = zeros(Shape{g.rows, g.out}, dtype());
-        cpu().linear_forward(x.first, weight.first, with_bias ? bias.first.tensor() : no, y.first);
-        cuda().linear_forward(x.second, weight.second, with_bias ? bias.second.tensor() : no, y.second);
+        cpu().gemm({.role = GemmRole::forward, .a = x.first, .b = weight.first, .out = y.first,
+                    .bias = with_bias ? bias.first.tensor() : no});
+        cuda().gemm({.role = GemmRole::forward, .a = x.second, .b = weight.second, .out = y.second,
+                     .bias = with_bias ? bias.second.tensor() : no});
         EXPECT_LE(report_error("linear_forward " + tag, download(cuda(), y.second), download(cpu(), y.first)),
                   tolerance(dtype(), 1e-5, 5e-3));
 
         auto dy = both(random_as(static_cast<size_t>(g.rows * g.out), 23, dtype()), Shape{g.rows, g.out});
         for (bool accumulate : {false, true}) {
           auto dx = both(random_as(static_cast<size_t>(g.rows * g.in), 24, dtype()), Shape{g.rows, g.in});
-          cpu().linear_backward_input(dy.first, weight.first, dx.first, accumulate);
-          cuda().linear_backward_input(dy.second, weight.second, dx.second, accumulate);
+          cpu().gemm({.role = GemmRole::backward_input, .a = dy.first, .b = weight.first, .out = dx.first,
+                      .accumulate = accumulate});
+          cuda().gemm({.role = GemmRole::backward_input, .a = dy.second, .b = weight.second, .out = dx.second,
+                       .accumulate = accumulate});
           EXPECT_LE(report_error("linear_backward_input " + tag + (accumulate ? " accumulate" : ""),
                                  download(cuda(), dx.second), download(cpu(), dx.first)),
                     tolerance(dtype(), 1e-5, 5e-3));
@@ -236,10 +240,10 @@ TEST_P(CudaOps, Linear) {
             auto dweight = both(random_as(static_cast<size_t>(g.out * g.in), 25, grad_dtype), Shape{g.out, g.in},
                                 grad_dtype);
             auto dbias = both(random_as(static_cast<size_t>(g.out), 26, grad_dtype), Shape{g.out}, grad_dtype);
-            cpu().linear_backward_weight(dy.first, x.first, dweight.first, with_bias ? dbias.first.tensor() : no,
-                                         accumulate);
-            cuda().linear_backward_weight(dy.second, x.second, dweight.second,
-                                          with_bias ? dbias.second.tensor() : no, accumulate);
+            cpu().gemm({.role = GemmRole::backward_weight, .a = dy.first, .b = x.first, .out = dweight.first,
+                        .accumulate = accumulate, .bias_gradient = with_bias ? dbias.first.tensor() : no});
+            cuda().gemm({.role = GemmRole::backward_weight, .a = dy.second, .b = x.second, .out = dweight.second,
+                         .accumulate = accumulate, .bias_gradient = with_bias ? dbias.second.tensor() : no});
             const double grad_tolerance = grad_dtype == DType::f32 ? tolerance(dtype(), 1e-5, 1e-4) : 5e-3;
             const std::string what = tag + (accumulate ? " accumulate " : " overwrite ") + dtype_text(grad_dtype);
             EXPECT_LE(report_error("linear_backward_weight " + what + " dweight", download(cuda(), dweight.second),
@@ -269,9 +273,10 @@ TEST_P(CudaOps, LinearWithResidual) {
       auto bias = both(random_as(static_cast<size_t>(g.out), 42, dtype()), Shape{g.out});
       auto residual = both(random_as(static_cast<size_t>(g.rows * g.out), 43, dtype()), Shape{g.rows, g.out});
       auto y = zeros(Shape{g.rows, g.out}, dtype());
-      cpu().linear_forward_residual(x.first, weight.first, with_bias ? bias.first.tensor() : no, residual.first, y.first);
-      cuda().linear_forward_residual(x.second, weight.second, with_bias ? bias.second.tensor() : no, residual.second,
-                                     y.second);
+      cpu().gemm({.role = GemmRole::forward, .a = x.first, .b = weight.first, .out = y.first,
+                  .bias = with_bias ? bias.first.tensor() : no, .residual = residual.first});
+      cuda().gemm({.role = GemmRole::forward, .a = x.second, .b = weight.second, .out = y.second,
+                   .bias = with_bias ? bias.second.tensor() : no, .residual = residual.second});
       EXPECT_LE(report_error("linear_forward_residual " + tag, download(cuda(), y.second), download(cpu(), y.first)),
                 tolerance(dtype(), 1e-5, 5e-3));
     }
@@ -294,9 +299,12 @@ TEST_P(CudaOps, LinearWithGelu) {
       auto bias = both(random_as(static_cast<size_t>(g.out), 52, dtype()), Shape{g.out});
       auto pre = zeros(Shape{g.rows, g.out}, dtype());
       auto act = zeros(Shape{g.rows, g.out}, dtype());
-      cpu().linear_forward_gelu(x.first, weight.first, with_bias ? bias.first.tensor() : no, pre.first, act.first);
-      cuda().linear_forward_gelu(x.second, weight.second, with_bias ? bias.second.tensor() : no, pre.second,
-                                 act.second);
+      cpu().gemm({.role = GemmRole::forward, .a = x.first, .b = weight.first, .out = act.first,
+                  .epilogue = GemmEpilogue::gelu_aux_bias, .bias = with_bias ? bias.first.tensor() : no,
+                  .aux = pre.first});
+      cuda().gemm({.role = GemmRole::forward, .a = x.second, .b = weight.second, .out = act.second,
+                   .epilogue = GemmEpilogue::gelu_aux_bias, .bias = with_bias ? bias.second.tensor() : no,
+                   .aux = pre.second});
       EXPECT_LE(report_error("linear_forward_gelu pre " + tag, download(cuda(), pre.second), download(cpu(), pre.first)),
                 tolerance(dtype(), 1e-5, 5e-3));
       EXPECT_LE(report_error("linear_forward_gelu out " + tag, download(cuda(), act.second), download(cpu(), act.first)),
@@ -306,8 +314,10 @@ TEST_P(CudaOps, LinearWithGelu) {
       auto dout = both(random_as(static_cast<size_t>(g.rows * g.out), 53, dtype()), Shape{g.rows, g.out});
       auto input_pre = both(random_as(static_cast<size_t>(g.rows * g.in), 54, dtype(), -3.0f, 3.0f), Shape{g.rows, g.in});
       auto dx = both(random_as(static_cast<size_t>(g.rows * g.in), 55, dtype()), Shape{g.rows, g.in});
-      cpu().linear_backward_input_gelu(dout.first, weight.first, input_pre.first, dx.first);
-      cuda().linear_backward_input_gelu(dout.second, weight.second, input_pre.second, dx.second);
+      cpu().gemm({.role = GemmRole::backward_input, .a = dout.first, .b = weight.first, .out = dx.first,
+                  .epilogue = GemmEpilogue::dgelu, .aux = input_pre.first});
+      cuda().gemm({.role = GemmRole::backward_input, .a = dout.second, .b = weight.second, .out = dx.second,
+                   .epilogue = GemmEpilogue::dgelu, .aux = input_pre.second});
       EXPECT_LE(report_error("linear_backward_input_gelu " + tag, download(cuda(), dx.second), download(cpu(), dx.first)),
                 tolerance(dtype(), 1e-5, 5e-3));
     }

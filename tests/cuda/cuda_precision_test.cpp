@@ -300,22 +300,22 @@ TEST_F(CudaQuantize, Fp8GemmsMatchTheDequantizedProduct) {
   Buffer bias_cpu = upload(cpu(), bias, Shape{m}), bias_gpu = upload(cuda(), bias, Shape{m}, DType::bf16);
   Buffer out_cpu = cpu().allocate("out", Shape{n, m}, DType::f32, Lifetime::scratch);
   Buffer out_gpu = cuda().allocate("out", Shape{n, m}, DType::bf16, Lifetime::scratch);
-  cpu().linear_quantized(GemmRole::forward, xr_c.q, wr_c.q, bias_cpu, out_cpu, false);
-  cuda().linear_quantized(GemmRole::forward, xr_g.q, wr_g.q, bias_gpu, out_gpu, false);
+  cpu().gemm({.role = GemmRole::forward, .a = xr_c.q, .b = wr_c.q, .out = out_cpu, .bias = bias_cpu});
+  cuda().gemm({.role = GemmRole::forward, .a = xr_g.q, .b = wr_g.q, .out = out_gpu, .bias = bias_gpu});
   EXPECT_LE(report_error("fp8 gemm forward e4m3 x e4m3 (fast accumulation)", download(cuda(), out_gpu),
                          download(cpu(), out_cpu)),
             6e-3);
   // dgrad: dx[n, k] = dy · w = dy rowwise with wᵀ (w's columnwise copy)
   Buffer dx_cpu = cpu().allocate("dx", Shape{n, k}, DType::f32, Lifetime::scratch);
   Buffer dx_gpu = cuda().allocate("dx", Shape{n, k}, DType::bf16, Lifetime::scratch);
-  cpu().linear_quantized(GemmRole::backward_input, dr_c.q, wc_c.q, Tensor(), dx_cpu, false);
-  cuda().linear_quantized(GemmRole::backward_input, dr_g.q, wc_g.q, Tensor(), dx_gpu, false);
+  cpu().gemm({.role = GemmRole::backward_input, .a = dr_c.q, .b = wc_c.q, .out = dx_cpu});
+  cuda().gemm({.role = GemmRole::backward_input, .a = dr_g.q, .b = wc_g.q, .out = dx_gpu});
   EXPECT_LE(report_error("fp8 gemm dgrad e5m2 x e4m3", download(cuda(), dx_gpu), download(cpu(), dx_cpu)), 6e-3);
   // wgrad: dw[m, k] += dyᵀ · x from the two columnwise copies, FP32 accumulation into dw
   const std::vector<float> start = random_vector(static_cast<size_t>(m * k), 15, -1e-3f, 1e-3f);
   Buffer dw_cpu = upload(cpu(), start, Shape{m, k}), dw_gpu = upload(cuda(), start, Shape{m, k});
-  cpu().linear_quantized(GemmRole::backward_weight, dc_c.q, xc_c.q, Tensor(), dw_cpu, true);
-  cuda().linear_quantized(GemmRole::backward_weight, dc_g.q, xc_g.q, Tensor(), dw_gpu, true);
+  cpu().gemm({.role = GemmRole::backward_weight, .a = dc_c.q, .b = xc_c.q, .out = dw_cpu, .accumulate = true});
+  cuda().gemm({.role = GemmRole::backward_weight, .a = dc_g.q, .b = xc_g.q, .out = dw_gpu, .accumulate = true});
   EXPECT_LE(report_error("fp8 gemm wgrad e5m2 x e4m3 (f32 accumulate)", download(cuda(), dw_gpu), download(cpu(), dw_cpu)),
             1e-4);
   // Why every copy owns its decode scale: a scale pointer inside a larger array (4-byte aligned).
@@ -323,7 +323,7 @@ TEST_F(CudaQuantize, Fp8GemmsMatchTheDequantizedProduct) {
   QuantizedTensor offset = xr_g.q;
   offset.scale_inverse = packed.tensor().slice_flat(1, Shape{1});
   try {
-    cuda().linear_quantized(GemmRole::forward, offset, wr_g.q, Tensor(), out_gpu, false);
+    cuda().gemm({.role = GemmRole::forward, .a = offset, .b = wr_g.q, .out = out_gpu});
     cuda().synchronize();
     std::printf("[ info ] fp8 gemm with a 4-byte-aligned scale pointer: runs\n");
   } catch (const Error& error) {

@@ -80,9 +80,9 @@ class LinearRecipeTest : public ::testing::Test {
     Buffer out = cpu_.allocate("out", Shape{l.n, l.m}, DType::f32, Lifetime::scratch);
     Buffer dw = test::upload(cpu_, std::vector<float>(static_cast<size_t>(l.m * l.k), 0.0f), Shape{l.m, l.k});
     Buffer dx = cpu_.allocate("dx", Shape{l.n, l.k}, DType::f32, Lifetime::scratch);
-    recipe.forward(0, LinearKind::up, x, w, Tensor(), out);
-    recipe.backward_weight(0, LinearKind::up, dy, x, dw, Tensor());
-    recipe.backward_input(0, LinearKind::up, dy, w, dx, false);
+    recipe.gemm(0, LinearKind::up, {.role = GemmRole::forward, .a = x, .b = w, .out = out});
+    recipe.gemm(0, LinearKind::up, {.role = GemmRole::backward_weight, .a = dy, .b = x, .out = dw, .accumulate = true});
+    recipe.gemm(0, LinearKind::up, {.role = GemmRole::backward_input, .a = dy, .b = w, .out = dx});
     return {test::download(cpu_, out), test::download(cpu_, dw), test::download(cpu_, dx)};
   }
   CpuBackend cpu_{2};
@@ -246,7 +246,7 @@ TEST_F(LinearRecipeTest, FirstAndLastLayersStayInHighPrecision) {
   for (int64_t layer = 0; layer < layers; ++layer) {
     OpCounter counter;
     cpu_.set_observer(&counter);
-    recipe.forward(layer, LinearKind::qkv, x, w, Tensor(), out);
+    recipe.gemm(layer, LinearKind::qkv, {.role = GemmRole::forward, .a = x, .b = w, .out = out});
     cpu_.set_observer(nullptr);
     EXPECT_EQ(counter.counts[OpKind::quantize], quantized[static_cast<size_t>(layer)] ? 2 : 0) << "layer " << layer;
     // The quantized GEMM is recorded as the linear op it replaces (with FP8 operands).

@@ -196,116 +196,160 @@ void Backend::norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, 
   finish_amax(dx, dx_amax);
 }
 
-void Backend::check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight,
-                                              const Tensor& bias, const Tensor& out, double extra_bytes,
-                                              double epilogue_bytes) {
-  MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && out.cols() == weight.size(0) &&
-                     out.rows() == x.rows(),
-                 "%s: x %s, weight %s, out %s", op_name, x.describe().c_str(), weight.describe().c_str(),
-                 out.describe().c_str());
-  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == weight.size(0), "%s: bias shape", op_name);
-  OpRecord op{OpKind::linear_forward, phase_, x.dtype, 2.0 * n(out) * static_cast<double>(x.cols()),
-              b(x) + b(weight) + b(out) + b(bias) + extra_bytes};
-  if (bias.defined()) op.flops += n(out);
-  op.m = out.rows();
-  op.n = out.cols();
-  op.k = x.cols();
-  op.epilogue_bytes = epilogue_bytes;
+const char* gemm_epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::none: return "none";
+    case GemmEpilogue::gelu_aux_bias: return "gelu_aux_bias";
+    case GemmEpilogue::dgelu: return "dgelu";
+  }
+  return "?";
+}
+
+namespace {
+
+OpKind gemm_op_kind(GemmRole role) {
+  static constexpr OpKind kinds[] = {OpKind::linear_forward, OpKind::linear_backward_input,
+                                     OpKind::linear_backward_weight};
+  return kinds[static_cast<int>(role)];
+}
+
+}  // namespace
+
+void Backend::gemm(const GemmArgs& args) {
+  MXTRAIN_ASSERT(args.a.is_quantized() == args.b.is_quantized(), "gemm: operand a is %s, b is %s",
+                 args.a.is_quantized() ? "quantized" : "high precision",
+                 args.b.is_quantized() ? "quantized" : "high precision");
+  MXTRAIN_ASSERT(!args.bias.defined() || args.role == GemmRole::forward, "gemm: a bias is the forward role's");
+  MXTRAIN_ASSERT(!args.residual.defined() || args.role == GemmRole::forward, "gemm: a residual is the forward role's");
+  MXTRAIN_ASSERT(!args.bias_gradient.defined() || args.role == GemmRole::backward_weight,
+                 "gemm: a bias gradient is the backward_weight role's");
+  MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::gelu_aux_bias || args.role == GemmRole::forward,
+                 "gemm: gelu_aux_bias is the forward role's");
+  MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::dgelu || args.role == GemmRole::backward_input,
+                 "gemm: dgelu is the backward_input role's");
+  MXTRAIN_ASSERT(args.epilogue == GemmEpilogue::none ? !args.aux.defined() : args.aux.defined(),
+                 "gemm: the %s epilogue %s an aux tensor", gemm_epilogue_name(args.epilogue),
+                 args.epilogue == GemmEpilogue::none ? "takes no" : "needs");
+  MXTRAIN_ASSERT(args.epilogue == GemmEpilogue::none || (!args.accumulate && !args.residual.defined()),
+                 "gemm: the %s epilogue overwrites its output", gemm_epilogue_name(args.epilogue));
+  if (args.a.is_quantized()) {
+    check_and_record_quantized_gemm(args);
+  } else {
+    check_and_record_gemm(args);
+  }
+  impl_gemm(args);
+}
+
+void Backend::check_and_record_gemm(const GemmArgs& args) {
+  const Tensor &a = args.a.tensor, &bt = args.b.tensor, &out = args.out;
+  MXTRAIN_ASSERT(a.defined() && bt.defined() && out.defined(), "gemm: a %s, b %s, out %s", a.describe().c_str(),
+                 bt.describe().c_str(), out.describe().c_str());
+  OpRecord op{gemm_op_kind(args.role), phase_, a.dtype};
+  switch (args.role) {
+    case GemmRole::forward: {
+      // out[N,M] = x[N,K] · weight[M,K]ᵀ; with GELU the GEMM's own output is aux (pre).
+      const Tensor &x = a, &weight = bt;
+      const bool gelu = args.epilogue == GemmEpilogue::gelu_aux_bias;
+      const Tensor& product = gelu ? args.aux : out;
+      MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && product.cols() == weight.size(0) &&
+                         product.rows() == x.rows(),
+                     "gemm forward: x %s, weight %s, out %s", x.describe().c_str(), weight.describe().c_str(),
+                     product.describe().c_str());
+      MXTRAIN_ASSERT(!args.bias.defined() || args.bias.numel() == weight.size(0), "gemm forward: bias shape");
+      // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); what the epilogue
+      // reads or writes besides the operands and the product counts, as epilogue traffic.
+      double extra_bytes = 0;
+      if (gelu) {
+        require_same_shape(args.aux, out, "gemm gelu_aux_bias");
+        MXTRAIN_ASSERT(args.aux.dtype == out.dtype, "gemm gelu_aux_bias: aux %s, out %s", args.aux.describe().c_str(),
+                       out.describe().c_str());
+        extra_bytes = b(out);
+      }
+      if (args.residual.defined()) {
+        require_same_shape(args.residual, out, "gemm residual");
+        MXTRAIN_ASSERT(args.residual.dtype == out.dtype, "gemm residual: residual %s, out %s",
+                       args.residual.describe().c_str(), out.describe().c_str());
+        extra_bytes = b(args.residual);
+      }
+      op.flops = 2.0 * n(product) * static_cast<double>(x.cols());
+      op.bytes = b(x) + b(weight) + b(product) + b(args.bias) + extra_bytes;
+      if (args.bias.defined()) op.flops += n(product);
+      op.m = product.rows();
+      op.n = product.cols();
+      op.k = x.cols();
+      op.epilogue_bytes = extra_bytes;
+      MXTRAIN_ASSERT(!args.accumulate, "gemm forward: high-precision forward GEMMs overwrite (a residual adds)");
+      break;
+    }
+    case GemmRole::backward_input: {
+      // dx[N,K] (+)= dout[N,M] · weight[M,K]; with DGELU times gelu'(aux).
+      const Tensor &dout = a, &weight = bt, &dx = out;
+      MXTRAIN_ASSERT(weight.rank() == 2 && dout.cols() == weight.size(0) && dx.cols() == weight.size(1) &&
+                         dx.rows() == dout.rows(),
+                     "gemm backward_input: dout %s, weight %s, dx %s", dout.describe().c_str(),
+                     weight.describe().c_str(), dx.describe().c_str());
+      op.flops = 2.0 * n(dx) * static_cast<double>(dout.cols());
+      if (args.epilogue == GemmEpilogue::dgelu) {
+        require_same_shape(args.aux, dx, "gemm dgelu");
+        MXTRAIN_ASSERT(args.aux.dtype == dx.dtype, "gemm dgelu: aux %s, dx %s", args.aux.describe().c_str(),
+                       dx.describe().c_str());
+        op.bytes = b(dout) + b(weight) + b(dx) + b(args.aux);
+        op.epilogue_bytes = b(args.aux);
+      } else {
+        op.bytes = b(dout) + b(weight) + b(dx) * (args.accumulate ? 2 : 1);
+      }
+      op.m = dx.rows();
+      op.n = dx.cols();
+      op.k = dout.cols();
+      break;
+    }
+    case GemmRole::backward_weight: {
+      // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]; dbias[M] (+)= column sums of dout.
+      const Tensor &dout = a, &x = bt, &dweight = out, &dbias = args.bias_gradient;
+      MXTRAIN_ASSERT(dweight.rank() == 2 && dout.cols() == dweight.size(0) && x.cols() == dweight.size(1) &&
+                         x.rows() == dout.rows(),
+                     "gemm backward_weight: dout %s, x %s, dweight %s", dout.describe().c_str(), x.describe().c_str(),
+                     dweight.describe().c_str());
+      MXTRAIN_ASSERT(!dbias.defined() || dbias.numel() == dout.cols(), "gemm backward_weight: dbias %s",
+                     dbias.describe().c_str());
+      op.flops = 2.0 * n(dweight) * static_cast<double>(x.rows());
+      op.bytes = b(dout) + b(x) + (b(dweight) + b(dbias)) * (args.accumulate ? 2 : 1);
+      if (dbias.defined()) op.flops += n(dout);
+      op.m = dweight.size(0);
+      op.n = dweight.size(1);
+      op.k = x.rows();
+      break;
+    }
+  }
   record(op);
 }
 
-void Backend::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
-  check_and_record_linear_forward("linear_forward", x, weight, bias, out, 0);
-  impl_linear_forward(x, weight, bias, out);
-}
-
-void Backend::linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate) {
-  MXTRAIN_ASSERT(weight.rank() == 2 && dout.cols() == weight.size(0) && dx.cols() == weight.size(1) &&
-                     dx.rows() == dout.rows(),
-                 "linear_backward_input: dout %s, weight %s, dx %s", dout.describe().c_str(),
-                 weight.describe().c_str(), dx.describe().c_str());
-  OpRecord op{OpKind::linear_backward_input, phase_, dout.dtype, 2.0 * n(dx) * static_cast<double>(dout.cols()),
-              b(dout) + b(weight) + b(dx) * (accumulate ? 2 : 1)};
-  op.m = dx.rows();
-  op.n = dx.cols();
-  op.k = dout.cols();
-  record(op);
-  impl_linear_backward_input(dout, weight, dx, accumulate);
-}
-
-void Backend::linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                  const Tensor& out) {
-  require_same_shape(pre, out, "linear_forward_gelu");
-  MXTRAIN_ASSERT(pre.dtype == out.dtype, "linear_forward_gelu: pre %s, out %s", pre.describe().c_str(),
-                 out.describe().c_str());
-  // FLOPs as the plain GEMM's (docs/benchmarking.md: matmuls and bias adds count); the second output's
-  // write counts.
-  check_and_record_linear_forward("linear_forward_gelu", x, weight, bias, pre, b(out), b(out));
-  impl_linear_forward_gelu(x, weight, bias, pre, out);
-}
-
-void Backend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                       const Tensor& out) {
-  impl_linear_forward(x, weight, bias, pre);
-  impl_gelu_forward(pre, out, Tensor());
-}
-
-void Backend::linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                         const Tensor& dx) {
-  MXTRAIN_ASSERT(weight.rank() == 2 && dout.cols() == weight.size(0) && dx.cols() == weight.size(1) &&
-                     dx.rows() == dout.rows(),
-                 "linear_backward_input_gelu: dout %s, weight %s, dx %s", dout.describe().c_str(),
-                 weight.describe().c_str(), dx.describe().c_str());
-  require_same_shape(pre, dx, "linear_backward_input_gelu");
-  MXTRAIN_ASSERT(pre.dtype == dx.dtype, "linear_backward_input_gelu: pre %s, dx %s", pre.describe().c_str(),
-                 dx.describe().c_str());
-  OpRecord op{OpKind::linear_backward_input, phase_, dout.dtype, 2.0 * n(dx) * static_cast<double>(dout.cols()),
-              b(dout) + b(weight) + b(dx) + b(pre)};
-  op.m = dx.rows();
-  op.n = dx.cols();
-  op.k = dout.cols();
-  op.epilogue_bytes = b(pre);
-  record(op);
-  impl_linear_backward_input_gelu(dout, weight, pre, dx);
-}
-
-void Backend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                              const Tensor& dx) {
-  Buffer product = allocate("linear.gelu_input_grad", dx.shape, dx.dtype, Lifetime::scratch);
-  impl_linear_backward_input(dout, weight, product, false);
-  impl_gelu_backward(product, pre, dx, Tensor());
-}
-
-void Backend::linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                      const Tensor& residual, const Tensor& out) {
-  require_same_shape(residual, out, "linear_forward_residual");
-  MXTRAIN_ASSERT(residual.dtype == out.dtype, "linear_forward_residual: residual %s, out %s",
-                 residual.describe().c_str(), out.describe().c_str());
-  // FLOPs as the plain GEMM's (docs/benchmarking.md: matmuls and bias adds count); the residual's read counts.
-  check_and_record_linear_forward("linear_forward_residual", x, weight, bias, out, b(residual), b(residual));
-  impl_linear_forward_residual(x, weight, bias, residual, out);
-}
-
-void Backend::impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                           const Tensor& residual, const Tensor& out) {
-  impl_linear_forward(x, weight, bias, out);
-  impl_add(out, residual, out);
-}
-
-void Backend::linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
-                                     bool accumulate) {
-  MXTRAIN_ASSERT(dweight.rank() == 2 && dout.cols() == dweight.size(0) && x.cols() == dweight.size(1) &&
-                     x.rows() == dout.rows(),
-                 "linear_backward_weight: dout %s, x %s, dweight %s", dout.describe().c_str(), x.describe().c_str(),
-                 dweight.describe().c_str());
-  OpRecord op{OpKind::linear_backward_weight, phase_, dout.dtype, 2.0 * n(dweight) * static_cast<double>(x.rows()),
-              b(dout) + b(x) + (b(dweight) + b(dbias)) * (accumulate ? 2 : 1)};
-  if (dbias.defined()) op.flops += n(dout);
-  op.m = dweight.size(0);
-  op.n = dweight.size(1);
-  op.k = x.rows();
-  record(op);
-  impl_linear_backward_weight(dout, x, dweight, dbias, accumulate);
+void Backend::gemm_epilogue_apart(const GemmArgs& args) {
+  MXTRAIN_ASSERT(!args.a.is_quantized() && has_separable_epilogue(args),
+                 "gemm_epilogue_apart: no epilogue to run apart");
+  GemmArgs plain = args;
+  plain.epilogue = GemmEpilogue::none;
+  plain.aux = Tensor();
+  plain.residual = Tensor();
+  switch (args.epilogue) {
+    case GemmEpilogue::none:  // the residual: the GEMM, then the add in place on the output
+      impl_gemm(plain);
+      impl_add(args.out, args.residual, args.out);
+      return;
+    case GemmEpilogue::gelu_aux_bias:
+      plain.out = args.aux;
+      impl_gemm(plain);
+      impl_gelu_forward(args.aux, args.out, Tensor());
+      return;
+    case GemmEpilogue::dgelu: {
+      Buffer product = allocate("linear.gelu_input_grad", args.out.shape, args.out.dtype, Lifetime::scratch);
+      plain.out = product;
+      plain.accumulate = false;
+      impl_gemm(plain);
+      impl_gelu_backward(product, args.aux, args.out, Tensor());
+      return;
+    }
+  }
 }
 
 static void check_attention_shape(const AttentionShape& shape, const Tensor& qkv, const char* op) {
@@ -559,36 +603,28 @@ void Backend::dequantize(const QuantizedTensor& q, const Tensor& out) {
   impl_dequantize(q, out);
 }
 
-void Backend::linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& bq, const Tensor& bias,
-                               const Tensor& out, bool accumulate) {
-  check_quantized(a, "linear_quantized");
-  check_quantized(bq, "linear_quantized");
-  require_contiguous(out, "linear_quantized");
+void Backend::check_and_record_quantized_gemm(const GemmArgs& args) {
+  const QuantizedTensor &a = args.a.quantized, &bq = args.b.quantized;
+  const Tensor& out = args.out;
+  check_quantized(a, "gemm");
+  check_quantized(bq, "gemm");
+  require_contiguous(out, "gemm");
   MXTRAIN_ASSERT(a.spec.mode == bq.spec.mode && a.k() == bq.k() && out.rank() == 2 && out.rows() == a.rows() &&
                      out.cols() == bq.rows(),
-                 "linear_quantized: a %s, b %s, out %s", a.data.describe().c_str(), bq.data.describe().c_str(),
+                 "gemm: quantized a %s, b %s, out %s", a.data.describe().c_str(), bq.data.describe().c_str(),
                  out.describe().c_str());
-  MXTRAIN_ASSERT(!bias.defined() || bias.numel() == out.cols(), "linear_quantized: bias shape");
-  static constexpr OpKind kinds[] = {OpKind::linear_forward, OpKind::linear_backward_input,
-                                     OpKind::linear_backward_weight};
+  MXTRAIN_ASSERT(!args.bias.defined() || args.bias.numel() == out.cols(), "gemm: bias shape");
+  MXTRAIN_ASSERT(args.epilogue == GemmEpilogue::none && !args.residual.defined() && !args.bias_gradient.defined(),
+                 "gemm: quantized operands take no epilogue but the bias (the recipe runs the rest apart)");
   // The planner prices a quantized GEMM at its operands' rate: FP8 (per-tensor or MXFP8) or FP4.
   const DType rate = a.spec.mode == ScalingMode::nvfp4 ? DType::e2m1 : DType::e4m3;
-  OpRecord op{kinds[static_cast<int>(role)], phase_, rate, 2.0 * n(out) * static_cast<double>(a.k()),
-              quantized_bytes(a) + quantized_bytes(bq) + b(out) * (accumulate ? 2 : 1) + b(bias)};
-  if (bias.defined()) op.flops += n(out);
+  OpRecord op{gemm_op_kind(args.role), phase_, rate, 2.0 * n(out) * static_cast<double>(a.k()),
+              quantized_bytes(a) + quantized_bytes(bq) + b(out) * (args.accumulate ? 2 : 1) + b(args.bias)};
+  if (args.bias.defined()) op.flops += n(out);
   op.m = out.rows();
   op.n = out.cols();
   op.k = a.k();
   record(op);
-  impl_linear_quantized(role, a, bq, bias, out, accumulate);
-}
-
-void Backend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&,
-                                    const Tensor&, bool) {
-  throw Error(ErrorKind::unsupported,
-              strf("the %s backend has no %s quantized GEMM", std::string(name()).c_str(), scaling_mode_name(a.spec.mode)),
-              "the precision recipe asks supports() first and emulates the GEMM where it is missing; this is a bug "
-              "in the caller");
 }
 
 void Backend::fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,

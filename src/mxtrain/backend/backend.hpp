@@ -8,8 +8,9 @@
 // Conventions: activations are row-major [rows, cols] with rows = batch * seq (token-major).
 // "accumulate" outputs are added to (+=); other outputs are overwritten. Ops run in order on the
 // backend's stream; host-visible results need synchronize() or read_scalar().
-// Interface version 4 (2: the quantization ops of the precision recipes; 3: the linear op with a
-// fused residual add; 4: the linear ops with GELU fused on the forward and the input gradient).
+// Interface version 7 (2: the quantization ops of the precision recipes; 3: the linear op with a
+// fused residual add; 4: the linear ops with GELU fused on the forward and the input gradient;
+// 7: one gemm(GemmArgs) for every linear GEMM, high precision or quantized, and its epilogues).
 #pragma once
 #include <memory>
 #include <string>
@@ -129,9 +130,67 @@ int64_t scaling_block_size(ScalingMode mode);
 Shape block_scale_shape(const QuantizeSpec& spec, int64_t rows, int64_t k);
 DType block_scale_dtype(ScalingMode mode);
 
-// Which of a linear layer's GEMMs a quantized GEMM is (recorded as that linear op, so the
-// planner prices it like the high-precision one, at the operands' tensor-core rate).
+// Which of a linear layer's three GEMMs a GEMM is. The role fixes the operands' layout and the
+// op kind the trace records (linear_forward, linear_backward_input, linear_backward_weight; a
+// quantized GEMM is recorded as the linear op it replaces, so the planner prices it like the
+// high-precision one, at the operands' tensor-core rate). Row-major, with high-precision
+// operands:
+//   forward          out[N,M] = a[N,K] · b[M,K]ᵀ    a = x,    b = weight
+//   backward_input   out[N,K] = a[N,M] · b[M,K]     a = dout, b = weight
+//   backward_weight  out[M,K] = a[N,M]ᵀ · b[N,K]    a = dout, b = x
+// Quantized operands are always the TN copies (QuantizedTensor: [rows, K], K contiguous), so in
+// every role out[R,C] = deq(a)[R,K] · deq(b)[C,K]ᵀ: forward a = x rowwise, b = W rowwise;
+// backward_input a = dout rowwise, b = W columnwise; backward_weight a = dout columnwise,
+// b = x columnwise. Per-tensor FP8 accumulates fast in the forward role, split in the backward
+// roles on Hopper (TransformerEngine's defaults).
 enum class GemmRole : uint8_t { forward, backward_input, backward_weight };
+
+// One GEMM operand: a high-precision matrix (f32/bf16/f16) or a quantized copy, which carries
+// its data, its decode scale(s) and its format (QuantizedTensor::spec). Both operands of a GEMM
+// are of the same kind.
+struct GemmOperand {
+  Tensor tensor{};              // high precision
+  QuantizedTensor quantized{};  // quantized: defined data
+  GemmOperand() = default;
+  GemmOperand(const Tensor& value) : tensor(value) {}            // NOLINT: an operand is its matrix
+  GemmOperand(const Buffer& value) : tensor(value.tensor()) {}   // NOLINT
+  GemmOperand(const QuantizedTensor& value) : quantized(value) {}  // NOLINT
+  bool is_quantized() const { return quantized.data.defined(); }
+};
+
+// What happens to the product before it is stored (cuBLASLt's epilogues). With them, the optional
+// tensors of GemmArgs:
+//   bias           forward: + bias[M] (the BIAS epilogue; with gelu_aux_bias, before the GELU)
+//   residual       forward: + residual[N,M] (C = residual, beta = 1: one rounding)
+//   bias_gradient  backward_weight: (+)= the column sums of the output gradient a (BGRADB)
+//   accumulate     out (+)= (C = out, beta = 1); applies to bias_gradient too
+enum class GemmEpilogue : uint8_t {
+  none,
+  // forward: aux = product (+ bias), out = gelu(aux) (GELU_AUX_BIAS: the GELU of the f32 sum,
+  // before its 16-bit rounding where the backend fuses it; else the GEMM writes aux and
+  // gelu_forward runs on the rounded aux). aux and out have one shape and dtype; overwritten.
+  gelu_aux_bias,
+  // backward_input: out = product ⊙ gelu'(aux), aux the forward's pre-activation (DGELU: on the
+  // f32 product where the backend fuses it; else the product is rounded to out's dtype in a
+  // scratch "linear.gelu_input_grad" first). Overwritten.
+  dgelu,
+};
+const char* gemm_epilogue_name(GemmEpilogue epilogue);
+
+// The one GEMM of the Backend (Backend::gemm). Quantized operands take no epilogue but the bias:
+// the recipes run the rest as separate ops.
+struct GemmArgs {
+  // (Every member has an initializer, so designated initializers may leave any of them out.)
+  GemmRole role = GemmRole::forward;
+  GemmOperand a{}, b{};
+  Tensor out{};
+  bool accumulate = false;
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  Tensor bias{};           // input, [M]
+  Tensor residual{};       // input, out's shape and dtype
+  Tensor bias_gradient{};  // output, [M]
+  Tensor aux{};            // gelu_aux_bias: output; dgelu: input
+};
 
 struct ScaleUpdateArgs {
   enum class Rule : uint8_t {
@@ -197,7 +256,7 @@ AdamWStepFactors adamw_step_factors(const AdamWArgs& args);
 
 class Backend {
  public:
-  static constexpr int kInterfaceVersion = 6;
+  static constexpr int kInterfaceVersion = 7;
   virtual ~Backend();
 
   virtual std::string_view name() const = 0;
@@ -278,27 +337,10 @@ class Backend {
   void norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                      const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                      bool accumulate_dx, bool accumulate_dparams = true, const Tensor& dx_amax = {});
-  // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]).
-  void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
-  // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]) + residual[N,M]: the residual add rides on the
-  // GEMM (cuda: beta = 1 with C = residual), one rounding. Recorded as linear_forward.
-  void linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
-                               const Tensor& out);
-  // dx[N,K] (+)= dout[N,M] · weight[M,K].
-  void linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
-  // pre[N,M] = x · weightᵀ (+ bias), out = gelu(pre): GELU rides on the GEMM (cuda: cuBLASLt's
-  // GELU_AUX_BIAS epilogue, which applies GELU to the f32 sum, before its 16-bit rounding; the
-  // default runs the GEMM, then gelu_forward on the rounded pre). Recorded as linear_forward.
-  void linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                           const Tensor& out);
-  // dx[N,K] = (dout[N,M] · weight[M,K]) ⊙ gelu'(pre[N,K]) (overwritten): the GELU backward rides
-  // on the input-gradient GEMM (cuda: the DGELU epilogue, on the f32 product; the default rounds
-  // the product to dx's dtype in a scratch first). Recorded as linear_backward_input.
-  void linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx);
-  // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]; dbias[M] (+)= column sums of dout (when defined).
-  // accumulate = false overwrites both (a gradient's first write: beta = 0, no zero fill before).
-  void linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
-                              bool accumulate = true);
+  // The GEMMs of the linear layers, high precision or quantized, with their epilogues
+  // (GemmArgs above). supports(linear_forward, e4m3 | e8m0 | e2m1) says whether a quantized GEMM
+  // of that format exists; the precision recipes emulate it otherwise.
+  void gemm(const GemmArgs& args);
   // Rotary embedding in place on the q and k parts of qkv [batch*seq, (heads+2*kv_heads)*head_dim],
   // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
   void rope_forward(const Tensor& qkv, const AttentionShape& shape, float theta);
@@ -350,11 +392,6 @@ class Backend {
   // out (f32/bf16/f16) = the values q encodes, in x's layout [R, C] (a columnwise copy is
   // transposed back; an RHT copy stays in the Hadamard domain).
   void dequantize(const QuantizedTensor& q, const Tensor& out);
-  // out[N, M] (+)= deq(a)[N, K] · deq(b)[M, K]ᵀ (+ bias[M]): the TN GEMM of two quantized copies,
-  // FP32 accumulation. forward uses fast FP8 accumulation on Hopper, the backward roles split
-  // accumulation (TransformerEngine's defaults).
-  void linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
-                        const Tensor& out, bool accumulate);
   // FP8 scales of n tensors from their amaxes: history f32 [length, n] (slot 0 newest), scale
   // and scale_inverse f32 [n]. delayed: new scale from the window (previous one kept when the
   // window max is 0, inf or NaN), then slot k → k+1 and slot 0 = 0. current: from slot 0 of a
@@ -398,20 +435,17 @@ class Backend {
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                                   const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                                   const Tensor& dx_amax) = 0;
-  virtual void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) = 0;
-  virtual void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                                          bool accumulate) = 0;
-  // Default: the GEMM, then add in place on the output. Backends with a fused epilogue override it.
-  virtual void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                            const Tensor& residual, const Tensor& out);
-  virtual void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                           const Tensor& dbias, bool accumulate) = 0;
-  // Defaults: the GEMM and the GELU op one after the other (backward through a scratch
-  // "linear.gelu_input_grad"). Backends with GELU epilogues override them.
-  virtual void impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                        const Tensor& out);
-  virtual void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                               const Tensor& dx);
+  // The GEMM, arguments checked. Backends without a fused epilogue (or without one for this
+  // call) run gemm_epilogue_apart.
+  virtual void impl_gemm(const GemmArgs& args) = 0;
+  // A high-precision GEMM whose residual, gelu_aux_bias or dgelu epilogue runs as ops of their
+  // own: impl_gemm without it, then impl_add, impl_gelu_forward or (through a scratch)
+  // impl_gelu_backward. args must have one of those epilogues.
+  void gemm_epilogue_apart(const GemmArgs& args);
+  // Whether args asks for an epilogue that gemm_epilogue_apart can run apart.
+  static bool has_separable_epilogue(const GemmArgs& args) {
+    return args.residual.defined() || args.epilogue != GemmEpilogue::none;
+  }
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                          const Tensor& out_amax) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -432,10 +466,6 @@ class Backend {
   virtual void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                              const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from) = 0;
   virtual void impl_dequantize(const QuantizedTensor& q, const Tensor& out) = 0;
-  // Default: throws Error(unsupported); backends that answer supports(linear_forward, e4m3 |
-  // e8m0 | e2m1) override it.
-  virtual void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
-                                     const Tensor& bias, const Tensor& out, bool accumulate);
   virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                                      const ScaleUpdateArgs& args) = 0;
   virtual void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) = 0;
@@ -447,9 +477,9 @@ class Backend {
   // after the impl_ call, the amax pass (impl_amax) where they do not.
   Tensor kernel_amax(const Tensor& out_amax) const;
   void finish_amax(const Tensor& out, const Tensor& out_amax);
-  // The argument checks and trace record shared by linear_forward and linear_forward_residual.
-  void check_and_record_linear_forward(const char* op_name, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                       const Tensor& out, double extra_bytes, double epilogue_bytes = 0);
+  // Backend::gemm's checks and trace record, by operand kind.
+  void check_and_record_gemm(const GemmArgs& args);
+  void check_and_record_quantized_gemm(const GemmArgs& args);
   std::unique_ptr<CachingAllocator> allocator_;
   TraceObserver* observer_ = nullptr;
   Phase phase_ = Phase::other;

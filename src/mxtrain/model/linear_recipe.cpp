@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "mxtrain/core/error.hpp"
-#include "mxtrain/numerics/fp8.hpp"
 
 namespace mxtrain {
 
@@ -124,16 +123,45 @@ std::string describe_linear_recipe(const LinearRecipeOptions& options, const Bac
 
 // ---- the recipe ------------------------------------------------------------------------------------
 
-struct LinearRecipe::Operand {
-  Buffer row_data, row_scales, row_amax, col_data, col_scales, col_amax;
-  QuantizedTensor rowwise, columnwise;
-};
-
 struct LinearRecipe::GradientStash {
   int64_t linear = -1;
   const void* source = nullptr;  // the gradient tensor the copy was made from
   Operand operand;
 };
+
+namespace {
+
+// The one place a format becomes its quantizer.
+std::unique_ptr<Quantizer> make_quantizer(const LinearRecipeOptions& options, Backend& backend, int64_t linears,
+                                          bool native) {
+  const DType gradient_element = hybrid(options) ? DType::e5m2 : DType::e4m3;
+  switch (options.format) {
+    case LinearFormat::high_precision: return nullptr;
+    case LinearFormat::fp8_delayed:
+      return std::make_unique<Fp8DelayedQuantizer>(backend, linears, gradient_element, options.amax_history_length,
+                                                   options.amax_algorithm, options.margin);
+    case LinearFormat::fp8_current:
+      return std::make_unique<Fp8CurrentQuantizer>(backend, linears, gradient_element, options.producer_amaxes);
+    case LinearFormat::mxfp8:
+      return std::make_unique<Mxfp8Quantizer>(backend, gradient_element, options.mx_round_up, native);
+    case LinearFormat::nvfp4: {
+      Nvfp4Quantizer::Options nvfp4;
+      nvfp4.hadamard = options.nvfp4_hadamard;
+      nvfp4.stochastic_rounding = options.nvfp4_stochastic_rounding;
+      nvfp4.weight_tiles = options.nvfp4_weight_tiles;
+      nvfp4.seed = options.seed;
+      nvfp4.swizzled_scales = native;
+      return std::make_unique<Nvfp4Quantizer>(backend, nvfp4);
+    }
+  }
+  return nullptr;
+}
+
+QuantizedRole input_or_gradient(bool gradient) { return gradient ? QuantizedRole::gradient : QuantizedRole::input; }
+
+const Tensor kUndefined;
+
+}  // namespace
 
 LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend, int64_t layers)
     : options_(options), backend_(backend), layers_(layers) {
@@ -145,14 +173,8 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
                        static_cast<long long>(options.bf16_last_layers), static_cast<long long>(layers)),
                   "keep first + last at most model.layers");
   if (options.format == LinearFormat::high_precision) return;
-  if (options.format == LinearFormat::nvfp4) {
-    forward_element_ = gradient_element_ = DType::e2m1;
-  } else {
-    forward_element_ = DType::e4m3;
-    gradient_element_ = hybrid(options) ? DType::e5m2 : DType::e4m3;
-  }
   native_ = runs_native(options, backend);
-  const DType format = per_tensor(options.format) ? forward_element_ : format_dtype(options.format);
+  const DType format = format_dtype(options.format);
   std::vector<OpKind> needed{OpKind::amax, OpKind::quantize};
   if (!native_) needed.push_back(OpKind::dequantize);
   for (OpKind kind : needed) {
@@ -164,34 +186,8 @@ LinearRecipe::LinearRecipe(const LinearRecipeOptions& options, Backend& backend,
                   "choose a precision this backend runs (train.precision = bf16 or fp32), or another backend");
   }
   const int64_t linears = layers * kLinearKinds;
-  if (per_tensor(options.format)) saved_inputs_.resize(static_cast<size_t>(linears));
-  if (options.format == LinearFormat::fp8_delayed) {
-    MXTRAIN_REQUIRE(options.amax_history_length >= 1, config,
-                    strf("precision.amax_history_len is %d; it must be at least 1", options.amax_history_length),
-                    "set precision.amax_history_len to a positive count (TransformerEngine's default is 1024)");
-    const int64_t length = options.amax_history_length;
-    forward_history_ = backend.allocate("fp8.forward.amax_history", Shape{length, 2 * linears}, DType::f32,
-                                        Lifetime::parameter);
-    forward_scale_ = backend.allocate("fp8.forward.scale", Shape{2 * linears}, DType::f32, Lifetime::parameter);
-    forward_scale_inverse_ =
-        backend.allocate("fp8.forward.scale_inverse", Shape{2 * linears}, DType::f32, Lifetime::parameter);
-    backward_history_ = backend.allocate("fp8.backward.amax_history", Shape{length, linears}, DType::f32,
-                                         Lifetime::parameter);
-    backward_scale_ = backend.allocate("fp8.backward.scale", Shape{linears}, DType::f32, Lifetime::parameter);
-    backward_scale_inverse_ =
-        backend.allocate("fp8.backward.scale_inverse", Shape{linears}, DType::f32, Lifetime::parameter);
-    // §2.1: the history starts at zeros and every scale at 1.
-    backend.fill(forward_history_, 0.0f);
-    backend.fill(backward_history_, 0.0f);
-    for (const Buffer* one : {&forward_scale_, &forward_scale_inverse_, &backward_scale_, &backward_scale_inverse_})
-      backend.fill(*one, 1.0f);
-  }
-  if (options.format == LinearFormat::fp8_current) {
-    current_amax_ = backend.allocate("fp8.current.amax", Shape{1, 3 * linears}, DType::f32, Lifetime::parameter);
-    current_scale_ = backend.allocate("fp8.current.scale", Shape{3 * linears}, DType::f32, Lifetime::parameter);
-    current_source_.assign(static_cast<size_t>(3 * linears), Tensor());
-    recorded_amax_.assign(static_cast<size_t>(3 * linears), nullptr);
-  }
+  quantizer_ = make_quantizer(options, backend, linears, native_);
+  if (quantizer_->per_tensor()) saved_inputs_.resize(static_cast<size_t>(linears));
 }
 
 LinearRecipe::~LinearRecipe() = default;
@@ -201,12 +197,10 @@ std::string LinearRecipe::name_of(int64_t layer, LinearKind kind) const {
 }
 
 void LinearRecipe::check_shapes(int64_t rows, int64_t in_features, int64_t out_features, LinearKind kind) const {
-  if (options_.format == LinearFormat::high_precision) return;
+  if (!quantizer_) return;
   // Block formats need whole blocks along every contracted dimension (tokens included, for the
   // weight gradient); cuBLASLt's FP8 GEMMs need multiples of 16.
-  int64_t multiple = 0;
-  if (options_.format == LinearFormat::mxfp8) multiple = 32;
-  if (options_.format == LinearFormat::nvfp4 || native_) multiple = std::max<int64_t>(multiple, 16);
+  const int64_t multiple = std::max<int64_t>(quantizer_->block_multiple(), native_ ? 16 : 0);
   if (multiple == 0) return;
   if (rows % multiple == 0 && in_features % multiple == 0 && out_features % multiple == 0) return;
   throw Error(ErrorKind::unsupported,
@@ -220,96 +214,18 @@ void LinearRecipe::check_shapes(int64_t rows, int64_t in_features, int64_t out_f
                    static_cast<long long>(multiple)));
 }
 
-QuantizeSpec LinearRecipe::spec_for(Role role, bool columnwise) {
-  QuantizeSpec spec;
-  spec.element = role == Role::gradient ? gradient_element_ : forward_element_;
-  spec.swizzled_scales = native_ && !per_tensor(options_.format);
-  switch (options_.format) {
-    case LinearFormat::fp8_delayed:
-    case LinearFormat::fp8_current:
-    case LinearFormat::high_precision: spec.mode = ScalingMode::per_tensor; break;
-    case LinearFormat::mxfp8:
-      spec.mode = ScalingMode::mxfp8;
-      spec.mx_round_up = options_.mx_round_up;
-      break;
-    case LinearFormat::nvfp4:
-      // §2.5: weights in 16x16 tiles; the RHT on the columnwise (wgrad) copies of inputs and
-      // gradients; stochastic rounding of gradients.
-      spec.mode = ScalingMode::nvfp4;
-      spec.nvfp4_tiles = role == Role::weight && options_.nvfp4_weight_tiles;
-      spec.hadamard = columnwise && role != Role::weight && options_.nvfp4_hadamard;
-      spec.stochastic_rounding = role == Role::gradient && options_.nvfp4_stochastic_rounding;
-      spec.seed = options_.seed;
-      if (spec.stochastic_rounding) spec.offset = stochastic_streams_++;
-      break;
-  }
-  return spec;
-}
-
-void LinearRecipe::per_tensor_scales(const Tensor& x, int64_t linear, Role role, bool reuse_scale, Tensor* scale,
-                                     Tensor* amax_record, ScaleFromAmax* from) {
-  if (options_.format == LinearFormat::fp8_delayed) {
-    // This step's scale (from the history up to the last step); the cast records its amax in
-    // history slot 0, which is the first row of the slot-major history.
-    const bool forward = role != Role::gradient;
-    const int64_t index = forward ? 2 * linear + (role == Role::weight ? 1 : 0) : linear;
-    *scale = (forward ? forward_scale_ : backward_scale_).tensor().slice_flat(index, Shape{1});
-    *amax_record = (forward ? forward_history_ : backward_history_).tensor().slice_flat(index, Shape{1});
-    return;
-  }
-  // Current scaling: this tensor's amax, then its scale, before the cast (§2.2); the cast forms
-  // the scale from the amax itself (ScaleFromAmax) and stores it for a reuse.
-  const int64_t index = 3 * linear + static_cast<int64_t>(role);
-  const Tensor amax = current_amax_.tensor().slice_flat(index, Shape{1, 1});
-  *scale = current_scale_.tensor().slice_flat(index, Shape{1});
-  *amax_record = Tensor();
-  Tensor& source = current_source_[static_cast<size_t>(index)];
-  if (reuse_scale && source.defined() && source.data == x.data) return;
-  source = role == Role::gradient ? Tensor() : x;
-  // The kernel that wrote x may have recorded its amax in this slot already (amax_record).
-  const void*& recorded = recorded_amax_[static_cast<size_t>(index)];
-  if (recorded != x.data) backend_.amax(x, amax, false);
-  recorded = nullptr;
-  from->amax = amax;
-  from->args.rule = ScaleUpdateArgs::Rule::current;
-  from->args.scaled_max =
-      role == Role::gradient && gradient_element_ == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
-}
-
-LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, Role role, bool rowwise,
+LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, QuantizedRole role, bool rowwise,
                                              bool columnwise, const std::string& name, bool reuse_scale,
                                              Lifetime columnwise_lifetime) {
-  Operand operand;
-  Tensor scale, amax_record;
-  ScaleFromAmax from;
-  const bool tensor_scaled = per_tensor(options_.format);
-  if (tensor_scaled) per_tensor_scales(x, linear, role, reuse_scale, &scale, &amax_record, &from);
-  auto make = [&](bool transposed, Buffer& data, Buffer& scales, Buffer& amax, QuantizedTensor& q) {
-    q.spec = spec_for(role, transposed);
-    q.transposed = transposed;
-    const int64_t rows = transposed ? x.cols() : x.rows(), k = transposed ? x.rows() : x.cols();
-    const std::string copy = name + (transposed ? ".columnwise" : ".rowwise");
-    const Lifetime lifetime = transposed ? columnwise_lifetime : Lifetime::scratch;
-    data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime);
-    q.data = data;
-    scales = backend_.allocate(copy + ".scale_inverse", block_scale_shape(q.spec, rows, k),
-                               block_scale_dtype(q.spec.mode), lifetime);
-    q.scale_inverse = scales;
-    if (q.spec.mode != ScalingMode::nvfp4) return;
-    // The global NVFP4 scale comes from the amax of the matrix this copy quantizes (after its
-    // RHT); copies without an RHT share the tensor's own amax.
-    if (transposed && !q.spec.hadamard && operand.row_amax.defined()) {
-      q.amax = operand.row_amax;
-      return;
-    }
-    amax = backend_.allocate(copy + ".amax", Shape{1}, DType::f32, Lifetime::scratch);
-    backend_.amax(x, amax, false, transposed && q.spec.hadamard);
-    q.amax = amax;
-  };
-  if (rowwise) make(false, operand.row_data, operand.row_scales, operand.row_amax, operand.rowwise);
-  if (columnwise) make(true, operand.col_data, operand.col_scales, operand.col_amax, operand.columnwise);
-  backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_record, from);
-  return operand;
+  QuantizeRequest request;
+  request.linear = linear;
+  request.role = role;
+  request.rowwise = rowwise;
+  request.columnwise = columnwise;
+  request.name = name;
+  request.reuse_scale = reuse_scale;
+  request.columnwise_lifetime = columnwise_lifetime;
+  return quantizer_->quantize(x, request);
 }
 
 Buffer LinearRecipe::dequantized(const QuantizedTensor& q, DType dtype, const std::string& name) {
@@ -328,49 +244,63 @@ Tensor LinearRecipe::bias_as(const Tensor& bias, DType dtype, Buffer& storage) {
 }
 
 Tensor LinearRecipe::amax_record(int64_t layer, LinearKind kind, bool gradient, const Tensor& x) {
-  if (!options_.producer_amaxes || options_.format != LinearFormat::fp8_current || !quantized(layer) ||
-      !x.defined())
-    return Tensor();
+  if (!quantized(layer) || !x.defined()) return Tensor();
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
-  const int64_t index = 3 * linear + static_cast<int64_t>(gradient ? Role::gradient : Role::input);
-  recorded_amax_[static_cast<size_t>(index)] = x.data;
-  return current_amax_.tensor().slice_flat(index, Shape{1});
+  return quantizer_->amax_record(linear, input_or_gradient(gradient), x);
 }
 
 std::vector<LinearRecipe::WeightAmax> LinearRecipe::weight_amaxes() {
-  std::vector<WeightAmax> weights;
-  if (!options_.producer_amaxes || options_.format != LinearFormat::fp8_current) return weights;
-  for (int64_t linear = 0; 3 * linear < static_cast<int64_t>(current_source_.size()); ++linear) {
-    const int64_t index = 3 * linear + static_cast<int64_t>(Role::weight);
-    const Tensor& weight = current_source_[static_cast<size_t>(index)];
-    if (weight.defined()) weights.push_back({linear, weight, current_amax_.tensor().slice_flat(index, Shape{1})});
-  }
-  if (weights.empty()) return weights;
-  // Every amax of this step has been taken by its cast: one fill zeroes the records to come.
-  backend_.fill(current_amax_, 0.0f);
-  std::fill(recorded_amax_.begin(), recorded_amax_.end(), nullptr);
-  return weights;
+  return quantizer_ ? quantizer_->weight_amaxes() : std::vector<WeightAmax>();
 }
 
 void LinearRecipe::weight_amax_recorded(const WeightAmax& weight) {
-  const int64_t index = 3 * weight.linear + static_cast<int64_t>(Role::weight);
-  recorded_amax_[static_cast<size_t>(index)] = weight.weight.data;
+  if (quantizer_) quantizer_->weight_amax_recorded(weight);
 }
 
-bool LinearRecipe::saves_inputs(int64_t layer) const {
-  return quantized(layer) && per_tensor(options_.format);
-}
+bool LinearRecipe::saves_inputs(int64_t layer) const { return quantized(layer) && quantizer_->per_tensor(); }
 
 bool LinearRecipe::has_saved_input(int64_t layer, LinearKind kind) const {
   const size_t linear = static_cast<size_t>(layer * kLinearKinds + static_cast<int64_t>(kind));
   return linear < saved_inputs_.size() && saved_inputs_[linear] != nullptr;
 }
 
+void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, const LinearGemmOptions& options) {
+  MXTRAIN_ASSERT(!args.a.is_quantized() && !args.b.is_quantized(),
+                 "LinearRecipe::gemm takes high-precision operands; it quantizes them itself");
+  MXTRAIN_ASSERT(!options.save_input || (args.role == GemmRole::forward && args.epilogue == GemmEpilogue::none),
+                 "LinearRecipe::gemm: only a forward without GELU saves its input");
+  MXTRAIN_ASSERT(!options.out_amax.defined() || args.epilogue != GemmEpilogue::none,
+                 "LinearRecipe::gemm: an out_amax is recorded by a GELU epilogue");
+  const Tensor &a = args.a.tensor, &b = args.b.tensor;
+  switch (args.role) {
+    case GemmRole::forward:
+      MXTRAIN_ASSERT(!args.accumulate, "LinearRecipe::gemm: a forward overwrites its output");
+      if (args.epilogue == GemmEpilogue::gelu_aux_bias) {
+        forward_gelu(layer, kind, a, b, args.bias, args.aux, args.out, options.out_amax);
+      } else if (args.residual.defined()) {
+        forward_residual(layer, kind, a, b, args.bias, args.residual, args.out, options.save_input);
+      } else {
+        forward(layer, kind, a, b, args.bias, args.out, options.save_input);
+      }
+      return;
+    case GemmRole::backward_input:
+      if (args.epilogue == GemmEpilogue::dgelu) {
+        backward_input_gelu(layer, kind, a, b, args.aux, args.out, options.out_amax);
+      } else {
+        backward_input(layer, kind, a, b, args.out, args.accumulate);
+      }
+      return;
+    case GemmRole::backward_weight:
+      backward_weight(layer, kind, a, b, args.out, args.bias_gradient, args.accumulate);
+      return;
+  }
+}
+
 void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                            const Tensor& out, bool save_input) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward: layer %lld keeps no quantized input", static_cast<long long>(layer));
-    backend_.linear_forward(x, weight, bias, out);
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
@@ -379,38 +309,32 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
   const Tensor b = bias_as(bias, out.dtype, bias_storage);
   MXTRAIN_ASSERT(!save_input || saves_inputs(layer), "forward: layer %lld keeps no quantized input",
                  static_cast<long long>(layer));
-  Operand xq = quantize(x, linear, Role::input, true, save_input, name + ".input", false, Lifetime::activation);
-  if (save_input) {
-    auto saved = std::make_unique<Operand>();
-    saved->col_data = std::move(xq.col_data);
-    saved->col_scales = std::move(xq.col_scales);
-    saved->col_amax = std::move(xq.col_amax);
-    saved->columnwise = xq.columnwise;
-    xq.columnwise = QuantizedTensor{};
-    saved_inputs_[static_cast<size_t>(linear)] = std::move(saved);
-  }
-  Operand wq = quantize(weight, linear, Role::weight, true, false, name + ".weight", true);
+  Operand xq =
+      quantize(x, linear, QuantizedRole::input, true, save_input, name + ".input", false, Lifetime::activation);
+  if (save_input) saved_inputs_[static_cast<size_t>(linear)] = std::make_unique<Operand>(xq.take_columnwise());
+  Operand wq = quantize(weight, linear, QuantizedRole::weight, true, false, name + ".weight", true);
   if (native_) {
-    backend_.linear_quantized(GemmRole::forward, xq.rowwise, wq.rowwise, b, out, false);
+    backend_.gemm({.role = GemmRole::forward, .a = xq.rowwise, .b = wq.rowwise, .out = out, .bias = b});
     return;
   }
   Buffer xd = dequantized(xq.rowwise, out.dtype, name + ".input.dequantized");
   xq = Operand{};
   Buffer wd = dequantized(wq.rowwise, out.dtype, name + ".weight.dequantized");
   wq = Operand{};
-  backend_.linear_forward(xd, wd, b, out);
+  backend_.gemm({.role = GemmRole::forward, .a = xd, .b = wd, .out = out, .bias = b});
 }
 
 void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x,
                                    const Tensor& dweight, const Tensor& dbias, bool accumulate) {
   if (!quantized(layer)) {
-    backend_.linear_backward_weight(dout, x, dweight, dbias, accumulate);
+    backend_.gemm({.role = GemmRole::backward_weight, .a = dout, .b = x, .out = dweight, .accumulate = accumulate,
+                   .bias_gradient = dbias});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
   const std::string name = name_of(layer, kind);
   // Both copies of the gradient in one pass; the rowwise one waits for backward_input.
-  Operand dq = quantize(dout, linear, Role::gradient, true, true, name + ".grad");
+  Operand dq = quantize(dout, linear, QuantizedRole::gradient, true, true, name + ".grad");
   {
     Operand xq;
     if (has_saved_input(layer, kind)) {
@@ -418,16 +342,16 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
       xq = std::move(*saved);
       saved.reset();
     } else {
-      xq = quantize(x, linear, Role::input, false, true, name + ".input", true);
+      xq = quantize(x, linear, QuantizedRole::input, false, true, name + ".input", true);
     }
     if (native_) {
-      backend_.linear_quantized(GemmRole::backward_weight, dq.columnwise, xq.columnwise, Tensor(), dweight,
-                                accumulate);
+      backend_.gemm({.role = GemmRole::backward_weight, .a = dq.columnwise, .b = xq.columnwise, .out = dweight,
+                     .accumulate = accumulate});
     } else {
       Buffer dd = dequantized(dq.columnwise, dout.dtype, name + ".grad.dequantized");
       Buffer xd = dequantized(xq.columnwise, dout.dtype, name + ".input.dequantized");
       xq = Operand{};
-      backend_.linear_backward_weight(dd, xd, dweight, Tensor(), accumulate);
+      backend_.gemm({.role = GemmRole::backward_weight, .a = dd, .b = xd, .out = dweight, .accumulate = accumulate});
     }
   }
   // The bias gradient from the high-precision gradient, as TE does.
@@ -445,32 +369,33 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
 void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
                                   const Tensor& dx, bool accumulate) {
   if (!quantized(layer)) {
-    backend_.linear_backward_input(dout, weight, dx, accumulate);
+    backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx, .accumulate = accumulate});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
   const std::string name = name_of(layer, kind);
   Operand dq;
   if (stash_ && stash_->linear == linear && stash_->source == dout.data) dq = std::move(stash_->operand);
-  else dq = quantize(dout, linear, Role::gradient, true, false, name + ".grad");
+  else dq = quantize(dout, linear, QuantizedRole::gradient, true, false, name + ".grad");
   stash_.reset();
-  Operand wq = quantize(weight, linear, Role::weight, false, true, name + ".weight", true);
+  Operand wq = quantize(weight, linear, QuantizedRole::weight, false, true, name + ".weight", true);
   if (native_) {
-    backend_.linear_quantized(GemmRole::backward_input, dq.rowwise, wq.columnwise, Tensor(), dx, accumulate);
+    backend_.gemm({.role = GemmRole::backward_input, .a = dq.rowwise, .b = wq.columnwise, .out = dx,
+                   .accumulate = accumulate});
     return;
   }
   Buffer dd = dequantized(dq.rowwise, dout.dtype, name + ".grad.dequantized");
   dq = Operand{};
   Buffer wd = dequantized(wq.columnwise, dout.dtype, name + ".weight.dequantized");
   wq = Operand{};
-  backend_.linear_backward_input(dd, wd, dx, accumulate);
+  backend_.gemm({.role = GemmRole::backward_input, .a = dd, .b = wd, .out = dx, .accumulate = accumulate});
 }
 
 void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
                                     const Tensor& bias, const Tensor& residual, const Tensor& out, bool save_input) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward_residual: layer %lld keeps no quantized input", static_cast<long long>(layer));
-    backend_.linear_forward_residual(x, weight, bias, residual, out);
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias, .residual = residual});
     return;
   }
   forward(layer, kind, x, weight, bias, out, save_input);
@@ -480,17 +405,19 @@ void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor
 void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
                                 const Tensor& bias, const Tensor& pre, const Tensor& out, const Tensor& out_amax) {
   if (!quantized(layer) && !out_amax.defined()) {
-    backend_.linear_forward_gelu(x, weight, bias, pre, out);
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .epilogue = GemmEpilogue::gelu_aux_bias,
+                   .bias = bias, .aux = pre});
     return;
   }
-  forward(layer, kind, x, weight, bias, pre);
+  forward(layer, kind, x, weight, bias, pre, false);
   backend_.gelu_forward(pre, out, out_amax);
 }
 
 void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
                                        const Tensor& pre, const Tensor& dx, const Tensor& dx_amax) {
   if (!quantized(layer) && !dx_amax.defined()) {
-    backend_.linear_backward_input_gelu(dout, weight, pre, dx);
+    backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx,
+                   .epilogue = GemmEpilogue::dgelu, .aux = pre});
     return;
   }
   Buffer product = backend_.allocate(name_of(layer, kind) + ".input_grad", dx.shape, dx.dtype, Lifetime::scratch);
@@ -501,19 +428,42 @@ void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Ten
 void LinearRecipe::finish_step() {
   stash_.reset();
   for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();
-  // The optimizer has changed the weights: their current scales are stale.
-  for (size_t i = 1; i < current_source_.size(); i += 3) current_source_[i] = Tensor();
-  if (options_.format == LinearFormat::fp8_delayed) {
-    ScaleUpdateArgs args;
-    args.rule = ScaleUpdateArgs::Rule::delayed;
-    args.most_recent = options_.amax_algorithm == numerics::AmaxAlgorithm::most_recent;
-    args.scaled_max = std::ldexp(numerics::kE4m3Max, -options_.margin);
-    backend_.fp8_scale_update(forward_history_, forward_scale_, forward_scale_inverse_, args);
-    args.scaled_max =
-        std::ldexp(gradient_element_ == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max, -options_.margin);
-    backend_.fp8_scale_update(backward_history_, backward_scale_, backward_scale_inverse_, args);
-  }
+  if (quantizer_) quantizer_->finish_step();
   ++steps_;
+}
+
+namespace {
+
+template <typename Format>
+const Format* as(const std::unique_ptr<Quantizer>& quantizer) {
+  return dynamic_cast<const Format*>(quantizer.get());
+}
+
+}  // namespace
+
+const Tensor& LinearRecipe::forward_history() const {
+  const auto* delayed = as<Fp8DelayedQuantizer>(quantizer_);
+  return delayed ? delayed->forward_history() : kUndefined;
+}
+
+const Tensor& LinearRecipe::backward_history() const {
+  const auto* delayed = as<Fp8DelayedQuantizer>(quantizer_);
+  return delayed ? delayed->backward_history() : kUndefined;
+}
+
+const Tensor& LinearRecipe::forward_scale() const {
+  const auto* delayed = as<Fp8DelayedQuantizer>(quantizer_);
+  return delayed ? delayed->forward_scale() : kUndefined;
+}
+
+const Tensor& LinearRecipe::backward_scale() const {
+  const auto* delayed = as<Fp8DelayedQuantizer>(quantizer_);
+  return delayed ? delayed->backward_scale() : kUndefined;
+}
+
+const Tensor& LinearRecipe::current_amax() const {
+  const auto* current = as<Fp8CurrentQuantizer>(quantizer_);
+  return current ? current->amaxes() : kUndefined;
 }
 
 }  // namespace mxtrain

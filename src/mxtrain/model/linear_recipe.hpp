@@ -1,7 +1,11 @@
 // LinearRecipe: the one place that decides how each linear layer's three GEMMs run — in the
 // activation dtype, in per-tensor FP8 (delayed or current scaling), in MXFP8 or in NVFP4 — and
-// that owns the scaling state they need. The Transformer calls it instead of the backend's three
-// linear ops, so the block diagram stays the same for every precision.
+// that owns the scaling state they need. The Transformer calls LinearRecipe::gemm instead of
+// Backend::gemm for the blocks' linear layers, so the block diagram stays the same for every
+// precision.
+//
+// The recipe decides per layer whether it is quantized; the format's Quantizer (quantizer.hpp)
+// makes the copies and owns the scaling state, and every GEMM is one Backend::gemm call.
 //
 // Per GEMM (TransformerEngine's roles, docs/numerics-reference.md §2):
 //   forward         out  = x · Wᵀ        x rowwise,  W rowwise      (E4M3 x E4M3 under HYBRID)
@@ -10,7 +14,7 @@
 // A columnwise copy is the transposed matrix quantized along its rows, so every quantized GEMM is
 // TN (the only FP8 layout Hopper has). Where the backend has the quantized GEMM (supports()) it
 // runs natively; elsewhere the operands are quantized, dequantized and multiplied by the
-// high-precision linear ops ("emulated"), which the start-up line says.
+// high-precision GEMM ("emulated"), which the start-up line says.
 //
 // Memory: operands are quantized when used, into scratch, and freed after their GEMM; nothing
 // quantized is kept across ops but the gradient's rowwise copy between backward_weight and
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/model/quantizer.hpp"
 #include "mxtrain/numerics/scaling.hpp"
 
 namespace mxtrain {
@@ -67,6 +72,18 @@ struct LinearRecipeOptions {
 std::string describe_linear_recipe(const LinearRecipeOptions& options, const Backend& backend, int64_t layers,
                                    DType activation);
 
+// What a linear GEMM may need besides Backend::gemm's arguments.
+struct LinearGemmOptions {
+  // forward of a layer with saves_inputs: the cast of x also writes the columnwise copy the
+  // weight gradient needs and keeps it (an activation) until backward_weight, which then takes
+  // it instead of x (args.b may be undefined there): TransformerEngine's saved FP8 input. The
+  // copy is what backward would have cast from the same x with the same scale, so results do
+  // not change; one pass over x and 1 byte an element are kept instead of x's 2.
+  bool save_input = false;
+  // gelu_aux_bias / dgelu: f32 [1] that receives the amax of out (the GELU op's out_amax).
+  Tensor out_amax{};
+};
+
 class LinearRecipe {
  public:
   // Checks that the backend has every op the recipe needs (Error(unsupported) naming the op and
@@ -76,33 +93,16 @@ class LinearRecipe {
   LinearRecipe(const LinearRecipe&) = delete;
   LinearRecipe& operator=(const LinearRecipe&) = delete;
 
-  // The three GEMMs of linear `kind` of block `layer`; contracts as Backend::linear_forward,
-  // linear_backward_weight and linear_backward_input.
-  // save_input (a layer with saves_inputs): the forward's cast of x also writes the columnwise
-  // copy the weight gradient needs and keeps it (an activation) until backward_weight, which
-  // then takes it instead of x (x may be undefined there): TransformerEngine's saved FP8 input.
-  // The copy is what backward would have cast from the same x with the same scale, so results
-  // do not change; one pass over x and 1 byte an element are kept instead of x's 2.
-  void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-               const Tensor& out, bool save_input = false);
-  void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                       const Tensor& dbias, bool accumulate = true);
-  void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                      bool accumulate);
-  // out = x · Wᵀ (+ bias) + residual (contract as Backend::linear_forward_residual): a layer in
-  // the activation dtype runs the backend's fused op; a quantized layer its GEMM, then the add.
-  void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const Tensor& residual, const Tensor& out, bool save_input = false);
-  // pre = x · Wᵀ (+ bias), out = gelu(pre) (contract as Backend::linear_forward_gelu): a layer in
-  // the activation dtype runs the backend's fused op; a quantized layer (or an out_amax to
-  // record) its GEMM, then gelu_forward.
-  void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Tensor& pre, const Tensor& out, const Tensor& out_amax = {});
-  // dx = (dout · W) ⊙ gelu'(pre), overwritten (contract as Backend::linear_backward_input_gelu):
-  // a layer in the activation dtype runs the backend's fused op; a quantized layer (or a dx_amax
-  // to record) backward_input into a scratch, then gelu_backward.
-  void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
-                           const Tensor& pre, const Tensor& dx, const Tensor& dx_amax = {});
+
+  // GEMM `args` of linear `kind` of block `layer`: Backend::gemm's contract, with the
+  // high-precision operands (forward a = x, b = W; backward_input a = dout, b = W;
+  // backward_weight a = dout, b = x). A layer in the activation dtype runs it as it is; a
+  // quantized layer casts the operands with the format's quantizer and runs the quantized GEMM
+  // (native) or the GEMM of their dequantized values (emulated). Epilogues a quantized GEMM lacks
+  // run as ops of their own: the residual as add, GELU as gelu_forward / gelu_backward (those
+  // also where an out_amax is to be recorded); the bias gradient as column_sum of the
+  // high-precision gradient, as TransformerEngine does.
+  void gemm(int64_t layer, LinearKind kind, const GemmArgs& args, const LinearGemmOptions& options = {});
   // Current scaling: where the kernel that writes x — the input (gradient = false), or the output
   // gradient (true), that linear `kind` of block `layer` casts next — records x's amax (the
   // backend ops' out_amax), so that the cast skips its own amax pass over x, as
@@ -115,11 +115,7 @@ class LinearRecipe {
   // weight_amaxes), all slots zeroed here (one fill). The caller reports each weight the step
   // did record (weight_amax_recorded); the next cast of that weight takes the record instead of
   // an amax pass over it. Empty for other formats, or without producer_amaxes.
-  struct WeightAmax {
-    int64_t linear = 0;
-    Tensor weight;  // as the casts saw it (a view of the store's compute copy or master)
-    Tensor amax;    // f32 [1]
-  };
+  using WeightAmax = mxtrain::WeightAmax;
   std::vector<WeightAmax> weight_amaxes();
   void weight_amax_recorded(const WeightAmax& weight);
   // Whether forward can keep block `layer`'s quantized inputs (per-tensor FP8 layers), and
@@ -143,30 +139,34 @@ class LinearRecipe {
   // Delayed-scaling state (tests and checkpoints): slot-major [history, 2·linears] for inputs and
   // weights (tensor 2i = input, 2i+1 = weight of linear i = layer·4 + kind), [history, linears]
   // for output gradients; scales likewise. Undefined for other formats.
-  const Tensor& forward_history() const { return forward_history_.tensor(); }
-  const Tensor& backward_history() const { return backward_history_.tensor(); }
-  const Tensor& forward_scale() const { return forward_scale_.tensor(); }
-  const Tensor& backward_scale() const { return backward_scale_.tensor(); }
+  const Tensor& forward_history() const;
+  const Tensor& backward_history() const;
+  const Tensor& forward_scale() const;
+  const Tensor& backward_scale() const;
   // Current-scaling amaxes [1, 3·linears]: input, weight and gradient of linear i at 3i, 3i+1,
   // 3i+2. Undefined for other formats.
-  const Tensor& current_amax() const { return current_amax_.tensor(); }
+  const Tensor& current_amax() const;
 
  private:
-  enum class Role : uint8_t { input, weight, gradient };
-  struct Operand;  // the quantized copies of one tensor and the scratch behind them
+  using Operand = QuantizedOperand;
 
-  // reuse_scale (current scaling): when this linear's scale for `role` was computed from the
-  // very tensor x earlier (the forward's input again in backward, or the weight again within
-  // one step), take it instead of another amax pass; the values are the same, so is the scale.
-  Operand quantize(const Tensor& x, int64_t linear, Role role, bool rowwise, bool columnwise, const std::string& name,
-                   bool reuse_scale = false, Lifetime columnwise_lifetime = Lifetime::scratch);
-  QuantizeSpec spec_for(Role role, bool columnwise);
-  // The per-tensor FP8 scale of this tensor and where delayed scaling records the cast's amax;
-  // current scaling: x's amax (a pass here unless a producer or the optimizer recorded it), from
-  // which the cast forms the scale (from; undefined when the scale is reused). (Each quantized
-  // copy carries its own decode scale, written by the cast into a buffer of its own.)
-  void per_tensor_scales(const Tensor& x, int64_t linear, Role role, bool reuse_scale, Tensor* scale,
-                         Tensor* amax_record, ScaleFromAmax* from);
+  // gemm by role and epilogue.
+  void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
+               const Tensor& out, bool save_input);
+  void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                       const Tensor& dbias, bool accumulate);
+  void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
+                      bool accumulate);
+  void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const Tensor& residual, const Tensor& out, bool save_input);
+  void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Tensor& pre, const Tensor& out, const Tensor& out_amax);
+  void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
+                           const Tensor& pre, const Tensor& dx, const Tensor& dx_amax);
+
+  Operand quantize(const Tensor& x, int64_t linear, QuantizedRole role, bool rowwise, bool columnwise,
+                   const std::string& name, bool reuse_scale = false,
+                   Lifetime columnwise_lifetime = Lifetime::scratch);
   Buffer dequantized(const QuantizedTensor& q, DType dtype, const std::string& name);
   Tensor bias_as(const Tensor& bias, DType dtype, Buffer& storage);
   std::string name_of(int64_t layer, LinearKind kind) const;
@@ -175,22 +175,9 @@ class LinearRecipe {
   Backend& backend_;
   int64_t layers_;
   bool native_ = false;
-  DType forward_element_ = DType::e4m3, gradient_element_ = DType::e5m2;
   int64_t steps_ = 0;
-  uint64_t stochastic_streams_ = 0;  // NVFP4 SR: one Philox offset per quantized gradient copy
-  // Delayed scaling.
-  Buffer forward_history_, forward_scale_, forward_scale_inverse_;
-  Buffer backward_history_, backward_scale_, backward_scale_inverse_;
-  // Current scaling: amax [1, 3·linears] and scale [3·linears] (input, weight, gradient); the casts
-  // write the scales (ScaleFromAmax).
-  Buffer current_amax_, current_scale_;
-  // The tensor each current scale was computed from (input and weight slots; undefined = none):
-  // an input's until the next forward of its linear, a weight's until the end of the step (the
-  // weights cast this step, for weight_amaxes).
-  std::vector<Tensor> current_source_;
-  // The tensor whose amax a producing kernel recorded in each current-scaling slot (amax_record),
-  // until the cast that takes it.
-  std::vector<const void*> recorded_amax_;
+  // The format's quantizer (none for high_precision): every format-specific rule and state.
+  std::unique_ptr<Quantizer> quantizer_;
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;

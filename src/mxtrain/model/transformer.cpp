@@ -108,7 +108,8 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                         config_.norm_eps, linears_.amax_record(l, LinearKind::qkv, false, s.norm1));
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
-  linears_.forward(l, LinearKind::qkv, s.norm1, w(l, p.qkv_weight), w(l, p.qkv_bias), s.qkv, save_inputs);
+  linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = s.norm1, .b = w(l, p.qkv_weight), .out = s.qkv,
+                                     .bias = w(l, p.qkv_bias)}, {.save_input = save_inputs});
   if (!keep_inputs) s.norm1.reset();
   if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope_theta);
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
@@ -123,14 +124,15 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
     if (!linears_.quantized(l)) {
       // The first residual add rides on the out projection's GEMM (mid = attn · Wᵀ + b + x, one
       // rounding), so the norm reads mid alone: one tensor's pass less than a separate add.
-      linears_.forward_residual(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), x, s.mid,
-                                save_inputs);
+      linears_.gemm(l, LinearKind::out, {.role = GemmRole::forward, .a = s.attn, .b = w(l, p.out_weight), .out = s.mid,
+                                         .bias = w(l, p.out_bias), .residual = x}, {.save_input = save_inputs});
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps, linears_.amax_record(l, LinearKind::up, false, s.norm2));
     } else {
       // A quantized GEMM has no residual epilogue: the add rides on the norm instead.
       Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
-      linears_.forward(l, LinearKind::out, s.attn, w(l, p.out_weight), w(l, p.out_bias), projected, save_inputs);
+      linears_.gemm(l, LinearKind::out, {.role = GemmRole::forward, .a = s.attn, .b = w(l, p.out_weight),
+                                         .out = projected, .bias = w(l, p.out_bias)}, {.save_input = save_inputs});
       backend_.add_norm_forward(norm, x, projected, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2,
                                 s.mean2, s.rstd2, config_.norm_eps,
                                 linears_.amax_record(l, LinearKind::up, false, s.norm2));
@@ -148,10 +150,13 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   const bool gelu_on_gemm = config_.family != ModelFamily::llama && keep_inputs && !options_.deterministic;
   if (gelu_on_gemm) {
     s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::activation);
-    linears_.forward_gelu(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up, s.act,
-                          linears_.amax_record(l, LinearKind::down, false, s.act));
+    linears_.gemm(l, LinearKind::up,
+                  {.role = GemmRole::forward, .a = s.norm2, .b = w(l, p.up_weight), .out = s.act,
+                   .epilogue = GemmEpilogue::gelu_aux_bias, .bias = w(l, p.up_bias), .aux = s.up},
+                  {.out_amax = linears_.amax_record(l, LinearKind::down, false, s.act)});
   } else {
-    linears_.forward(l, LinearKind::up, s.norm2, w(l, p.up_weight), w(l, p.up_bias), s.up, save_inputs);
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = s.norm2, .b = w(l, p.up_weight), .out = s.up,
+                                      .bias = w(l, p.up_bias)}, {.save_input = save_inputs});
   }
   if (!keep_inputs) s.norm2.reset();
   if (!x_out.defined() && !keep_all) {
@@ -171,8 +176,8 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   }
   // The second residual add rides on the down GEMM (out = act · Wᵀ + b + mid).
   if (x_out.defined()) {
-    linears_.forward_residual(l, LinearKind::down, s.act, w(l, p.down_weight), w(l, p.down_bias), s.mid, x_out,
-                              save_inputs);
+    linears_.gemm(l, LinearKind::down, {.role = GemmRole::forward, .a = s.act, .b = w(l, p.down_weight), .out = x_out,
+                                        .bias = w(l, p.down_bias), .residual = s.mid}, {.save_input = save_inputs});
   }
   if (!keep_inputs) s.act.reset();
   if (!keep_most) s = Saved{};
@@ -203,7 +208,8 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   });
   {
     const GradPair d = dw(l, p.down_weight, p.down_bias);
-    linears_.backward_weight(l, LinearKind::down, dres, s.act, d.weight, d.bias, d.accumulate);
+    linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_weight, .a = dres, .b = s.act, .out = d.weight,
+                                        .accumulate = d.accumulate, .bias_gradient = d.bias});
   }
   s.act.reset();
   {
@@ -211,7 +217,8 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     const Tensor dup_amax = linears_.amax_record(l, LinearKind::up, true, dup);
     if (llama) {
       Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
-      linears_.backward_input(l, LinearKind::down, dres, w(l, p.down_weight), dact, false);
+      linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.down_weight),
+                                          .out = dact});
       backend_.swiglu_backward(dact, s.up, dup, dup_amax);
     } else {
       // GELU's backward rides on the down projection's input-gradient GEMM (the DGELU epilogue,
@@ -219,7 +226,9 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       // 16x1024 step on an H200). It reads only the pre-activation, which every recompute policy
       // reproduces bit for bit, so it needs no deterministic exception. (DGELU_BGRAD, which
       // would also sum the bias gradient, measured 1.45 ms: the column-sum kernel stays.)
-      linears_.backward_input_gelu(l, LinearKind::down, dres, w(l, p.down_weight), s.up, dup, dup_amax);
+      linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.down_weight),
+                                          .out = dup, .epilogue = GemmEpilogue::dgelu,
+                                          .aux = s.up}, {.out_amax = dup_amax});
     }
     s.up.reset();
     // MLP: up projection and norm.
@@ -229,11 +238,13 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                             config_.norm_eps);
     });
     const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
-    linears_.backward_weight(l, LinearKind::up, dup, s.norm2, dup_params.weight, dup_params.bias,
-                             dup_params.accumulate);
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup, .b = s.norm2,
+                                      .out = dup_params.weight, .accumulate = dup_params.accumulate,
+                                      .bias_gradient = dup_params.bias});
     s.norm2.reset();
     Buffer dnorm2 = activation("mlp_norm.grad", l, config_.hidden, Lifetime::scratch);
-    linears_.backward_input(l, LinearKind::up, dup, w(l, p.up_weight), dnorm2, false);
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_input, .a = dup, .b = w(l, p.up_weight),
+                                      .out = dnorm2});
     dup.reset();
     const GradPair dnorm = dw(l, p.mlp_norm_weight, p.mlp_norm_bias);
     backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres, dnorm.weight,
@@ -246,11 +257,13 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   // Attention: output projection, attention, QKV projection and norm.
   {
     const GradPair d = dw(l, p.out_weight, p.out_bias);
-    linears_.backward_weight(l, LinearKind::out, dres, s.attn, d.weight, d.bias, d.accumulate);
+    linears_.gemm(l, LinearKind::out, {.role = GemmRole::backward_weight, .a = dres, .b = s.attn, .out = d.weight,
+                                       .accumulate = d.accumulate, .bias_gradient = d.bias});
   }
   {
     Buffer dattn = activation("attn.grad", l, config_.hidden, Lifetime::scratch);
-    linears_.backward_input(l, LinearKind::out, dres, w(l, p.out_weight), dattn, false);
+    linears_.gemm(l, LinearKind::out, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.out_weight),
+                                       .out = dattn});
     Buffer dqkv = activation("qkv.grad", l, config_.qkv_cols(), Lifetime::scratch);
     backend_.attention_backward(dattn, s.qkv, s.attn, s.lse, dqkv, shape);
     dattn.reset();
@@ -265,11 +278,13 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                             config_.norm_eps);
     });
     const GradPair dqkv_params = dw(l, p.qkv_weight, p.qkv_bias);
-    linears_.backward_weight(l, LinearKind::qkv, dqkv, s.norm1, dqkv_params.weight, dqkv_params.bias,
-                             dqkv_params.accumulate);
+    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv, .b = s.norm1,
+                                       .out = dqkv_params.weight, .accumulate = dqkv_params.accumulate,
+                                       .bias_gradient = dqkv_params.bias});
     s.norm1.reset();
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
-    linears_.backward_input(l, LinearKind::qkv, dqkv, w(l, p.qkv_weight), dnorm1, false);
+    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_input, .a = dqkv, .b = w(l, p.qkv_weight),
+                                       .out = dnorm1});
     dqkv.reset();
     const GradPair dnorm = dw(l, p.attn_norm_weight, p.attn_norm_bias);
     // dres is now the gradient the block below casts first (its down projection's).
@@ -311,15 +326,16 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
     const int64_t end = std::min(begin + chunk, rows_);
     Tensor rows_logits = logits.tensor().slice_rows(0, end - begin);
     Tensor rows_normed = normed.tensor().slice_rows(begin, end);
-    backend_.linear_forward(rows_normed, head_weight, Tensor(), rows_logits);
+    backend_.gemm({.role = GemmRole::forward, .a = rows_normed, .b = head_weight, .out = rows_logits});
     backend_.cross_entropy(rows_logits, targets.slice_flat(begin, Shape{end - begin}),
                            losses.tensor().slice_flat(begin, Shape{end - begin}), config_.vocab_size,
                            training ? grad_scale : 0.0f);
     if (training) {
       PhaseScope scope(backend_, Phase::backward);
-      backend_.linear_backward_weight(rows_logits, rows_normed, head_grad.tensor, Tensor(),
-                                      head_grad.accumulate || begin > 0);
-      backend_.linear_backward_input(rows_logits, head_weight, dnormed.tensor().slice_rows(begin, end), false);
+      backend_.gemm({.role = GemmRole::backward_weight, .a = rows_logits, .b = rows_normed, .out = head_grad.tensor,
+                     .accumulate = head_grad.accumulate || begin > 0});
+      backend_.gemm({.role = GemmRole::backward_input, .a = rows_logits, .b = head_weight,
+                     .out = dnormed.tensor().slice_rows(begin, end)});
     }
   }
   logits.reset();

@@ -33,11 +33,8 @@ class CpuBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                           const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                           const Tensor& dx_amax) override;
-  void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
-  void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                                  bool accumulate) override;
-  void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                   const Tensor& dbias, bool accumulate) override;
+  // linear_cpu.cpp: the high-precision GEMMs; quantized operands go to gemm_quantized.
+  void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -60,8 +57,6 @@ class CpuBackend final : public Backend {
                      const QuantizedTensor& columnwise, const Tensor& amax,
                      const ScaleFromAmax& from) override;
   void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
-  void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
-                             const Tensor& out, bool accumulate) override;
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                              const ScaleUpdateArgs& args) override;
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
@@ -69,6 +64,15 @@ class CpuBackend final : public Backend {
                   const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) override;
 
  private:
+  // The GEMM of each role (linear_cpu.cpp) and of quantized operands (quantize_cpu.cpp: an FP32
+  // product of the dequantized copies).
+  void gemm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+  void gemm_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
+  void gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
+                            bool accumulate);
+  void gemm_quantized(const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias, const Tensor& out,
+                      bool accumulate);
+
   int threads_;
 };
 

@@ -1,5 +1,8 @@
-// Linear layers through OpenBLAS cblas_sgemm (row-major; the weight is [out_features,
-// in_features] as in PyTorch, so the forward multiplies by its transpose). cpu::sgemm cuts every
+// The CPU's Backend::gemm: linear layers through OpenBLAS cblas_sgemm (row-major; the weight is
+// [out_features, in_features] as in PyTorch, so the forward multiplies by its transpose). No
+// epilogue is fused: the residual add and GELU run as their own ops after the GEMM
+// (Backend::gemm_epilogue_apart), and quantized operands are multiplied as their dequantized
+// values (quantize_cpu.cpp). cpu::sgemm cuts every
 // product into fixed tiles of single-threaded sgemm calls, so the bits do not depend on the thread
 // count. The bias is broadcast into the output first and the product added with beta = 1. dbias
 // sums dout over rows by column ranges: each column is summed in double over all rows in row
@@ -18,7 +21,28 @@ constexpr int64_t kBiasColumnBlock = 256;
 
 }  // namespace
 
-void CpuBackend::impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+void CpuBackend::impl_gemm(const GemmArgs& args) {
+  if (args.a.is_quantized()) {
+    gemm_quantized(args.a.quantized, args.b.quantized, args.bias, args.out, args.accumulate);
+    return;
+  }
+  // The CPU fuses no epilogue: the residual add and GELU run as their own ops.
+  if (has_separable_epilogue(args)) {
+    gemm_epilogue_apart(args);
+    return;
+  }
+  switch (args.role) {
+    case GemmRole::forward: gemm_forward(args.a.tensor, args.b.tensor, args.bias, args.out); return;
+    case GemmRole::backward_input:
+      gemm_backward_input(args.a.tensor, args.b.tensor, args.out, args.accumulate);
+      return;
+    case GemmRole::backward_weight:
+      gemm_backward_weight(args.a.tensor, args.b.tensor, args.out, args.bias_gradient, args.accumulate);
+      return;
+  }
+}
+
+void CpuBackend::gemm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
   cpu::require_f32("linear_forward", {&x, &weight, &bias, &out});
   const int64_t rows = x.rows(), in_features = x.cols(), out_features = out.cols();
   float* result = out.ptr<float>();
@@ -37,8 +61,7 @@ void CpuBackend::impl_linear_forward(const Tensor& x, const Tensor& weight, cons
              weight.ptr<float>(), in_features, bias.defined() ? 1.0f : 0.0f, result, out_features);
 }
 
-void CpuBackend::impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                                            bool accumulate) {
+void CpuBackend::gemm_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate) {
   cpu::require_f32("linear_backward_input", {&dout, &weight, &dx});
   const int64_t rows = dout.rows(), out_features = dout.cols(), in_features = dx.cols();
   if (out_features == 0) {
@@ -49,8 +72,8 @@ void CpuBackend::impl_linear_backward_input(const Tensor& dout, const Tensor& we
              weight.ptr<float>(), in_features, accumulate ? 1.0f : 0.0f, dx.ptr<float>(), in_features);
 }
 
-void CpuBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                             const Tensor& dbias, bool accumulate) {
+void CpuBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                                      const Tensor& dbias, bool accumulate) {
   cpu::require_f32("linear_backward_weight", {&dout, &x, &dweight, &dbias});
   MXTRAIN_ASSERT(!dbias.defined() || dbias.numel() == dout.cols(), "linear_backward_weight: dbias %s",
                  dbias.describe().c_str());

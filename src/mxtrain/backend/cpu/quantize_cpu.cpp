@@ -172,8 +172,8 @@ void CpuBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {
   store_floats(q.transposed ? transposed(values, q.rows(), q.k()) : values, out, "dequantize");
 }
 
-void CpuBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
-                                       const Tensor& out, bool accumulate) {
+void CpuBackend::gemm_quantized(const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                                const Tensor& out, bool accumulate) {
   cpu::require_f32("linear_quantized", {&out, &bias});
   const std::vector<float> left = dequantized(a), right = dequantized(b);
   const int64_t rows = a.rows(), features = b.rows(), k = a.k();

@@ -304,37 +304,54 @@ void CudaBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Te
                               accumulate_dparams, dx_amax, stream_);
 }
 
-void CudaBackend::impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
-  gemm_->linear_forward(x, weight, bias, out, stream_);
+void CudaBackend::impl_gemm(const GemmArgs& args) {
+  if (args.a.is_quantized()) {
+    gemm_quantized(args.role, args.a.quantized, args.b.quantized, args.bias, args.out, args.accumulate);
+    return;
+  }
+  const Tensor &a = args.a.tensor, &b = args.b.tensor;
+  switch (args.role) {
+    case GemmRole::forward:
+      if (args.epilogue == GemmEpilogue::gelu_aux_bias) {
+        gemm_forward_gelu(args);
+      } else if (args.residual.defined()) {
+        gemm_forward_residual(args);
+      } else {
+        gemm_->linear_forward(a, b, args.bias, args.out, stream_);
+      }
+      return;
+    case GemmRole::backward_input:
+      if (args.epilogue == GemmEpilogue::dgelu) {
+        gemm_backward_input_gelu(args);
+      } else {
+        gemm_->linear_backward_input(a, b, args.out, args.accumulate, stream_);
+      }
+      return;
+    case GemmRole::backward_weight:
+      gemm_backward_weight(a, b, args.out, args.bias_gradient, args.accumulate);
+      return;
+  }
 }
 
-void CudaBackend::impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                                             bool accumulate) {
-  gemm_->linear_backward_input(dout, weight, dx, accumulate, stream_);
-}
-
-void CudaBackend::impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                               const Tensor& residual, const Tensor& out) {
-  if (gemm_->linear_forward_residual(x, weight, bias, residual, out, stream_)) return;
+void CudaBackend::gemm_forward_residual(const GemmArgs& args) {
+  if (gemm_->linear_forward_residual(args.a.tensor, args.b.tensor, args.bias, args.residual, args.out, stream_)) return;
   if (!logged_unfused_residual_) {
     logged_unfused_residual_ = true;
     log::info("cuda: cuBLASLt has no beta = 1 algorithm for a residual GEMM at this shape; the GEMM and an add run");
   }
-  Backend::impl_linear_forward_residual(x, weight, bias, residual, out);
+  gemm_epilogue_apart(args);
 }
 
-void CudaBackend::impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                           const Tensor& pre, const Tensor& out) {
-  if (gemm_->linear_forward_gelu(x, weight, bias, pre, out, stream_)) return;
-  log_unfused_gelu("linear_forward_gelu", out);
-  Backend::impl_linear_forward_gelu(x, weight, bias, pre, out);
+void CudaBackend::gemm_forward_gelu(const GemmArgs& args) {
+  if (gemm_->linear_forward_gelu(args.a.tensor, args.b.tensor, args.bias, args.aux, args.out, stream_)) return;
+  log_unfused_gelu("linear_forward_gelu", args.out);
+  gemm_epilogue_apart(args);
 }
 
-void CudaBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                                  const Tensor& dx) {
-  if (gemm_->linear_backward_input_gelu(dout, weight, pre, dx, stream_)) return;
-  log_unfused_gelu("linear_backward_input_gelu", dx);
-  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx);
+void CudaBackend::gemm_backward_input_gelu(const GemmArgs& args) {
+  if (gemm_->linear_backward_input_gelu(args.a.tensor, args.b.tensor, args.aux, args.out, stream_)) return;
+  log_unfused_gelu("linear_backward_input_gelu", args.out);
+  gemm_epilogue_apart(args);
 }
 
 void CudaBackend::log_unfused_gelu(const char* op, const Tensor& out) {
@@ -344,8 +361,8 @@ void CudaBackend::log_unfused_gelu(const char* op, const Tensor& out) {
                  "the GEMM and the GELU kernel run apart", op, out.describe().c_str()));
 }
 
-void CudaBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                              const Tensor& dbias, bool accumulate) {
+void CudaBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                                       const Tensor& dbias, bool accumulate) {
   if (x.rows() == 0) {  // an empty sum: nothing to add, zeros to overwrite with
     if (!accumulate) {
       cuda_kernels::fill(dweight, 0.0f, stream_);
@@ -497,8 +514,8 @@ void CudaBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {
   cuda_kernels::dequantize(q, out, stream_);
 }
 
-void CudaBackend::impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
-                                        const Tensor& bias, const Tensor& out, bool accumulate) {
+void CudaBackend::gemm_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
+                                 const Tensor& bias, const Tensor& out, bool accumulate) {
   const DType format = a.spec.mode == ScalingMode::per_tensor ? DType::e4m3
                        : a.spec.mode == ScalingMode::mxfp8   ? DType::e8m0
                                                               : DType::e2m1;

@@ -96,17 +96,8 @@ class CudaBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                           const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                           const Tensor& dx_amax) override;
-  void impl_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
-  void impl_linear_backward_input(const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                                  bool accumulate) override;
-  void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                   const Tensor& dbias, bool accumulate) override;
-  void impl_linear_forward_residual(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
-                                    const Tensor& out) override;
-  void impl_linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                                const Tensor& out) override;
-  void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                       const Tensor& dx) override;
+  // The GEMMs through cuBLASLt (gemm.hpp), epilogues fused where it has them.
+  void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -130,13 +121,19 @@ class CudaBackend final : public Backend {
                      const QuantizedTensor& columnwise, const Tensor& amax,
                      const ScaleFromAmax& from) override;
   void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
-  void impl_linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
-                             const Tensor& out, bool accumulate) override;
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                              const ScaleUpdateArgs& args) override;
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
 
  private:
+  // impl_gemm by operands, role and epilogue.
+  void gemm_forward_residual(const GemmArgs& args);
+  void gemm_forward_gelu(const GemmArgs& args);
+  void gemm_backward_input_gelu(const GemmArgs& args);
+  void gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
+                            bool accumulate);
+  void gemm_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                      const Tensor& out, bool accumulate);
   // f32 [2, seq, head_dim/2]: cos then sin, built with the CPU oracle's formula.
   const float* rope_table(int64_t seq, int64_t head_dim, float theta);
 

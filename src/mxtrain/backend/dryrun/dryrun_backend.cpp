@@ -102,11 +102,26 @@ bool DryrunBackend::supports(OpKind kind, DType dtype) const {
   }
 }
 
-void DryrunBackend::impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                                    const Tensor& dx) {
+void DryrunBackend::impl_gemm(const GemmArgs& args) {
+  // cuda_backend.cpp impl_gemm: of the epilogues it may run apart, only DGELU allocates (its
+  // scratch, skipped where cuBLASLt's epilogue applies); the weight gradient's scratch and the
+  // NVFP4 GEMM's scalars as there.
+  if (args.a.is_quantized()) {
+    gemm_quantized(args.a.quantized);
+  } else if (args.epilogue == GemmEpilogue::dgelu) {
+    gemm_backward_input_gelu(args);
+  } else if (has_separable_epilogue(args)) {
+    gemm_epilogue_apart(args);
+  } else if (args.role == GemmRole::backward_weight) {
+    gemm_backward_weight(args.a.tensor, args.b.tensor, args.out, args.bias_gradient, args.accumulate);
+  }
+}
+
+void DryrunBackend::gemm_backward_input_gelu(const GemmArgs& args) {
+  const Tensor& dx = args.out;
   const bool epilogue = (dx.dtype == DType::bf16 || dx.dtype == DType::f16) && dx.cols() % 8 == 0;
   if (cuda_.enabled && epilogue) return;
-  Backend::impl_linear_backward_input_gelu(dout, weight, pre, dx);
+  gemm_epilogue_apart(args);
 }
 
 void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
@@ -140,16 +155,15 @@ void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const 
   std::vector<Buffer> scratch = private_buffers::allocate_private(*this, plan.buffers);
 }
 
-void DryrunBackend::impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                                const Tensor& dbias, bool accumulate) {
+void DryrunBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
+                                         const Tensor& dbias, bool accumulate) {
   if (!cuda_.enabled || x.rows() == 0) return;
   std::vector<Buffer> scratch = private_buffers::allocate_private(
       *this, private_buffers::linear_backward_weight(dout, x, dweight, dbias, cuda_.bias_gradient_fused));
   if (dbias.defined() && !cuda_.bias_gradient_fused) impl_column_sum(dout, dbias, accumulate);
 }
 
-void DryrunBackend::impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&,
-                                          const Tensor&, bool) {
+void DryrunBackend::gemm_quantized(const QuantizedTensor& a) {
   if (!cuda_.enabled) return;
   std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::linear_quantized(a.spec.mode));
 }

@@ -83,14 +83,8 @@ class DryrunBackend : public Backend {
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                           const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                           const Tensor& dx_amax) override;
-  void impl_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void impl_linear_backward_input(const Tensor&, const Tensor&, const Tensor&, bool) override {}
-  // cuda: the DGELU epilogue writes dx directly (no scratch) where cuBLASLt has one (modelled:
-  // 16-bit operands, rows a multiple of 8, as cuda gemm.cpp asks); else Backend's GEMM + GELU.
-  void impl_linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                       const Tensor& dx) override;
-  void impl_linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                                   const Tensor& dbias, bool accumulate) override;
+  // The GEMMs compute nothing; what backend/cuda allocates inside them is replayed.
+  void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -109,14 +103,17 @@ class DryrunBackend : public Backend {
   void impl_quantize(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&, const Tensor&,
                      const ScaleFromAmax&) override {}
   void impl_dequantize(const QuantizedTensor&, const Tensor&) override {}
-  void impl_linear_quantized(GemmRole, const QuantizedTensor& a, const QuantizedTensor&, const Tensor&, const Tensor&,
-                             bool) override;
   void impl_fp8_scale_update(const Tensor&, const Tensor&, const Tensor&, const ScaleUpdateArgs&) override {}
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
   void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const Tensor& compute_copy, const Tensor&, const AdamWArgs& args) override;
 
  private:
+  // cuda: the DGELU epilogue writes dx directly (no scratch) where it applies (cuda gemm.hpp).
+  void gemm_backward_input_gelu(const GemmArgs& args);
+  void gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
+                            bool accumulate);
+  void gemm_quantized(const QuantizedTensor& a);
   void grow_attention_workspace(const AttentionShape& shape, DType io, bool backward);
 
   size_t memory_bytes_;

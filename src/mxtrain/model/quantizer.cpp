@@ -1,0 +1,232 @@
+// The four quantizers. The base class makes the copies; each format adds its spec and, where it
+// has them, its scales (per-tensor FP8) or tensor amaxes (NVFP4).
+#include "mxtrain/model/quantizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "mxtrain/core/error.hpp"
+#include "mxtrain/numerics/fp8.hpp"
+
+namespace mxtrain {
+
+QuantizedOperand QuantizedOperand::take_columnwise() {
+  QuantizedOperand taken;
+  taken.col_data = std::move(col_data);
+  taken.col_scales = std::move(col_scales);
+  taken.col_amax = std::move(col_amax);
+  taken.columnwise = columnwise;
+  columnwise = QuantizedTensor{};
+  return taken;
+}
+
+Quantizer::Quantizer(Backend& backend, DType forward_element, DType gradient_element)
+    : backend_(backend), forward_element_(forward_element), gradient_element_(gradient_element) {}
+
+Quantizer::~Quantizer() = default;
+
+Tensor Quantizer::amax_record(int64_t, QuantizedRole, const Tensor&) { return Tensor(); }
+
+void Quantizer::cast_scale(const Tensor&, const QuantizeRequest&, Tensor*, Tensor*, ScaleFromAmax*) {}
+
+void Quantizer::copy_amax(const Tensor&, const std::string&, bool, QuantizedOperand&, Buffer&, QuantizedTensor&) {}
+
+QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& request) {
+  QuantizedOperand operand;
+  Tensor scale, amax_out;
+  ScaleFromAmax from;
+  cast_scale(x, request, &scale, &amax_out, &from);
+  auto make = [&](bool transposed, Buffer& data, Buffer& scales, Buffer& amax, QuantizedTensor& q) {
+    q.spec = spec(request.role, transposed);
+    q.transposed = transposed;
+    const int64_t rows = transposed ? x.cols() : x.rows(), k = transposed ? x.rows() : x.cols();
+    const std::string copy = request.name + (transposed ? ".columnwise" : ".rowwise");
+    const Lifetime lifetime = transposed ? request.columnwise_lifetime : Lifetime::scratch;
+    data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime);
+    q.data = data;
+    scales = backend_.allocate(copy + ".scale_inverse", block_scale_shape(q.spec, rows, k),
+                               block_scale_dtype(q.spec.mode), lifetime);
+    q.scale_inverse = scales;
+    copy_amax(x, copy, transposed, operand, amax, q);
+  };
+  if (request.rowwise) make(false, operand.row_data, operand.row_scales, operand.row_amax, operand.rowwise);
+  if (request.columnwise) make(true, operand.col_data, operand.col_scales, operand.col_amax, operand.columnwise);
+  backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_out, from);
+  return operand;
+}
+
+// ---- per-tensor FP8, delayed scaling ------------------------------------------------------------
+
+Fp8DelayedQuantizer::Fp8DelayedQuantizer(Backend& backend, int64_t linears, DType gradient_element,
+                                         int history_length, numerics::AmaxAlgorithm algorithm, int margin)
+    : Quantizer(backend, DType::e4m3, gradient_element), algorithm_(algorithm), margin_(margin) {
+  MXTRAIN_REQUIRE(history_length >= 1, config,
+                  strf("precision.amax_history_len is %d; it must be at least 1", history_length),
+                  "set precision.amax_history_len to a positive count (TransformerEngine's default is 1024)");
+  const int64_t length = history_length;
+  forward_history_ =
+      backend.allocate("fp8.forward.amax_history", Shape{length, 2 * linears}, DType::f32, Lifetime::parameter);
+  forward_scale_ = backend.allocate("fp8.forward.scale", Shape{2 * linears}, DType::f32, Lifetime::parameter);
+  forward_scale_inverse_ =
+      backend.allocate("fp8.forward.scale_inverse", Shape{2 * linears}, DType::f32, Lifetime::parameter);
+  backward_history_ =
+      backend.allocate("fp8.backward.amax_history", Shape{length, linears}, DType::f32, Lifetime::parameter);
+  backward_scale_ = backend.allocate("fp8.backward.scale", Shape{linears}, DType::f32, Lifetime::parameter);
+  backward_scale_inverse_ =
+      backend.allocate("fp8.backward.scale_inverse", Shape{linears}, DType::f32, Lifetime::parameter);
+  // §2.1: the history starts at zeros and every scale at 1.
+  backend.fill(forward_history_, 0.0f);
+  backend.fill(backward_history_, 0.0f);
+  for (const Buffer* one : {&forward_scale_, &forward_scale_inverse_, &backward_scale_, &backward_scale_inverse_})
+    backend.fill(*one, 1.0f);
+}
+
+QuantizeSpec Fp8DelayedQuantizer::spec(QuantizedRole role, bool) {
+  QuantizeSpec spec;
+  spec.mode = ScalingMode::per_tensor;
+  spec.element = element(role);
+  return spec;
+}
+
+void Fp8DelayedQuantizer::cast_scale(const Tensor&, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
+                                     ScaleFromAmax*) {
+  // This step's scale (from the history up to the last step); the cast records its amax in
+  // history slot 0, which is the first row of the slot-major history.
+  const bool forward = request.role != QuantizedRole::gradient;
+  const int64_t index =
+      forward ? 2 * request.linear + (request.role == QuantizedRole::weight ? 1 : 0) : request.linear;
+  *scale = (forward ? forward_scale_ : backward_scale_).tensor().slice_flat(index, Shape{1});
+  *amax_out = (forward ? forward_history_ : backward_history_).tensor().slice_flat(index, Shape{1});
+}
+
+void Fp8DelayedQuantizer::finish_step() {
+  ScaleUpdateArgs args;
+  args.rule = ScaleUpdateArgs::Rule::delayed;
+  args.most_recent = algorithm_ == numerics::AmaxAlgorithm::most_recent;
+  args.scaled_max = std::ldexp(numerics::kE4m3Max, -margin_);
+  backend_.fp8_scale_update(forward_history_, forward_scale_, forward_scale_inverse_, args);
+  args.scaled_max =
+      std::ldexp(gradient_element_ == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max, -margin_);
+  backend_.fp8_scale_update(backward_history_, backward_scale_, backward_scale_inverse_, args);
+}
+
+// ---- per-tensor FP8, current scaling ------------------------------------------------------------
+
+Fp8CurrentQuantizer::Fp8CurrentQuantizer(Backend& backend, int64_t linears, DType gradient_element,
+                                         bool producer_amaxes)
+    : Quantizer(backend, DType::e4m3, gradient_element), producer_amaxes_(producer_amaxes) {
+  amax_ = backend.allocate("fp8.current.amax", Shape{1, 3 * linears}, DType::f32, Lifetime::parameter);
+  scale_ = backend.allocate("fp8.current.scale", Shape{3 * linears}, DType::f32, Lifetime::parameter);
+  source_.assign(static_cast<size_t>(3 * linears), Tensor());
+  recorded_.assign(static_cast<size_t>(3 * linears), nullptr);
+}
+
+QuantizeSpec Fp8CurrentQuantizer::spec(QuantizedRole role, bool) {
+  QuantizeSpec spec;
+  spec.mode = ScalingMode::per_tensor;
+  spec.element = element(role);
+  return spec;
+}
+
+void Fp8CurrentQuantizer::cast_scale(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
+                                     ScaleFromAmax* from) {
+  // This tensor's amax, then its scale, before the cast (§2.2); the cast forms the scale from
+  // the amax itself (ScaleFromAmax) and stores it for a reuse.
+  const int64_t index = 3 * request.linear + static_cast<int64_t>(request.role);
+  const Tensor amax = amax_.tensor().slice_flat(index, Shape{1, 1});
+  *scale = scale_.tensor().slice_flat(index, Shape{1});
+  *amax_out = Tensor();
+  Tensor& source = source_[static_cast<size_t>(index)];
+  if (request.reuse_scale && source.defined() && source.data == x.data) return;
+  source = request.role == QuantizedRole::gradient ? Tensor() : x;
+  // The kernel that wrote x may have recorded its amax in this slot already (amax_record).
+  const void*& recorded = recorded_[static_cast<size_t>(index)];
+  if (recorded != x.data) backend_.amax(x, amax, false);
+  recorded = nullptr;
+  from->amax = amax;
+  from->args.rule = ScaleUpdateArgs::Rule::current;
+  from->args.scaled_max = request.role == QuantizedRole::gradient && gradient_element_ == DType::e5m2
+                              ? numerics::kE5m2Max
+                              : numerics::kE4m3Max;
+}
+
+Tensor Fp8CurrentQuantizer::amax_record(int64_t linear, QuantizedRole role, const Tensor& x) {
+  if (!producer_amaxes_) return Tensor();
+  const int64_t index = 3 * linear + static_cast<int64_t>(role);
+  recorded_[static_cast<size_t>(index)] = x.data;
+  return amax_.tensor().slice_flat(index, Shape{1});
+}
+
+std::vector<WeightAmax> Fp8CurrentQuantizer::weight_amaxes() {
+  std::vector<WeightAmax> weights;
+  if (!producer_amaxes_) return weights;
+  for (int64_t linear = 0; 3 * linear < static_cast<int64_t>(source_.size()); ++linear) {
+    const int64_t index = 3 * linear + static_cast<int64_t>(QuantizedRole::weight);
+    const Tensor& weight = source_[static_cast<size_t>(index)];
+    if (weight.defined()) weights.push_back({linear, weight, amax_.tensor().slice_flat(index, Shape{1})});
+  }
+  if (weights.empty()) return weights;
+  // Every amax of this step has been taken by its cast: one fill zeroes the records to come.
+  backend_.fill(amax_, 0.0f);
+  std::fill(recorded_.begin(), recorded_.end(), nullptr);
+  return weights;
+}
+
+void Fp8CurrentQuantizer::weight_amax_recorded(const WeightAmax& weight) {
+  const int64_t index = 3 * weight.linear + static_cast<int64_t>(QuantizedRole::weight);
+  recorded_[static_cast<size_t>(index)] = weight.weight.data;
+}
+
+void Fp8CurrentQuantizer::finish_step() {
+  // The optimizer has changed the weights: their scales are stale.
+  for (size_t i = 1; i < source_.size(); i += 3) source_[i] = Tensor();
+}
+
+// ---- MXFP8 --------------------------------------------------------------------------------------
+
+Mxfp8Quantizer::Mxfp8Quantizer(Backend& backend, DType gradient_element, bool round_up, bool swizzled_scales)
+    : Quantizer(backend, DType::e4m3, gradient_element), round_up_(round_up), swizzled_scales_(swizzled_scales) {}
+
+QuantizeSpec Mxfp8Quantizer::spec(QuantizedRole role, bool) {
+  QuantizeSpec spec;
+  spec.mode = ScalingMode::mxfp8;
+  spec.element = element(role);
+  spec.mx_round_up = round_up_;
+  spec.swizzled_scales = swizzled_scales_;
+  return spec;
+}
+
+// ---- NVFP4 --------------------------------------------------------------------------------------
+
+Nvfp4Quantizer::Nvfp4Quantizer(Backend& backend, const Options& options)
+    : Quantizer(backend, DType::e2m1, DType::e2m1), options_(options) {}
+
+QuantizeSpec Nvfp4Quantizer::spec(QuantizedRole role, bool columnwise) {
+  // §2.5: weights in 16x16 tiles; the RHT on the columnwise (wgrad) copies of inputs and
+  // gradients; stochastic rounding of gradients.
+  QuantizeSpec spec;
+  spec.mode = ScalingMode::nvfp4;
+  spec.element = DType::e2m1;
+  spec.swizzled_scales = options_.swizzled_scales;
+  spec.nvfp4_tiles = role == QuantizedRole::weight && options_.weight_tiles;
+  spec.hadamard = columnwise && role != QuantizedRole::weight && options_.hadamard;
+  spec.stochastic_rounding = role == QuantizedRole::gradient && options_.stochastic_rounding;
+  spec.seed = options_.seed;
+  if (spec.stochastic_rounding) spec.offset = stochastic_streams_++;
+  return spec;
+}
+
+void Nvfp4Quantizer::copy_amax(const Tensor& x, const std::string& copy, bool transposed, QuantizedOperand& operand,
+                               Buffer& amax, QuantizedTensor& q) {
+  // The global NVFP4 scale comes from the amax of the matrix this copy quantizes (after its
+  // RHT); copies without an RHT share the tensor's own amax.
+  if (transposed && !q.spec.hadamard && operand.row_amax.defined()) {
+    q.amax = operand.row_amax;
+    return;
+  }
+  amax = backend_.allocate(copy + ".amax", Shape{1}, DType::f32, Lifetime::scratch);
+  backend_.amax(x, amax, false, transposed && q.spec.hadamard);
+  q.amax = amax;
+}
+
+}  // namespace mxtrain

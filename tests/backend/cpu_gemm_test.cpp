@@ -1,0 +1,117 @@
+// Backend::gemm on the cpu backend, beyond the GEMM itself (cpu_linear_test): the epilogues the
+// cpu runs apart are exactly the ops one after the other (same bits), each call is one traced
+// linear op of its role with the byte formula the planner's measurements were fitted on, and
+// argument combinations no backend runs are refused before anything is recorded.
+#include "backend/cpu_op_checks.hpp"
+
+namespace mxtrain::test {
+namespace {
+
+class Records final : public TraceObserver {
+ public:
+  void on_op(const OpRecord& record) override { ops.push_back(record); }
+  std::vector<OpRecord> ops;
+};
+
+double bytes(const Tensor& tensor) { return static_cast<double>(tensor.bytes()); }
+
+class CpuGemm : public testing::Test {
+ protected:
+  static constexpr int64_t kRows = 6, kIn = 10, kOut = 7;
+  CpuBackend backend_{2};
+  Buffer x_ = upload(backend_, random_vector(kRows * kIn, 61), Shape{kRows, kIn});
+  Buffer weight_ = upload(backend_, random_vector(kOut * kIn, 62, -0.5f, 0.5f), Shape{kOut, kIn});
+  Buffer bias_ = upload(backend_, random_vector(kOut, 63), Shape{kOut});
+  Buffer dout_ = upload(backend_, random_vector(kRows * kOut, 64), Shape{kRows, kOut});
+};
+
+TEST_F(CpuGemm, ResidualEpilogueIsTheGemmThenTheAdd) {
+  Buffer residual = upload(backend_, random_vector(kRows * kOut, 65), Shape{kRows, kOut});
+  Buffer fused = zeros(backend_, Shape{kRows, kOut}), apart = zeros(backend_, Shape{kRows, kOut});
+  Records records;
+  backend_.set_observer(&records);
+  backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = fused, .bias = bias_, .residual = residual});
+  backend_.set_observer(nullptr);
+  backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = apart, .bias = bias_});
+  backend_.add(apart, residual, apart);
+  EXPECT_EQ(download(backend_, fused), download(backend_, apart));
+  ASSERT_EQ(records.ops.size(), 1u);
+  const OpRecord& op = records.ops[0];
+  EXPECT_EQ(op.kind, OpKind::linear_forward);
+  EXPECT_EQ(op.flops, 2.0 * kRows * kOut * kIn + kRows * kOut);
+  EXPECT_EQ(op.bytes, bytes(x_) + bytes(weight_) + bytes(fused) + bytes(bias_) + bytes(residual));
+  EXPECT_EQ(op.epilogue_bytes, bytes(residual));
+}
+
+TEST_F(CpuGemm, GeluEpiloguesAreTheGemmAndTheGeluOp) {
+  Buffer pre = zeros(backend_, Shape{kRows, kOut}), out = zeros(backend_, Shape{kRows, kOut});
+  Buffer dx = zeros(backend_, Shape{kRows, kIn});
+  Buffer input_pre = upload(backend_, random_vector(kRows * kIn, 66, -3.0f, 3.0f), Shape{kRows, kIn});
+  Records records;
+  backend_.set_observer(&records);
+  backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = out, .epilogue = GemmEpilogue::gelu_aux_bias,
+                 .bias = bias_, .aux = pre});
+  backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = dx, .epilogue = GemmEpilogue::dgelu,
+                 .aux = input_pre});
+  backend_.set_observer(nullptr);
+
+  Buffer pre_apart = zeros(backend_, Shape{kRows, kOut}), out_apart = zeros(backend_, Shape{kRows, kOut});
+  backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = pre_apart, .bias = bias_});
+  backend_.gelu_forward(pre_apart, out_apart);
+  EXPECT_EQ(download(backend_, pre), download(backend_, pre_apart));
+  EXPECT_EQ(download(backend_, out), download(backend_, out_apart));
+  Buffer product = zeros(backend_, Shape{kRows, kIn}), dx_apart = zeros(backend_, Shape{kRows, kIn});
+  backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = product});
+  backend_.gelu_backward(product, input_pre, dx_apart);
+  EXPECT_EQ(download(backend_, dx), download(backend_, dx_apart));
+
+  ASSERT_EQ(records.ops.size(), 2u);
+  EXPECT_EQ(records.ops[0].kind, OpKind::linear_forward);
+  EXPECT_EQ(records.ops[0].bytes, bytes(x_) + bytes(weight_) + bytes(pre) + bytes(bias_) + bytes(out));
+  EXPECT_EQ(records.ops[0].epilogue_bytes, bytes(out));
+  EXPECT_EQ(records.ops[0].m, kRows);
+  EXPECT_EQ(records.ops[0].n, kOut);
+  EXPECT_EQ(records.ops[1].kind, OpKind::linear_backward_input);
+  EXPECT_EQ(records.ops[1].flops, 2.0 * kRows * kIn * kOut);
+  EXPECT_EQ(records.ops[1].bytes, bytes(dout_) + bytes(weight_) + bytes(dx) + bytes(input_pre));
+  EXPECT_EQ(records.ops[1].epilogue_bytes, bytes(input_pre));
+}
+
+TEST_F(CpuGemm, WeightGradientRecordsItsBiasGradientTwiceWhenAccumulating) {
+  Buffer dweight = zeros(backend_, Shape{kOut, kIn}), dbias = zeros(backend_, Shape{kOut});
+  Records records;
+  backend_.set_observer(&records);
+  backend_.gemm({.role = GemmRole::backward_weight, .a = dout_, .b = x_, .out = dweight, .accumulate = true,
+                 .bias_gradient = dbias});
+  backend_.set_observer(nullptr);
+  ASSERT_EQ(records.ops.size(), 1u);
+  EXPECT_EQ(records.ops[0].kind, OpKind::linear_backward_weight);
+  EXPECT_EQ(records.ops[0].flops, 2.0 * kOut * kIn * kRows + kRows * kOut);
+  EXPECT_EQ(records.ops[0].bytes, bytes(dout_) + bytes(x_) + 2 * (bytes(dweight) + bytes(dbias)));
+  EXPECT_EQ(records.ops[0].k, kRows);
+}
+
+TEST_F(CpuGemm, RefusesWhatNoBackendRuns) {
+  Buffer out = zeros(backend_, Shape{kRows, kOut});
+  Buffer pre = zeros(backend_, Shape{kRows, kOut});
+  Records records;
+  backend_.set_observer(&records);
+  // A bias on a gradient GEMM, an accumulating GELU epilogue, DGELU on the forward, an aux
+  // without its epilogue.
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = x_,
+                                  .bias = bias_}));
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = out, .accumulate = true,
+                                  .epilogue = GemmEpilogue::gelu_aux_bias, .aux = pre}));
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = out,
+                                  .epilogue = GemmEpilogue::dgelu, .aux = pre}));
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = out, .aux = pre}));
+  // A quantized operand with a high-precision one.
+  QuantizedTensor q;
+  q.data = x_.tensor();
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = q, .b = weight_, .out = out}));
+  backend_.set_observer(nullptr);
+  EXPECT_TRUE(records.ops.empty());
+}
+
+}  // namespace
+}  // namespace mxtrain::test
