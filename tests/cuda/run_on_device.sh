@@ -16,7 +16,7 @@ cmake -S . -B build/gpu -G Ninja -DMXTRAIN_CUDA=ON -DMXTRAIN_BENCHMARKS=OFF -DCM
   -DCMAKE_INCLUDE_PATH="$PWD/.gpu-deps/include" -DMXTRAIN_CUDA_ARCHITECTURES=90 -DCMAKE_CXX_COMPILER=g++ \
   > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
 grep -E "CUDNN|NCCL" build/gpu/CMakeCache.txt | grep -E "_DIR:|_LIBRARY:" | tee -a "$OUT/configure.log"
-if ! ninja -C build/gpu mxtrain_cuda_tests mxtrain > "$OUT/build.log" 2>&1; then
+if ! ninja -C build/gpu -k 0 mxtrain_cuda_tests mxtrain > "$OUT/build.log" 2>&1; then
   grep -E -A6 "error|FAILED" "$OUT/build.log" | head -40
   echo "build failed"
   exit 1

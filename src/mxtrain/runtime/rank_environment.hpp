@@ -7,6 +7,7 @@
 // SageMaker describes a node, not a process: the result has node_level_only set, and whoever
 // reads it (`mxtrain train` or `mxtrain launch`) starts local_world_size ranks on this node.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
