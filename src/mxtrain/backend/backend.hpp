@@ -256,7 +256,6 @@ AdamWStepFactors adamw_step_factors(const AdamWArgs& args);
 
 class Backend {
  public:
-  static constexpr int kInterfaceVersion = 7;
   virtual ~Backend();
 
   virtual std::string_view name() const = 0;

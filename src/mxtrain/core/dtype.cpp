@@ -82,4 +82,12 @@ float f16_to_float(uint16_t value) {
   return bits_float(sign | (exponent + 127 - 15) << 23 | (mantissa << 13));
 }
 
+std::string precision_label(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "BF16";
+    case DType::f16: return "FP16";
+    default: return "FP32";
+  }
+}
+
 }  // namespace mxtrain

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 namespace mxtrain {
@@ -35,6 +36,8 @@ constexpr int dtype_bits(DType dtype) {
 constexpr size_t dtype_bytes(DType dtype, size_t count) { return (count * dtype_bits(dtype) + 7) / 8; }
 
 std::string_view dtype_name(DType dtype);
+// "BF16", "FP16", "FP32" (any other dtype): how start-up lines name a compute precision.
+std::string precision_label(DType dtype);
 // Parses "f32"/"fp32"/"float32", "bf16", "f16"/"fp16", ...; returns false if unknown.
 bool parse_dtype(std::string_view text, DType* out);
 

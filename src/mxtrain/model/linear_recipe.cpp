@@ -32,14 +32,6 @@ bool LinearRecipeOptions::quantized(int64_t layer, int64_t layers) const {
   return format != LinearFormat::high_precision && layer >= bf16_first_layers && layer < layers - bf16_last_layers;
 }
 
-std::string precision_label(DType dtype) {
-  switch (dtype) {
-    case DType::bf16: return "BF16";
-    case DType::f16: return "FP16";
-    default: return "FP32";
-  }
-}
-
 namespace {
 
 bool per_tensor(LinearFormat format) {

@@ -36,8 +36,6 @@ namespace mxtrain {
 
 enum class LinearFormat : uint8_t { high_precision, fp8_delayed, fp8_current, mxfp8, nvfp4 };
 const char* linear_format_name(LinearFormat format);
-// "BF16", "FP16", "FP32" (any other dtype) for start-up lines.
-std::string precision_label(DType dtype);
 
 enum class LinearKind : uint8_t { qkv, out, up, down };
 constexpr int kLinearKinds = 4;
