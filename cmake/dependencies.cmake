@@ -43,38 +43,26 @@ if(MPI_CXX_FOUND)
   target_compile_definitions(mxtrain_deps INTERFACE MXTRAIN_HAVE_MPI=1)
 endif()
 
-# The data layer's libraries. Tokenizers: PCRE2 (the byte-level BPE pre-tokenizer patterns need Unicode classes and
-# look-ahead) and sentencepiece. Optional at build time, like MPI: without them a tokenizer.json
-# or .model file is an error that names the Debian package to install.
-find_path(PCRE2_INCLUDE_DIR pcre2.h)
-find_library(PCRE2_LIBRARY NAMES pcre2-8)
+# The data layer's libraries, each optional at build time like MPI (without one, the input that
+# needs it is an error naming the Debian package): PCRE2 (the byte-level BPE pre-tokenizer
+# patterns need Unicode classes and look-ahead), sentencepiece, and zstd (.jsonl.zst, streamed).
 add_library(mxtrain_data_deps INTERFACE)
-set(MXTRAIN_HAVE_PCRE2 OFF)
-if(PCRE2_INCLUDE_DIR AND PCRE2_LIBRARY)
-  set(MXTRAIN_HAVE_PCRE2 ON)
-  target_include_directories(mxtrain_data_deps SYSTEM INTERFACE ${PCRE2_INCLUDE_DIR})
-  target_link_libraries(mxtrain_data_deps INTERFACE ${PCRE2_LIBRARY})
-  target_compile_definitions(mxtrain_data_deps INTERFACE MXTRAIN_HAVE_PCRE2=1)
-endif()
-find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h)
-find_library(SENTENCEPIECE_LIBRARY NAMES sentencepiece)
-set(MXTRAIN_HAVE_SENTENCEPIECE OFF)
-if(SENTENCEPIECE_INCLUDE_DIR AND SENTENCEPIECE_LIBRARY)
-  set(MXTRAIN_HAVE_SENTENCEPIECE ON)
-  target_include_directories(mxtrain_data_deps SYSTEM INTERFACE ${SENTENCEPIECE_INCLUDE_DIR})
-  target_link_libraries(mxtrain_data_deps INTERFACE ${SENTENCEPIECE_LIBRARY})
-  target_compile_definitions(mxtrain_data_deps INTERFACE MXTRAIN_HAVE_SENTENCEPIECE=1)
-endif()
-# zstd: `mxtrain prepare` reads .jsonl.zst (streamed). Optional in the same way.
-find_path(ZSTD_INCLUDE_DIR zstd.h)
-find_library(ZSTD_LIBRARY NAMES zstd)
-set(MXTRAIN_HAVE_ZSTD OFF)
-if(ZSTD_INCLUDE_DIR AND ZSTD_LIBRARY)
-  set(MXTRAIN_HAVE_ZSTD ON)
-  target_include_directories(mxtrain_data_deps SYSTEM INTERFACE ${ZSTD_INCLUDE_DIR})
-  target_link_libraries(mxtrain_data_deps INTERFACE ${ZSTD_LIBRARY})
-  target_compile_definitions(mxtrain_data_deps INTERFACE MXTRAIN_HAVE_ZSTD=1)
-endif()
+# mxtrain_optional_library(NAME HEADER LIBRARY): sets MXTRAIN_HAVE_<NAME> and, when found, adds
+# the headers, the library and the definition MXTRAIN_HAVE_<NAME>=1 to mxtrain_data_deps.
+function(mxtrain_optional_library name header library)
+  find_path(${name}_INCLUDE_DIR ${header})
+  find_library(${name}_LIBRARY NAMES ${library})
+  set(MXTRAIN_HAVE_${name} OFF PARENT_SCOPE)
+  if(${name}_INCLUDE_DIR AND ${name}_LIBRARY)
+    set(MXTRAIN_HAVE_${name} ON PARENT_SCOPE)
+    target_include_directories(mxtrain_data_deps SYSTEM INTERFACE ${${name}_INCLUDE_DIR})
+    target_link_libraries(mxtrain_data_deps INTERFACE ${${name}_LIBRARY})
+    target_compile_definitions(mxtrain_data_deps INTERFACE MXTRAIN_HAVE_${name}=1)
+  endif()
+endfunction()
+mxtrain_optional_library(PCRE2 pcre2.h pcre2-8)
+mxtrain_optional_library(SENTENCEPIECE sentencepiece_processor.h sentencepiece)
+mxtrain_optional_library(ZSTD zstd.h zstd)
 
 if(MXTRAIN_WITH_CUDA)
   set(MXTRAIN_WITH_CUDA_INT 1)

@@ -408,6 +408,16 @@ def cpu_run_text(relative):
             f"{header['wall']}" + (f"; load average {header['load'].split(' (')[0]}" if "load" in header else ""))
 
 
+def cpu_run_sample(relative):
+    """The `mxtrain generate` sample the default-run log ends with: its command, then its text."""
+    text = read(relative)
+    command = [l[len("# generate: "):] for l in text.splitlines() if l.startswith("# generate: ")]
+    sample = [l[len("[generate] "):] for l in text.splitlines() if l.startswith("[generate] ")]
+    if not command or not sample:
+        raise SystemExit("derive.py: %s holds no generate sample (rerun bench/cpu_default_run.sh)" % relative)
+    return "```\n$ " + command[0] + "\n" + "\n".join(sample) + "\n```"
+
+
 def cpu_run_tail(relative):
     text = read(relative)
     lines = [l for l in text.splitlines() if l.startswith("[rank 0]")]
@@ -440,6 +450,7 @@ def generate(kind, args, planner):
         "calibration-fit": calibration_fit_text,
         "cpu-run": lambda: cpu_run_text(*args),
         "cpu-run-tail": lambda: cpu_run_tail(*args),
+        "cpu-run-sample": lambda: cpu_run_sample(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")

@@ -3,7 +3,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/files.hpp"
@@ -14,21 +13,14 @@ namespace fs = std::filesystem;
 namespace mxtrain {
 namespace {
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 TEST(WriteFileAtomically, WritesAndReplacesWholeContents) {
   test::TempDir dir;
   const fs::path path = dir.file("out.json");
   write_file_atomically(path.string(), "first\n");
-  EXPECT_EQ(read_all(path), "first\n");
+  EXPECT_EQ(test::read_file(path), "first\n");
   const std::string large(3 << 20, 'x');
   write_file_atomically(path.string(), large);
-  EXPECT_EQ(read_all(path), large);
+  EXPECT_EQ(test::read_file(path), large);
   EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
 }
 
@@ -45,7 +37,7 @@ TEST(WriteFileAtomically, AFailedWriteKeepsTheOldFileAndNamesThePath) {
     EXPECT_NE(std::string(error.what()).find(path.string()), std::string::npos) << error.what();
     EXPECT_EQ(error.advice(), "the advice");
   }
-  EXPECT_EQ(read_all(path), "old\n");
+  EXPECT_EQ(test::read_file(path), "old\n");
 }
 
 TEST(WriteFileAtomically, AMissingDirectoryIsAnErrorThatNamesTheFile) {

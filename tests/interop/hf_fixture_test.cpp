@@ -1,11 +1,14 @@
 // Import against transformers itself: tiny random Llama (GQA, tied and untied) and GPT-2 (saved
 // in shards) written by save_pretrained on the GPU machine (tests/reference/make_hf_fixtures.py,
 // committed under tests/reference/hf/), loaded through HfCheckpoint into a store on the CPU: the
-// mean cross-entropy of the fixed tokens equals the loss transformers computed to 1e-5 relative.
+// mean cross-entropy of the fixed tokens equals the loss transformers computed to 1e-5 relative,
+// and every logit equals transformers' to 1e-4 (relative L2, and the largest error against the
+// largest logit).
 // The Llama 3 rope-scaling fixture is refused with a message naming rope_scaling (not reproduced
 // yet), instead of loading into a model that would compute other logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -22,7 +25,7 @@ namespace {
 
 class HfFixture : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(HfFixture, LossEqualsTransformers) {
+TEST_P(HfFixture, LossAndLogitsEqualTransformers) {
   const std::string dir = test::source_dir() + "/tests/reference/hf/" + GetParam();
   std::ifstream in(dir + "/expected.json");
   ASSERT_TRUE(in) << dir << " is missing: run tests/reference/make_hf_fixtures.py on the GPU machine";
@@ -51,6 +54,23 @@ TEST_P(HfFixture, LossEqualsTransformers) {
   const double reference = expected["loss"].get<double>();
   EXPECT_LE(std::abs(loss - reference) / reference, 1e-5) << GetParam() << ": mxtrain " << loss << ", transformers "
                                                           << reference << " (" << expected["transformers"] << ")";
+
+  // Every row's logits over the real vocabulary (the padding rows of the head are zero).
+  Buffer logits = backend->allocate("logits", Shape{batch * seq, config.padded_vocab}, DType::f32, Lifetime::scratch);
+  model.forward_logits(tokens, batch, seq, 0, logits);
+  std::vector<float> all(static_cast<size_t>(batch * seq * config.padded_vocab)), ours;
+  backend->copy_to_host(logits, all.data());
+  for (int64_t r = 0; r < batch * seq; ++r)
+    ours.insert(ours.end(), all.begin() + r * config.padded_vocab, all.begin() + r * config.padded_vocab + config.vocab_size);
+  const std::vector<float> theirs = expected["logits"].get<std::vector<float>>();
+  ASSERT_EQ(ours.size(), theirs.size());
+  float largest = 0, worst = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    largest = std::max(largest, std::abs(theirs[i]));
+    worst = std::max(worst, std::abs(ours[i] - theirs[i]));
+  }
+  EXPECT_LE(test::relative_l2_error(ours, theirs), 1e-4) << GetParam();
+  EXPECT_LE(worst, 1e-4f * largest) << GetParam() << ": largest logit " << largest;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfFixture, ::testing::Values("llama_gqa_untied", "llama_gqa_tied", "gpt2"));

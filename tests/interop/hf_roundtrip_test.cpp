@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -13,13 +12,6 @@
 
 namespace mxtrain {
 namespace {
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 double last_val_loss(const std::string& metrics) {
   double loss = -1;
@@ -55,7 +47,7 @@ void expect_round_trip(const std::string& preset) {
                               &output),
             0)
       << output;
-  EXPECT_EQ(read_all(dir.file("export1") + "/model.safetensors"), read_all(dir.file("export2") + "/model.safetensors"));
+  EXPECT_EQ(test::read_file(dir.file("export1") + "/model.safetensors"), test::read_file(dir.file("export2") + "/model.safetensors"));
   EXPECT_EQ(last_val_loss(dir.file("run1") + "/metrics.jsonl"), last_val_loss(dir.file("run2") + "/metrics.jsonl"));
   // An export never overwrites: the same target again is refused and left as it was.
   EXPECT_NE(test::run_command(mxtrain + " export " + dir.file("run2") + " " + dir.file("export1"), &output), 0);

@@ -42,6 +42,9 @@ class TempDir {
 // train/val shards under dir with the byte tokenizer; returns dir.
 std::string make_test_corpus(const std::string& dir, size_t bytes = 160000);
 
+// A whole file's bytes ("" when it cannot be read).
+std::string read_file(const std::string& path);
+
 // Runs a shell command, returns its exit status; stdout+stderr go to *output when given.
 int run_command(const std::string& command, std::string* output = nullptr);
 

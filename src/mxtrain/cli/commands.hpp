@@ -21,5 +21,6 @@ void add_plan_command(CLI::App& app);
 void add_tune_command(CLI::App& app);
 void add_compare_precision_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 
 }  // namespace mxtrain::cli

@@ -18,26 +18,13 @@
 namespace mxtrain::cli {
 namespace {
 
-namespace fs = std::filesystem;
-
 struct ExportArguments {
   std::string source, out_dir, dtype = "bf16";
   double max_shard_gb = 5.0;
 };
 
-// A checkpoint directory itself, or the newest complete checkpoint of a run directory.
-std::string find_checkpoint(const std::string& source) {
-  std::error_code error;
-  if (fs::is_regular_file(fs::path(source) / "manifest.json", error)) return source;
-  const std::vector<std::string> found = CheckpointStore(source, 0, 1).list();
-  if (found.empty())
-    throw Error(ErrorKind::checkpoint, source + " is neither a checkpoint directory nor a run directory with checkpoints",
-                "pass a run directory (train -o DIR) or one of its checkpoints/step_* directories");
-  return found.front();
-}
-
 void run_export(const ExportArguments& arguments) {
-  const CheckpointReader reader(find_checkpoint(arguments.source));
+  const CheckpointReader reader(resolve_checkpoint(arguments.source));
   const RunConfig config = config_from_json(reader.meta().config);
   const ModelLayout layout = build_layout(config.model);
   interop::HfExportOptions options;

@@ -18,6 +18,7 @@ int run(int argc, char** argv) {
   add_tune_command(app);
   add_compare_precision_command(app);
   add_export_command(app);
+  add_generate_command(app);
   add_version_command(app);
   try {
     app.parse(argc, argv);

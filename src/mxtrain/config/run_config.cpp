@@ -217,6 +217,10 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(integer("log.every", c.log.every, "a step line every N steps", 1));
   list.push_back(text("log.metrics", c.log.metrics, "JSONL metrics file in the run directory"));
   list.push_back(boolean("log.all_ranks", c.log.all_ranks, "step lines from every rank"));
+  list.push_back(integer("log.sample_every", c.log.sample_every,
+                         "print a generated sample every N steps (0 = never), from log.sample_prompt", 0));
+  list.push_back(integer("log.sample_tokens", c.log.sample_tokens, "tokens in each sample", 1));
+  list.push_back(text("log.sample_prompt", c.log.sample_prompt, "the text each sample continues"));
   list.push_back(boolean("log.tensorboard", c.log.tensorboard,
                          "TensorBoard event files in <run directory>/tensorboard: the metrics.jsonl points"));
 

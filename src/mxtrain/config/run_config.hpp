@@ -84,6 +84,9 @@ struct LogConfig {
   std::string metrics = "metrics.jsonl";  // in the run directory
   bool all_ranks = false;       // step lines from every rank, not only rank 0
   bool tensorboard = true;      // TensorBoard event files in <run directory>/tensorboard (rank 0)
+  int64_t sample_every = 0;     // a generated sample every N steps (0 = none), as llm.c prints
+  int64_t sample_tokens = 64;   // tokens per sample
+  std::string sample_prompt = "The";
 };
 
 struct CheckpointConfig {

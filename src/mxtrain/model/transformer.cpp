@@ -397,12 +397,10 @@ void Transformer::forward_backward(const Tensor& tokens, const Tensor& targets, 
   embed_backward(tokens, dres);
 }
 
-void Transformer::forward_loss(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq,
-                               const Tensor& loss_sum) {
+Buffer Transformer::forward_blocks(const Tensor& tokens, int64_t batch, int64_t seq) {
   batch_ = batch;
   seq_ = seq;
   rows_ = batch * seq;
-  PhaseScope scope(backend_, Phase::forward);
   Buffer x = activation("embed.out", -1, config_.hidden, Lifetime::activation);
   embed_forward(tokens, x);
   for (int64_t l = 0; l < config_.layers; ++l) {
@@ -414,7 +412,39 @@ void Transformer::forward_loss(const Tensor& tokens, const Tensor& targets, int6
     params_.release(g, Pass::forward);
     x = std::move(next);
   }
+  return x;
+}
+
+void Transformer::forward_loss(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq,
+                               const Tensor& loss_sum) {
+  PhaseScope scope(backend_, Phase::forward);
+  Buffer x = forward_blocks(tokens, batch, seq);
   head(x, targets, 0.0f, loss_sum, Tensor());
+}
+
+void Transformer::forward_logits(const Tensor& tokens, int64_t batch, int64_t seq, int64_t first_row,
+                                 const Tensor& out) {
+  MXTRAIN_ASSERT(first_row >= 0 && first_row < batch * seq && out.rank() == 2 &&
+                     out.size(0) == batch * seq - first_row && out.size(1) == config_.padded_vocab,
+                 "forward_logits: rows from %lld of %lld into %s", static_cast<long long>(first_row),
+                 static_cast<long long>(batch * seq), out.describe().c_str());
+  PhaseScope scope(backend_, Phase::forward);
+  Buffer x = forward_blocks(tokens, batch, seq);
+  const int g = layout_.head_group, embed = layout_.embed_group;
+  const bool tied = layout_.head_weight < 0;
+  params_.acquire(g, Pass::forward);
+  if (tied) params_.acquire(embed, Pass::forward);
+  const Tensor head_weight = tied ? params_.weight(embed, layout_.token_table) : params_.weight(g, layout_.head_weight);
+  const Tensor norm_bias = layout_.final_norm_bias >= 0 ? params_.weight(g, layout_.final_norm_bias) : Tensor();
+  Buffer normed = activation("final_norm", -1, config_.hidden, Lifetime::activation);
+  Buffer mean = norm_kind() == NormKind::layer ? statistics("final_norm.mean", -1) : Buffer();
+  Buffer rstd = statistics("final_norm.rstd", -1);
+  backend_.norm_forward(norm_kind(), x, params_.weight(g, layout_.final_norm_weight), norm_bias, normed, mean, rstd,
+                        config_.norm_eps);
+  backend_.gemm({.role = GemmRole::forward, .a = normed.tensor().slice_rows(first_row, rows_), .b = head_weight,
+                 .out = out});
+  if (tied) params_.release(embed, Pass::forward);
+  params_.release(g, Pass::forward);
 }
 
 }  // namespace mxtrain

@@ -36,6 +36,9 @@ class Transformer {
   // Evaluation: loss_sum += sum of per-token losses; keeps one block's activations at a time.
   void forward_loss(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq,
                     const Tensor& loss_sum);
+  // Inference: the logits of rows [first_row, batch*seq) into out [batch*seq - first_row,
+  // padded_vocab] (activation dtype): generation reads the last row, tests every row.
+  void forward_logits(const Tensor& tokens, int64_t batch, int64_t seq, int64_t first_row, const Tensor& out);
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
@@ -64,6 +67,8 @@ class Transformer {
   AttentionShape attention_shape() const;
 
   void embed_forward(const Tensor& tokens, const Tensor& x0);
+  // Embedding and every block without keeping anything for backward: the last block's output.
+  Buffer forward_blocks(const Tensor& tokens, int64_t batch, int64_t seq);
   void embed_backward(const Tensor& tokens, const Tensor& dres);
   // Runs block `layer` on x. Writes x_out unless it is undefined (recompute stops after the
   // MLP activation, which is all backward needs).

@@ -258,4 +258,15 @@ void CheckpointStore::prune(int64_t keep) {
   }
 }
 
+std::string resolve_checkpoint(const std::string& run_or_checkpoint) {
+  std::error_code error;
+  if (fs::is_regular_file(fs::path(run_or_checkpoint) / "manifest.json", error)) return run_or_checkpoint;
+  const std::vector<std::string> found = CheckpointStore(run_or_checkpoint, 0, 1).list();
+  if (found.empty())
+    throw Error(ErrorKind::checkpoint,
+                run_or_checkpoint + " is neither a checkpoint directory nor a run directory with checkpoints",
+                "pass a run directory (train -o DIR) or one of its checkpoints/step_* directories");
+  return found.front();
+}
+
 }  // namespace mxtrain

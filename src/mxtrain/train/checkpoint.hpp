@@ -78,4 +78,8 @@ class CheckpointStore {
 
 std::string step_directory_name(int64_t step);  // "step_00000100"
 
+// A checkpoint directory itself, or the newest complete checkpoint of a run directory; throws
+// Error(checkpoint) saying what to pass when it is neither.
+std::string resolve_checkpoint(const std::string& run_or_checkpoint);
+
 }  // namespace mxtrain

@@ -49,7 +49,8 @@ MetricsFile::MetricsFile(const std::string& path) : path_(path), stream_(path, s
 
 void MetricsFile::write(const nlohmann::json& record) {
   if (!stream_.is_open()) return;
-  stream_ << record.dump() << '\n';
+  // Generated samples may hold invalid UTF-8 (a byte tokenizer's output): replaced, not an error.
+  stream_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   stream_.flush();
 }
 

@@ -16,12 +16,14 @@
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
+#include "mxtrain/data/tokenizer.hpp"
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/hw/gpu_catalog.hpp"
 #include "mxtrain/report/tensorboard.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/checkpoint_policy.hpp"
+#include "mxtrain/train/generate.hpp"
 #include "mxtrain/train/metrics.hpp"
 #include "mxtrain/train/rank_group.hpp"
 #include "mxtrain/train/resume.hpp"
@@ -139,6 +141,9 @@ class TrainingRun {
   // The held-out loss (logged and recorded); -1 without a validation set.
   double evaluate(int64_t step);
   void save(int64_t step);
+  // Text the model generates from log.sample_prompt (every rank computes it, as FSDP needs;
+  // rank 0 prints it and records it in metrics.jsonl).
+  void sample(int64_t step);
   // A stop signal reached some rank: save and report (collective).
   TrainerSummary stop(int64_t step);
   // After the last step: the held-out loss, the final checkpoint and the summary.
@@ -310,6 +315,24 @@ double TrainingRun::evaluate(int64_t step) {
   return val_loss;
 }
 
+void TrainingRun::sample(int64_t step) {
+  const auto tokenizer = data::make_tokenizer(config_.data.tokenizer);
+  std::vector<int32_t> prompt = tokenizer->encode(config_.log.sample_prompt);
+  if (prompt.empty() && tokenizer->bos_id()) prompt.push_back(*tokenizer->bos_id());
+  if (prompt.empty()) return;
+  SamplingOptions options;
+  options.max_tokens = config_.log.sample_tokens;
+  options.seed = static_cast<uint64_t>(config_.train.seed) + static_cast<uint64_t>(step);
+  options.stop_token = tokenizer->eos_id().value_or(-1);
+  const std::vector<int32_t> produced =
+      generate_tokens(session_->model(), *backend_, prompt, std::min(config_.train.seq_len, config_.model.max_seq_len),
+                      options);
+  const std::string text = config_.log.sample_prompt + tokenizer->decode(produced);
+  log::info(strf("step %lld/%lld | sample: %s", static_cast<long long>(step),
+                 static_cast<long long>(config_.train.steps), data::printable_text(text).c_str()));
+  metrics_.write({{"step", step}, {"sample", text}});
+}
+
 void TrainingRun::save(int64_t step) {
   CheckpointMeta meta;
   meta.step = step;
@@ -386,6 +409,7 @@ TrainerSummary Trainer::run() {
     ++step;
     run.train_step(step);
     if (config_.eval.every > 0 && step % config_.eval.every == 0 && step < config_.train.steps) run.evaluate(step);
+    if (config_.log.sample_every > 0 && step % config_.log.sample_every == 0) run.sample(step);
     const CheckpointAction action = checkpoints.after_step(step);
     if (action == CheckpointAction::save_and_stop) return run.stop(step);
     if (action == CheckpointAction::save) {
