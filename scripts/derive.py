@@ -473,6 +473,28 @@ def regenerate(text, planner):
     return text
 
 
+def check_gpu_results(documents):
+    """The GPU logs the documents cite say what the documents say of them: a cited
+    h200_cuda_tests_*.log ran its tests and every one passed; every case of a cited
+    h200_hf_roundtrip_*.jsonl is within its 1e-4 bound."""
+    problems = []
+    cited = set()
+    for doc in documents:
+        cited.update(re.findall(r"bench/results/h200_(?:cuda_tests|hf_roundtrip)_[0-9a-f]+\.(?:log|jsonl)", read(doc)))
+    for relative in sorted(cited):
+        if not os.path.exists(path(relative)):
+            problems.append(f"{relative} is cited but not committed")
+        elif relative.endswith(".log"):
+            text = read(relative)
+            if not re.search(r"^\[  PASSED  \] \d+ tests?\.$", text, re.M) or re.search(r"^\[  FAILED  \]", text, re.M):
+                problems.append(f"{relative}: not every GPU test passed")
+        else:
+            cases = [json.loads(line) for line in read(relative).splitlines() if '"case"' in line]
+            if not cases or not all(c["ok"] and c["relative_difference"] <= 1e-4 for c in cases):
+                problems.append(f"{relative}: a round-trip case is off")
+    return problems
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything would change")
@@ -498,7 +520,7 @@ def main():
             with open(path(relative), "w") as f:
                 f.write(new)
             print(f"derive.py: rewrote {relative}")
-    problems = check_tune()
+    problems = check_tune() + check_gpu_results(documents)
     for problem in problems:
         print(f"derive.py: results check failed: {problem}")
     if options.check and stale:
@@ -506,7 +528,7 @@ def main():
               "python3 scripts/derive.py and commit the result")
     if problems or (options.check and stale):
         return 1
-    print(f"derive.py: {len(outputs)} files {'checked' if options.check else 'current'}, tune results check passed")
+    print(f"derive.py: {len(outputs)} files {'checked' if options.check else 'current'}, tune and GPU results checks passed")
     return 0
 
 
