@@ -248,12 +248,12 @@ class WatchedDryrun final : public DryrunBackend {
       for (const pb::PrivateBuffer& buffer : pb::column_sum(dout)) expected.push_back(buffer);
     watch("linear_backward_weight", expected, [&] { DryrunBackend::impl_gemm(args); });
   }
-  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+  void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                  const Tensor& out_amax) override {
     pb::PrivateBuffers expected;
-    if (ropes_.insert(std::make_tuple(shape.seq, shape.head_dim, theta)).second)
+    if (ropes_.insert(std::make_tuple(shape.seq, shape.head_dim, rope)).second)
       expected.push_back(pb::rope_table(shape.seq, shape.head_dim));
-    watch("rope", expected, [&] { DryrunBackend::impl_rope(qkv, shape, theta, inverse, out_amax); });
+    watch("rope", expected, [&] { DryrunBackend::impl_rope(qkv, shape, rope, inverse, out_amax); });
   }
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override {
@@ -278,7 +278,7 @@ class WatchedDryrun final : public DryrunBackend {
     }
   }
   int depth_ = 0;
-  std::set<std::tuple<int64_t, int64_t, float>> ropes_;
+  std::set<std::tuple<int64_t, int64_t, RopeSpec>> ropes_;
   size_t workspace_held_ = 0;
 };
 

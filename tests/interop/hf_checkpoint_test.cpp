@@ -67,6 +67,21 @@ TEST(HfConfig, LlamaAndGpt2MapOntoModelConfig) {
   EXPECT_FLOAT_EQ(again.rope_theta, llama.rope_theta);
 }
 
+TEST(HfConfig, Llama3RopeScalingRoundTrips) {
+  nlohmann::json json = llama_json();
+  json["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  const ModelConfig config = model_config_from_hf(json, "config.json");
+  EXPECT_FLOAT_EQ(config.rope_scaling_factor, 32.0f);
+  EXPECT_EQ(config.rope_original_max_positions, 8192);
+  EXPECT_TRUE(config.rope().scaled());
+  const nlohmann::json exported = hf_config_from_model(config, 1, 2);
+  EXPECT_EQ(exported["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(model_config_from_hf(exported, "exported").rope_original_max_positions, 8192);
+  // No scaling: no rope_scaling key.
+  EXPECT_FALSE(hf_config_from_model(model_config_from_hf(llama_json(), "c"), 1, 2).contains("rope_scaling"));
+}
+
 TEST(HfConfig, WhatIsNotReproducedIsRefusedByName) {
   struct Case {
     const char* key;

@@ -94,6 +94,11 @@ made = {
                                               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                                               max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
                                               tie_word_embeddings=False)),
+    "llama3_rope_scaling": LlamaForCausalLM(LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=True, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
     "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=128, n_layer=3, n_head=4, n_positions=512,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
 }

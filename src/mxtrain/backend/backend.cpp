@@ -2,6 +2,8 @@
 // formulas that every backend reports through its TraceObserver.
 #include "mxtrain/backend/backend.hpp"
 
+#include <tuple>
+
 #include <chrono>
 #include <cmath>
 
@@ -360,15 +362,49 @@ static void check_attention_shape(const AttentionShape& shape, const Tensor& qkv
                  qkv.describe().c_str());
 }
 
-void Backend::rope_forward(const Tensor& qkv, const AttentionShape& shape, float theta) {
+bool RopeSpec::operator<(const RopeSpec& other) const {
+  return std::tie(theta, scaling_factor, low_freq_factor, high_freq_factor, original_max_positions) <
+         std::tie(other.theta, other.scaling_factor, other.low_freq_factor, other.high_freq_factor,
+                  other.original_max_positions);
+}
+
+std::vector<float> rope_inverse_frequencies(int64_t head_dim, const RopeSpec& spec) {
+  MXTRAIN_ASSERT(head_dim % 2 == 0 && spec.theta > 0, "rope: head_dim %lld, theta %g", static_cast<long long>(head_dim),
+                 static_cast<double>(spec.theta));
+  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq[i] = 1.0f / std::pow(spec.theta, exponent);
+  }
+  if (!spec.scaled()) return inv_freq;
+  // transformers' _compute_llama3_parameters, in f32 as there.
+  const float old_context = static_cast<float>(spec.original_max_positions);
+  const float low_freq_wavelen = old_context / spec.low_freq_factor;
+  const float high_freq_wavelen = old_context / spec.high_freq_factor;
+  for (float& frequency : inv_freq) {
+    const float wavelen = static_cast<float>(2.0 * M_PI) / frequency;
+    const float scaled = wavelen > low_freq_wavelen ? frequency / spec.scaling_factor : frequency;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    if (medium) {
+      const float smooth = (old_context / wavelen - spec.low_freq_factor) / (spec.high_freq_factor - spec.low_freq_factor);
+      frequency = (1.0f - smooth) * scaled / spec.scaling_factor + smooth * scaled;
+    } else {
+      frequency = scaled;
+    }
+  }
+  return inv_freq;
+}
+
+void Backend::rope_forward(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope) {
   check_attention_shape(shape, qkv, "rope_forward");
   double rotated = static_cast<double>(qkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
   record({OpKind::rope_forward, phase_, qkv.dtype, 3 * rotated,
           2 * rotated * dtype_bits(qkv.dtype) / 8.0});
-  impl_rope(qkv, shape, theta, false, Tensor());
+  impl_rope(qkv, shape, rope, false, Tensor());
 }
 
-void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta, const Tensor& out_amax) {
+void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope,
+                            const Tensor& out_amax) {
   check_attention_shape(shape, dqkv, "rope_backward");
   double rotated = static_cast<double>(dqkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
   // The amax also reads the v heads.
@@ -377,7 +413,7 @@ void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, flo
                                             : 0.0;
   record({OpKind::rope_backward, phase_, dqkv.dtype, 3 * rotated,
           2 * rotated * dtype_bits(dqkv.dtype) / 8.0 + v_bytes});
-  impl_rope(dqkv, shape, theta, true, kernel_amax(out_amax));
+  impl_rope(dqkv, shape, rope, true, kernel_amax(out_amax));
   finish_amax(dqkv, out_amax);
 }
 

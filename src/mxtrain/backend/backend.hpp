@@ -19,6 +19,7 @@
 
 #include "mxtrain/backend/allocator.hpp"
 #include "mxtrain/backend/buffer.hpp"
+#include "mxtrain/backend/rope_spec.hpp"
 #include "mxtrain/core/tensor.hpp"
 
 namespace mxtrain {
@@ -342,9 +343,9 @@ class Backend {
   void gemm(const GemmArgs& args);
   // Rotary embedding in place on the q and k parts of qkv [batch*seq, (heads+2*kv_heads)*head_dim],
   // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
-  void rope_forward(const Tensor& qkv, const AttentionShape& shape, float theta);
+  void rope_forward(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope);
   // The inverse rotation; out_amax (as the norms'): the amax of all of dqkv after it, v included.
-  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, float theta, const Tensor& out_amax = {});
+  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope, const Tensor& out_amax = {});
   // Causal grouped-query attention. qkv packed as above; out [batch*seq, heads*head_dim];
   // lse f32 [batch, heads, seq] = log-sum-exp of each softmax row (kept for backward).
   void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape);
@@ -445,7 +446,7 @@ class Backend {
   static bool has_separable_epilogue(const GemmArgs& args) {
     return args.residual.defined() || args.epilogue != GemmEpilogue::none;
   }
-  virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+  virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                          const Tensor& out_amax) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                       const AttentionShape& shape) = 0;

@@ -123,6 +123,13 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(integer("model.max_seq_len", m.max_seq_len, "learned position table size (gpt2)", 1));
   list.push_back(real("model.norm_eps", m.norm_eps, "norm epsilon", 0, 1));
   list.push_back(real("model.rope_theta", m.rope_theta, "RoPE base", 1));
+  list.push_back(real("model.rope_scaling_factor", m.rope_scaling_factor,
+                      "Llama 3 RoPE frequency scaling factor (0 = none)", 0, 1e6));
+  list.push_back(real("model.rope_low_freq_factor", m.rope_low_freq_factor, "Llama 3 scaling: low_freq_factor", 0, 1e6));
+  list.push_back(real("model.rope_high_freq_factor", m.rope_high_freq_factor, "Llama 3 scaling: high_freq_factor", 0,
+                      1e6));
+  list.push_back(integer("model.rope_original_max_positions", m.rope_original_max_positions,
+                         "Llama 3 scaling: original_max_position_embeddings", 0));
   list.push_back(real("model.init_std", m.init_std, "std of the normal initialisation", 0, 10));
   list.push_back(boolean("model.tied_embeddings", m.tied_embeddings, "head shares the token embedding"));
   list.push_back(boolean("model.bias", m.bias, "biases in linear layers"));

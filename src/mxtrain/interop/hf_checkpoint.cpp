@@ -88,10 +88,18 @@ ModelConfig llama_config(const nlohmann::json& c, const std::string& origin) {
   if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) scaling = &c["rope_scaling"];
   if (scaling) {
     const auto type = scaling->contains("rope_type") ? (*scaling)["rope_type"] : scaling->value("type", nlohmann::json());
-    if (!type.is_null() && type != "default")
+    if (type == "llama3") {
+      config.rope_scaling_factor = static_cast<float>(number(*scaling, "factor", 0.0, origin));
+      config.rope_low_freq_factor = static_cast<float>(number(*scaling, "low_freq_factor", 1.0, origin));
+      config.rope_high_freq_factor = static_cast<float>(number(*scaling, "high_freq_factor", 4.0, origin));
+      config.rope_original_max_positions = integer(*scaling, "original_max_position_embeddings", origin);
+      if (config.rope_scaling_factor <= 0 || config.rope_high_freq_factor <= config.rope_low_freq_factor)
+        unsupported(origin, "rope_scaling", "has a llama3 factor <= 0 or high_freq_factor <= low_freq_factor");
+    } else if (!type.is_null() && type != "default") {
       unsupported(origin, "rope_scaling", "has rope_type " + type.dump() +
-                                              ": mxtrain computes the default RoPE frequencies only (not yet llama3, "
-                                              "linear or dynamic scaling)");
+                                              ": mxtrain computes the default and llama3 RoPE frequencies (not "
+                                              "linear, dynamic, yarn or longrope scaling)");
+    }
   }
   config.rope_theta = static_cast<float>(theta);
   return config;
@@ -173,7 +181,7 @@ nlohmann::json hf_config_from_model(const ModelConfig& config, int bos_token_id,
             {"bos_token_id", bos_token_id},
             {"eos_token_id", eos_token_id},
             {"torch_dtype", "bfloat16"}};
-  return {{"model_type", "llama"},
+  nlohmann::json llama = {{"model_type", "llama"},
           {"architectures", {"LlamaForCausalLM"}},
           {"vocab_size", config.vocab_size},
           {"hidden_size", config.hidden},
@@ -192,6 +200,13 @@ nlohmann::json hf_config_from_model(const ModelConfig& config, int bos_token_id,
           {"bos_token_id", bos_token_id},
           {"eos_token_id", eos_token_id},
           {"torch_dtype", "bfloat16"}};
+  if (config.rope_scaling_factor > 0)
+    llama["rope_scaling"] = {{"rope_type", "llama3"},
+                             {"factor", config.rope_scaling_factor},
+                             {"low_freq_factor", config.rope_low_freq_factor},
+                             {"high_freq_factor", config.rope_high_freq_factor},
+                             {"original_max_position_embeddings", config.rope_original_max_positions}};
+  return llama;
 }
 
 void apply_init_from(RunConfig& run) {

@@ -37,6 +37,10 @@ void ModelConfig::validate() const {
   if (hidden <= 0 || layers <= 0 || heads <= 0 || kv_heads <= 0 || ffn_hidden <= 0 || vocab_size <= 0)
     fail("model dimensions must be positive", "set model.hidden, model.layers, model.heads, model.kv_heads, "
                                               "model.ffn_hidden and model.vocab_size to positive integers");
+  if (rope_scaling_factor > 0 && (rope_original_max_positions <= 0 || rope_high_freq_factor <= rope_low_freq_factor ||
+                                  rope_low_freq_factor <= 0))
+    fail("model.rope_scaling_factor is set but the llama3 scaling's other keys are not consistent",
+         "set model.rope_original_max_positions > 0 and 0 < model.rope_low_freq_factor < model.rope_high_freq_factor");
   if (hidden % heads != 0)
     fail(strf("model.hidden = %lld is not divisible by model.heads = %lld", static_cast<long long>(hidden),
               static_cast<long long>(heads)),

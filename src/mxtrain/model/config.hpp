@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "mxtrain/backend/rope_spec.hpp"
+
 namespace mxtrain {
 
 enum class ModelFamily : uint8_t {
@@ -26,6 +28,10 @@ struct ModelConfig {
   int64_t max_seq_len = 1024;   // size of the learned position table (gpt2)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // Llama 3's RoPE frequency scaling (rope_scaling_factor 0 = none); backend.hpp RopeSpec.
+  float rope_scaling_factor = 0.0f;
+  float rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
+  int64_t rope_original_max_positions = 0;
   float init_std = 0.02f;
   bool tied_embeddings = false;
   bool bias = false;
@@ -34,6 +40,14 @@ struct ModelConfig {
   std::string init_from;
 
   int64_t head_dim() const { return hidden / heads; }
+  RopeSpec rope() const {
+    RopeSpec spec(rope_theta);
+    spec.scaling_factor = rope_scaling_factor;
+    spec.low_freq_factor = rope_low_freq_factor;
+    spec.high_freq_factor = rope_high_freq_factor;
+    spec.original_max_positions = rope_original_max_positions;
+    return spec;
+  }
   int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim(); }
   int64_t up_cols() const { return family == ModelFamily::llama ? 2 * ffn_hidden : ffn_hidden; }
   // Every parameter, counted once (a tied head is not counted twice).

@@ -209,15 +209,13 @@ void LinearRecipe::check_shapes(int64_t rows, int64_t in_features, int64_t out_f
 LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, QuantizedRole role, bool rowwise,
                                              bool columnwise, const std::string& name, bool reuse_scale,
                                              Lifetime columnwise_lifetime) {
-  QuantizeRequest request;
-  request.linear = linear;
-  request.role = role;
-  request.rowwise = rowwise;
-  request.columnwise = columnwise;
-  request.name = name;
-  request.reuse_scale = reuse_scale;
-  request.columnwise_lifetime = columnwise_lifetime;
-  return quantizer_->quantize(x, request);
+  return quantizer_->quantize(x, {.linear = linear,
+                                  .role = role,
+                                  .rowwise = rowwise,
+                                  .columnwise = columnwise,
+                                  .name = name,
+                                  .reuse_scale = reuse_scale,
+                                  .columnwise_lifetime = columnwise_lifetime});
 }
 
 Buffer LinearRecipe::dequantized(const QuantizedTensor& q, DType dtype, const std::string& name) {

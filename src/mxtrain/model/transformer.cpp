@@ -111,7 +111,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = s.norm1, .b = w(l, p.qkv_weight), .out = s.qkv,
                                      .bias = w(l, p.qkv_bias)}, {.save_input = save_inputs});
   if (!keep_inputs) s.norm1.reset();
-  if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope_theta);
+  if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope());
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
   s.lse = backend_.allocate("layers." + std::to_string(l) + ".lse", Shape{batch_, config_.heads, seq_}, DType::f32,
                             Lifetime::activation);
@@ -271,7 +271,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.attn.reset();
     s.lse.reset();
     if (llama)
-      backend_.rope_backward(dqkv, shape, config_.rope_theta, linears_.amax_record(l, LinearKind::qkv, true, dqkv));
+      backend_.rope_backward(dqkv, shape, config_.rope(), linears_.amax_record(l, LinearKind::qkv, true, dqkv));
     recompute(s.norm1, LinearKind::qkv, [&] {
       s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,

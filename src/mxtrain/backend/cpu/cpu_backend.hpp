@@ -35,7 +35,7 @@ class CpuBackend final : public Backend {
                           const Tensor& dx_amax) override;
   // linear_cpu.cpp: the high-precision GEMMs; quantized operands go to gemm_quantized.
   void impl_gemm(const GemmArgs& args) override;
-  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+  void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;

@@ -13,22 +13,18 @@
 namespace mxtrain {
 
 // out_amax: never defined here (records_output_amax() is false; Backend runs the pass).
-void CpuBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse, const Tensor&) {
+void CpuBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
+                           const Tensor&) {
   const char* op = inverse ? "rope_backward" : "rope_forward";
   cpu::require_f32(op, {&qkv});
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && shape.seq > 0, "%s: head_dim %lld must be even", op,
                  static_cast<long long>(shape.head_dim));
-  MXTRAIN_ASSERT(theta > 0, "%s: theta %g", op, static_cast<double>(theta));
   const int64_t dim = shape.head_dim, half = dim / 2, seq = shape.seq;
   const int64_t rotated_heads = shape.heads + shape.kv_heads;  // q heads then k heads; v follows untouched
   const int64_t cols = qkv.cols();
 
-  // cos/sin [seq, half]; torch: 1.0 / (theta ** (arange(0, D, 2).float() / D)), then pos * inv_freq.
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
-    inv_freq[static_cast<size_t>(i)] = 1.0f / std::pow(theta, exponent);
-  }
+  // cos/sin [seq, half] of position * inv_freq (rope_inverse_frequencies: torch's formula).
+  const std::vector<float> inv_freq = rope_inverse_frequencies(dim, rope);
   std::vector<float> cosines(static_cast<size_t>(seq * half)), sines(static_cast<size_t>(seq * half));
   cpu::parallel_rows(threads_, seq, [&](int64_t position) {
     for (int64_t i = 0; i < half; ++i) {

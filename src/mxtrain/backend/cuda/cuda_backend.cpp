@@ -404,19 +404,13 @@ void CudaBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, cons
   if (via_f32) cuda_kernels::accumulate_f32(product.ptr<float>(), dweight, accumulate, stream_);
 }
 
-const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, float theta) {
-  uint32_t theta_bits;
-  std::memcpy(&theta_bits, &theta, 4);
-  auto key = std::make_tuple(seq, head_dim, theta_bits);
+const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, const RopeSpec& rope) {
+  auto key = std::make_tuple(seq, head_dim, rope);
   auto found = rope_tables_.find(key);
   if (found != rope_tables_.end()) return found->second.tensor().ptr<float>();
-  // The CPU oracle's formula (rope_cpu.cpp, torch's): all in f32.
+  // The CPU oracle's frequencies (rope_inverse_frequencies, torch's formula): all in f32.
   const int64_t half = head_dim / 2;
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    inv_freq[static_cast<size_t>(i)] = 1.0f / std::pow(theta, exponent);
-  }
+  const std::vector<float> inv_freq = rope_inverse_frequencies(head_dim, rope);
   std::vector<float> table(static_cast<size_t>(2 * seq * half));
   for (int64_t position = 0; position < seq; ++position) {
     for (int64_t i = 0; i < half; ++i) {
@@ -436,12 +430,12 @@ const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, float theta)
   return pointer;
 }
 
-void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                             const Tensor& out_amax) {
   MXTRAIN_ASSERT(qkv.is_contiguous(), "rope: %s must be contiguous", qkv.describe().c_str());
-  MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && theta > 0, "rope: head_dim %lld, theta %g",
-                 static_cast<long long>(shape.head_dim), static_cast<double>(theta));
-  cuda_kernels::rope(qkv, shape, rope_table(shape.seq, shape.head_dim, theta), inverse, out_amax, stream_);
+  MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && rope.theta > 0, "rope: head_dim %lld, theta %g",
+                 static_cast<long long>(shape.head_dim), static_cast<double>(rope.theta));
+  cuda_kernels::rope(qkv, shape, rope_table(shape.seq, shape.head_dim, rope), inverse, out_amax, stream_);
 }
 
 void CudaBackend::impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,

@@ -98,7 +98,7 @@ class CudaBackend final : public Backend {
                           const Tensor& dx_amax) override;
   // The GEMMs through cuBLASLt (gemm.hpp), epilogues fused where it has them.
   void impl_gemm(const GemmArgs& args) override;
-  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+  void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;
@@ -135,7 +135,7 @@ class CudaBackend final : public Backend {
   void gemm_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
                       const Tensor& out, bool accumulate);
   // f32 [2, seq, head_dim/2]: cos then sin, built with the CPU oracle's formula.
-  const float* rope_table(int64_t seq, int64_t head_dim, float theta);
+  const float* rope_table(int64_t seq, int64_t head_dim, const RopeSpec& rope);
 
   int device_index_;
   cudaStream_t stream_ = nullptr;
@@ -145,7 +145,7 @@ class CudaBackend final : public Backend {
   Buffer reduction_partials_;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<CudnnAttention> attention_;
-  std::map<std::tuple<int64_t, int64_t, uint32_t>, Buffer> rope_tables_;
+  std::map<std::tuple<int64_t, int64_t, RopeSpec>, Buffer> rope_tables_;
   std::array<cudaEvent_t, kTimestampSlots> events_{};
   uint64_t next_timestamp_ = 0;
   bool fused_bias_gradient_ = false;

@@ -168,9 +168,9 @@ void DryrunBackend::gemm_quantized(const QuantizedTensor& a) {
   std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::linear_quantized(a.spec.mode));
 }
 
-void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, float theta, bool, const Tensor&) {
+void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, const RopeSpec& rope, bool, const Tensor&) {
   if (!cuda_.enabled) return;
-  auto key = std::make_tuple(shape.seq, shape.head_dim, theta);
+  auto key = std::make_tuple(shape.seq, shape.head_dim, rope);
   if (rope_tables_.count(key)) return;
   rope_tables_.emplace(key, private_buffers::allocate_private(*this, private_buffers::rope_table(shape.seq, shape.head_dim)));
 }

@@ -85,7 +85,7 @@ class DryrunBackend : public Backend {
                           const Tensor& dx_amax) override;
   // The GEMMs compute nothing; what backend/cuda allocates inside them is replayed.
   void impl_gemm(const GemmArgs& args) override;
-  void impl_rope(const Tensor& qkv, const AttentionShape& shape, float theta, bool inverse,
+  void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                  const Tensor& out_amax) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override;
@@ -123,7 +123,7 @@ class DryrunBackend : public Backend {
   std::vector<Buffer> workspaces_;  // private_buffers::backend_workspaces()
   Buffer attention_workspace_;
   size_t attention_workspace_bytes_ = 0;
-  std::map<std::tuple<int64_t, int64_t, float>, Buffer> rope_tables_;
+  std::map<std::tuple<int64_t, int64_t, RopeSpec>, Buffer> rope_tables_;
   std::vector<DType> native_quantized_gemms_;
 };
 
