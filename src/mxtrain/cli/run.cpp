@@ -1,11 +1,23 @@
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+#include <string>
+
 #include "mxtrain/cli/commands.hpp"
+#include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 
 namespace mxtrain::cli {
 
 int run(int argc, char** argv) {
+  // MXTRAIN_LOG_LEVEL: the least severe log line printed (info by default).
+  if (const char* setting = std::getenv("MXTRAIN_LOG_LEVEL"); setting && *setting) {
+    log::Level level = log::Level::info;
+    if (!log::parse_level(setting, &level))
+      throw Error(ErrorKind::config, std::string("MXTRAIN_LOG_LEVEL=") + setting + " is not a log level",
+                  "use debug, info, warn or error (or unset it: info)");
+    log::set_level(level);
+  }
   CLI::App app{"mxtrain: train decoder-only transformers on NVIDIA GPUs (and CPUs), plan their memory and speed, "
                "and tune them"};
   app.require_subcommand(1);

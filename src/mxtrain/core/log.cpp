@@ -18,6 +18,15 @@ int rank() { return g_rank; }
 void set_all_ranks(bool all_ranks) { g_all_ranks = all_ranks; }
 void set_level(Level level) { g_level = static_cast<int>(level); }
 
+bool parse_level(const std::string& text, Level* level) {
+  if (text == "debug") *level = Level::debug;
+  else if (text == "info") *level = Level::info;
+  else if (text == "warn" || text == "warning") *level = Level::warn;
+  else if (text == "error") *level = Level::error;
+  else return false;
+  return true;
+}
+
 void write(Level level, const std::string& text) {
   if (static_cast<int>(level) < g_level) return;
   // Warnings and errors come from every rank: a failure on rank 3 must not be swallowed.

@@ -11,6 +11,8 @@ void set_rank(int rank);
 int rank();
 void set_all_ranks(bool all_ranks);
 void set_level(Level level);
+// "debug", "info", "warn" (or "warning"), "error"; false for anything else.
+bool parse_level(const std::string& text, Level* level);
 
 // Prints "[rank R] text" to stderr (warn/error) or stdout (info/debug).
 void write(Level level, const std::string& text);

@@ -4,6 +4,7 @@
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/core/progress.hpp"
 
 namespace mxtrain {
 
@@ -21,6 +22,9 @@ std::string format_step_line(const StepMetrics& m) {
   line += " | peak " + format_bytes(m.peak_bytes);
   if (m.loss_scale > 0) line += strf(" | loss_scale %g", m.loss_scale);
   if (m.skipped) line += " | skipped (overflow)";
+  if (m.elapsed_s >= 0)
+    line += " | " + Progress::duration(m.elapsed_s) + " elapsed" +
+            (m.eta_s >= 0 ? ", ETA " + Progress::duration(m.eta_s) : "");
   return line;
 }
 

@@ -22,6 +22,8 @@ struct StepMetrics {
   int64_t tokens = 0;                // tokens consumed so far
   bool skipped = false;              // the update was skipped (fp16 overflow)
   double loss_scale = 0;             // fp16 dynamic loss scale (0 when not used)
+  double elapsed_s = -1;             // since this process's first step; < 0: not shown
+  double eta_s = -1;                 // to the last step at this process's mean step time; < 0: unknown
 };
 
 std::string format_step_line(const StepMetrics& metrics);

@@ -173,6 +173,7 @@ class TrainingRun {
   double peak_flops_ = 0, flops_per_token_ = 0;
   int64_t start_step_ = 0, tokens_seen_ = 0;
   double timed_seconds_ = 0;  // steps after the first of this process, for the mean throughput
+  std::optional<Clock::time_point> first_step_started_;  // this process's first step: elapsed time
   int64_t timed_steps_ = 0;
   double final_loss_ = 0;
   std::string last_checkpoint_;
@@ -246,6 +247,7 @@ void TrainingRun::train_step(int64_t step) {
   for (int64_t i = 0; i < batch_.accumulation; ++i) host.push_back(loader_->next());
   const double lr = learning_rate(config_.optimizer, config_.schedule, step, config_.train.steps);
   const Clock::time_point started = Clock::now();
+  if (!first_step_started_) first_step_started_ = started;
   const StepResult result = session_->step(views(host), batch_.global_tokens, lr, step);
   const double seconds = seconds_since(started);
   tokens_seen_ += batch_.global_tokens;
@@ -279,6 +281,11 @@ void TrainingRun::report(int64_t step, const StepResult& result, double lr, doub
   m.peak_bytes = static_cast<uint64_t>(ranks_.max(static_cast<double>(memory.peak_live_bytes)));
   m.reserved_bytes = static_cast<uint64_t>(ranks_.max(static_cast<double>(memory.peak_reserved_bytes)));
   m.tokens = tokens_seen_;
+  // Elapsed since this process's first step; the ETA at the mean of its timed steps (the first
+  // pays for warm-up), the evaluations and checkpoints between them excluded.
+  m.elapsed_s = seconds_since(*first_step_started_);
+  const double mean_step = timed_steps_ > 0 ? timed_seconds_ / static_cast<double>(timed_steps_) : seconds;
+  m.eta_s = mean_step * static_cast<double>(config_.train.steps - step);
   if (step % config_.log.every == 0 || step == config_.train.steps || step == start_step_ + 1) {
     std::string line = format_step_line(m);
     if (world_ > 1) line += " | " + log::with_commas(m.tokens_per_s_per_gpu) + " tok/s per rank";
