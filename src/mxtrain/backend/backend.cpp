@@ -258,7 +258,7 @@ void Backend::check_and_record_gemm(const GemmArgs& args) {
                      "gemm forward: x %s, weight %s, out %s", x.describe().c_str(), weight.describe().c_str(),
                      product.describe().c_str());
       MXTRAIN_ASSERT(!args.bias.defined() || args.bias.numel() == weight.size(0), "gemm forward: bias shape");
-      // FLOPs as the plain GEMM's (TARGETS.md counts matmuls and bias adds); what the epilogue
+      // FLOPs as the plain GEMM's (docs/benchmarking.md: matmuls and bias adds count); what the epilogue
       // reads or writes besides the operands and the product counts, as epilogue traffic.
       double extra_bytes = 0;
       if (gelu) {

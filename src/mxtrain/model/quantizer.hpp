@@ -1,5 +1,5 @@
 // Quantizers: one per number format of the blocks' linear GEMMs — per-tensor FP8 with delayed
-// scaling, per-tensor FP8 with current scaling, MXFP8 and NVFP4 (reference/precision_recipes.md
+// scaling, per-tensor FP8 with current scaling, MXFP8 and NVFP4 (docs/numerics-reference.md
 // §2). A quantizer turns a tensor of a linear layer into the quantized copies Backend::gemm
 // reads: it picks each copy's QuantizeSpec, allocates the copy, forms or looks up its scale, runs
 // Backend::quantize, and it owns its format's scaling state (delayed scaling's amax histories,
