@@ -36,9 +36,7 @@ TEST_P(HfFixture, LossAndLogitsEqualTransformers) {
 
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
-  store.initialize([&](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
-    checkpoint.values(spec, begin, count, out);
-  });
+  store.initialize(checkpoint.parameter_values());
   std::vector<int32_t> input, targets;
   for (const auto& row : expected["input"]) for (int32_t t : row.get<std::vector<int32_t>>()) input.push_back(t);
   for (const auto& row : expected["targets"]) for (int32_t t : row.get<std::vector<int32_t>>()) targets.push_back(t);

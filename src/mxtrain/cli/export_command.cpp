@@ -37,13 +37,8 @@ void run_export(const ExportArguments& arguments) {
     options.bos_token_id = tokenizer->bos_id().value_or(0);
     options.eos_token_id = tokenizer->eos_id().value_or(0);
   }
-  // Each parameter's values: its group's master weights, element range by element range.
-  const ParameterValues values = [&](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
-    int group = 0, index = 0;
-    MXTRAIN_ASSERT(layout.locate(spec.name, &group, &index), "parameter %s not in the layout", spec.name.c_str());
-    reader.read(group, CheckpointKind::master, spec.offset + begin, count, out);
-  };
-  const interop::HfExportResult result = interop::export_hf(config.model, values, arguments.out_dir, options);
+  const interop::HfExportResult result =
+      interop::export_hf(config.model, reader.master_values(layout), arguments.out_dir, options);
   std::printf("export: %s (step %lld) -> %s: %lld tensors, %s bytes in %s, %s\n", reader.path().c_str(),
               static_cast<long long>(reader.meta().step), arguments.out_dir.c_str(),
               static_cast<long long>(result.tensors), log::with_commas(static_cast<double>(result.tensor_bytes)).c_str(),

@@ -50,23 +50,14 @@ Source open_source(const std::string& path) {
     source.hugging_face->check(build_layout(source.config));
     for (const char* file : {"tokenizer.json", "tokenizer.model"})
       if (fs::is_regular_file(fs::path(path) / file, error)) source.tokenizer = path;
-    interop::HfCheckpoint* checkpoint = source.hugging_face.get();
-    source.values = [checkpoint](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
-      checkpoint->values(spec, begin, count, out);
-    };
+    source.values = source.hugging_face->parameter_values();
     return source;
   }
   source.native = std::make_unique<CheckpointReader>(resolve_checkpoint(path));
   const RunConfig run = config_from_json(source.native->meta().config);
   source.config = run.model;
   source.tokenizer = run.data.tokenizer;
-  const ModelLayout layout = build_layout(source.config);
-  CheckpointReader* reader = source.native.get();
-  source.values = [reader, layout](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
-    int group = 0, index = 0;
-    MXTRAIN_ASSERT(layout.locate(spec.name, &group, &index), "parameter %s not in the layout", spec.name.c_str());
-    reader->read(group, CheckpointKind::master, spec.offset + begin, count, out);
-  };
+  source.values = source.native->master_values(build_layout(source.config));
   return source;
 }
 

@@ -186,7 +186,6 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     for (const AddedToken& token : added_) added_first_byte_[static_cast<unsigned char>(token.content[0])] = true;
   }
   if (max_id < 0) bad_tokenizer(path, "has an empty vocabulary");
-  if (max_id >= (int64_t{1} << 31) - 1) bad_tokenizer(path, "has ids beyond 32 bits");
   vocab_size_ = max_id + 1;
   tokens_.assign(static_cast<size_t>(vocab_size_), "");
   special_.assign(static_cast<size_t>(vocab_size_), false);

@@ -249,7 +249,6 @@ HfSource hf_source(const ModelConfig& config, const ParamSpec& spec) {
     if (spec.name == "embed.token" || spec.name == "head.weight") {
       one(spec.name == "head.weight" ? "lm_head.weight" : gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
           config.vocab_size);
-      source.padded_rows = config.padded_vocab - config.vocab_size;
     } else if (spec.name == "embed.position") {
       one("transformer.wpe.weight", config.max_seq_len);
     } else if (spec.name == "final_norm.weight" || spec.name == "final_norm.bias") {
@@ -381,6 +380,10 @@ void HfCheckpoint::check(const ModelLayout& layout) const {
   if (problems.size() > 12) list += strf("\n  ... and %zu more", problems.size() - 12);
   throw Error(ErrorKind::data, "the checkpoint in " + directory_ + " does not match its config.json:" + list,
               "re-save the model with save_pretrained, or fix config.json to describe these weights");
+}
+
+ParameterValues HfCheckpoint::parameter_values() const {
+  return [this](const ParamSpec& spec, int64_t begin, int64_t count, float* out) { values(spec, begin, count, out); };
 }
 
 void HfCheckpoint::values(const ParamSpec& spec, int64_t begin, int64_t count, float* out) const {

@@ -43,8 +43,7 @@ struct HfSource {
     int64_t rows = 0;      // rows of the mxtrain parameter this part fills
     bool transposed = false;
   };
-  std::vector<Part> parts;
-  int64_t padded_rows = 0;  // rows past the parts' total that are zero (vocabulary padding)
+  std::vector<Part> parts;  // rows of the parameter past the parts' total are zero (vocabulary padding)
 };
 
 // The mapping for one mxtrain parameter of `config` (name as in the layout).
@@ -67,6 +66,8 @@ class HfCheckpoint {
 
   // Elements [begin, begin + count) of parameter `spec` (row-major over its mxtrain shape), in f32.
   void values(const ParamSpec& spec, int64_t begin, int64_t count, float* out) const;
+  // values() as a store's source of initial weights (valid while this checkpoint lives).
+  ParameterValues parameter_values() const;
 
  private:
   const SafetensorsTensor& tensor(const std::string& name, const SafetensorsReader** reader) const;

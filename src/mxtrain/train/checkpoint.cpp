@@ -212,6 +212,14 @@ void CheckpointReader::read(int group, CheckpointKind kind, int64_t begin, int64
                 "the checkpoint belongs to a different model shape; check model.* against its manifest");
 }
 
+ParameterValues CheckpointReader::master_values(const ModelLayout& layout) const {
+  return [this, layout](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
+    int group = 0, index = 0;
+    MXTRAIN_ASSERT(layout.locate(spec.name, &group, &index), "parameter %s not in the layout", spec.name.c_str());
+    read(group, CheckpointKind::master, spec.offset + begin, count, out);
+  };
+}
+
 CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<ParamShard>& shards,
                                      Backend& backend) {
   const CheckpointReader reader(path);

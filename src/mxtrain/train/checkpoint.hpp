@@ -41,6 +41,9 @@ class CheckpointReader {
   const std::string& path() const { return path_; }
   // Elements [begin, begin + count) of `group` into out; every element must be covered.
   void read(int group, CheckpointKind kind, int64_t begin, int64_t count, float* out) const;
+  // The master weights as a source of parameter values (export, generate), for the layout of
+  // the checkpoint's model; valid while this reader lives.
+  ParameterValues master_values(const ModelLayout& layout) const;
 
  private:
   std::string path_;

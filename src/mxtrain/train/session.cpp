@@ -62,9 +62,7 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
   if (!config.model.init_from.empty() && backend.device() != Device::none) {
     checkpoint = std::make_unique<interop::HfCheckpoint>(config.model.init_from);
     checkpoint->check(build_layout(config.model));
-    values = [&checkpoint](const ParamSpec& spec, int64_t begin, int64_t count, float* out) {
-      checkpoint->values(spec, begin, count, out);
-    };
+    values = checkpoint->parameter_values();
     log::info("initial weights from " + config.model.init_from);
   }
   if (world == nullptr) {
