@@ -438,6 +438,39 @@ void Backend::attention_forward(const Tensor& qkv, const Tensor& out, const Tens
   impl_attention_forward(qkv, out, lse, shape);
 }
 
+void Backend::attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                               const AttentionShape& shape) {
+  check_attention_shape(shape, qkv, "attention_cached");
+  const int64_t kv_cols = shape.kv_heads * shape.head_dim, past = shape.position_offset;
+  MXTRAIN_ASSERT(shape.batch == 1, "attention_cached: batch %lld (the cache holds one sequence)",
+                 static_cast<long long>(shape.batch));
+  MXTRAIN_ASSERT(k_cache.rank() == 2 && k_cache.cols() == kv_cols && k_cache.dtype == qkv.dtype &&
+                     k_cache.is_contiguous(),
+                 "attention_cached: k_cache %s for qkv %s", k_cache.describe().c_str(), qkv.describe().c_str());
+  require_same_shape(k_cache, v_cache, "attention_cached");
+  MXTRAIN_ASSERT(v_cache.dtype == qkv.dtype && v_cache.is_contiguous(), "attention_cached: v_cache %s",
+                 v_cache.describe().c_str());
+  MXTRAIN_ASSERT(past >= 0 && past + shape.seq <= k_cache.rows(),
+                 "attention_cached: positions [%lld, %lld) past the cache's %lld rows", static_cast<long long>(past),
+                 static_cast<long long>(past + shape.seq), static_cast<long long>(k_cache.rows()));
+  MXTRAIN_ASSERT(out.rows() == qkv.rows() && out.cols() == shape.heads * shape.head_dim && out.dtype == qkv.dtype,
+                 "attention_cached: out %s", out.describe().c_str());
+  // Row i scores past + i + 1 keys: QKᵀ and PV, 2 flops per multiply-add each.
+  const double keys = static_cast<double>(shape.seq) * static_cast<double>(past) +
+                      static_cast<double>(shape.seq) * static_cast<double>(shape.seq + 1) / 2.0;
+  const double element = dtype_bits(qkv.dtype) / 8.0;
+  const double cache_rows_read = static_cast<double>(past + shape.seq);
+  OpRecord op{OpKind::attention_cached, phase_, qkv.dtype,
+              4.0 * keys * static_cast<double>(shape.heads * shape.head_dim),
+              b(qkv) + b(out) + (2 * cache_rows_read + 2 * static_cast<double>(shape.seq)) *
+                                    static_cast<double>(kv_cols) * element};
+  op.m = shape.heads;
+  op.n = past + shape.seq;
+  op.k = shape.head_dim;
+  record(op);
+  impl_attention_cached(qkv, k_cache, v_cache, out, shape);
+}
+
 void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                  const Tensor& dqkv, const AttentionShape& shape) {
   check_attention_shape(shape, qkv, "attention_backward");

@@ -10,7 +10,8 @@
 // backend's stream; host-visible results need synchronize() or read_scalar().
 // Interface version 7 (2: the quantization ops of the precision recipes; 3: the linear op with a
 // fused residual add; 4: the linear ops with GELU fused on the forward and the input gradient;
-// 7: one gemm(GemmArgs) for every linear GEMM, high precision or quantized, and its epilogues).
+// 7: one gemm(GemmArgs) for every linear GEMM, high precision or quantized, and its epilogues;
+// 8: attention against a key/value cache for generation, and RoPE at a position offset).
 #pragma once
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@ namespace mxtrain {
   X(fill) X(copy) X(copy_from_host) X(copy_to_host) X(embedding_forward) X(embedding_backward)            \
   X(norm_forward) X(add_norm_forward) X(norm_backward) X(linear_forward) X(linear_backward_input)        \
   X(linear_backward_weight) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward)  \
+  X(attention_cached)                                                                                    \
   X(swiglu_forward) X(swiglu_backward) X(gelu_forward) X(gelu_backward) X(add) X(cross_entropy)          \
   X(sum) X(sum_of_squares) X(scale) X(amax) X(quantize) X(dequantize) X(scale_update) X(column_sum)        \
   X(adamw)
@@ -86,6 +88,9 @@ struct DeviceProperties {
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float softmax_scale = 0;  // 1/sqrt(head_dim) when 0
+  // The position of row r is position_offset + r % seq (RoPE): 0 in training; in generation
+  // with a key/value cache, the number of tokens already in the cache.
+  int64_t position_offset = 0;
   int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim; }
 };
 
@@ -349,6 +354,14 @@ class Backend {
   // Causal grouped-query attention. qkv packed as above; out [batch*seq, heads*head_dim];
   // lse f32 [batch, heads, seq] = log-sum-exp of each softmax row (kept for backward).
   void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape);
+  // Generation with a key/value cache (batch 1, forward only): qkv [seq, qkv_cols] holds the
+  // new tokens at positions [past, past + seq), past = shape.position_offset, after RoPE.
+  // k_cache and v_cache [capacity, kv_heads*head_dim] (qkv's dtype) hold the keys and values of
+  // positions [0, past); the op first stores the new rows' keys and values at rows
+  // [past, past + seq), then out[i] = softmax(scale · q_i · K[0, past+i]ᵀ) · V[0, past+i]: the
+  // rows of attention_forward over the whole sequence that belong to the new tokens.
+  void attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                        const AttentionShape& shape);
   // dqkv (overwritten) from dout, the forward's qkv, out and lse.
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& dqkv, const AttentionShape& shape);
@@ -448,6 +461,8 @@ class Backend {
   }
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
                          const Tensor& out_amax) = 0;
+  virtual void impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& out, const AttentionShape& shape) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                       const AttentionShape& shape) = 0;
   virtual void impl_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,

@@ -1,5 +1,7 @@
 #include "mxtrain/backend/private_buffers.hpp"
 
+#include <bit>
+
 #include <algorithm>
 
 #include "mxtrain/core/error.hpp"
@@ -125,9 +127,14 @@ PrivateBuffers linear_quantized(ScalingMode mode) {
   return {f32("gemm.nvfp4_scalars", Shape{2})};
 }
 
-PrivateBuffer rope_table(int64_t seq, int64_t head_dim) {
-  return f32(strf("rope.table.seq%lld.dim%lld", static_cast<long long>(seq), static_cast<long long>(head_dim)),
-             Shape{2, seq, head_dim / 2}, Lifetime::workspace);
+int64_t rope_table_positions(int64_t seq, int64_t position_offset) {
+  if (position_offset == 0) return seq;
+  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(position_offset + seq)));
+}
+
+PrivateBuffer rope_table(int64_t positions, int64_t head_dim) {
+  return f32(strf("rope.table.seq%lld.dim%lld", static_cast<long long>(positions), static_cast<long long>(head_dim)),
+             Shape{2, positions, head_dim / 2}, Lifetime::workspace);
 }
 
 PrivateBuffers attention_forward(const Tensor& qkv, const Tensor& out) {

@@ -108,8 +108,12 @@ PrivateBuffers linear_backward_weight(const Tensor& dout, const Tensor& x, const
 PrivateBuffers linear_quantized(ScalingMode mode);
 
 // ---- RoPE, attention --------------------------------------------------------------------------
-// One cos/sin table f32 [2, seq, head_dim/2] per (seq, head_dim, theta), kept (workspace).
-PrivateBuffer rope_table(int64_t seq, int64_t head_dim);
+// One cos/sin table f32 [2, positions, head_dim/2] per (positions, head_dim, theta), kept
+// (workspace). positions = rope_table_positions(shape): the sequence length in training; past a
+// position offset (generation with a cache), the power of two at or above offset + seq, so a
+// generation of n tokens builds about log2(n) tables, not n.
+int64_t rope_table_positions(int64_t seq, int64_t position_offset);
+PrivateBuffer rope_table(int64_t positions, int64_t head_dim);
 // cuDNN has no f32 SDPA: f32 activations run on bf16 copies, held through the call.
 PrivateBuffers attention_forward(const Tensor& qkv, const Tensor& out);
 PrivateBuffers attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& dqkv);

@@ -51,6 +51,7 @@ AttentionShape Transformer::attention_shape() const {
   shape.kv_heads = config_.kv_heads;
   shape.head_dim = config_.head_dim();
   shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
+  shape.position_offset = cache_ != nullptr ? cache_->length : 0;
   return shape;
 }
 
@@ -74,6 +75,15 @@ void Transformer::embed_forward(const Tensor& tokens, const Tensor& x0) {
   const int g = layout_.embed_group;
   params_.acquire(g, Pass::forward);
   Tensor positions = layout_.position_table >= 0 ? params_.weight(g, layout_.position_table) : Tensor();
+  if (positions.defined() && cache_ != nullptr) {
+    // Generation: the new tokens' rows of the position table.
+    const int64_t first = cache_->length;
+    MXTRAIN_REQUIRE(first + seq_ <= positions.rows(), config,
+                  strf("position %lld is past the model's %lld learned positions", static_cast<long long>(first + seq_ - 1),
+                       static_cast<long long>(positions.rows())),
+                  "generate within model.max_seq_len tokens");
+    positions = positions.slice_rows(first, first + seq_);
+  }
   backend_.embedding_forward(tokens, params_.weight(g, layout_.token_table), positions, x0, seq_);
   params_.release(g, Pass::forward);
 }
@@ -113,9 +123,14 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   if (!keep_inputs) s.norm1.reset();
   if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope());
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
-  s.lse = backend_.allocate("layers." + std::to_string(l) + ".lse", Shape{batch_, config_.heads, seq_}, DType::f32,
-                            Lifetime::activation);
-  backend_.attention_forward(s.qkv, s.attn, s.lse, shape);
+  if (cache_ != nullptr) {
+    backend_.attention_cached(s.qkv, cache_->keys[static_cast<size_t>(l)], cache_->values[static_cast<size_t>(l)], s.attn,
+                              shape);
+  } else {
+    s.lse = backend_.allocate("layers." + std::to_string(l) + ".lse", Shape{batch_, config_.heads, seq_}, DType::f32,
+                              Lifetime::activation);
+    backend_.attention_forward(s.qkv, s.attn, s.lse, shape);
+  }
   {
     s.mid = activation("mid", l, config_.hidden, Lifetime::activation);
     s.norm2 = activation("mlp_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
@@ -422,14 +437,7 @@ void Transformer::forward_loss(const Tensor& tokens, const Tensor& targets, int6
   head(x, targets, 0.0f, loss_sum, Tensor());
 }
 
-void Transformer::forward_logits(const Tensor& tokens, int64_t batch, int64_t seq, int64_t first_row,
-                                 const Tensor& out) {
-  MXTRAIN_ASSERT(first_row >= 0 && first_row < batch * seq && out.rank() == 2 &&
-                     out.size(0) == batch * seq - first_row && out.size(1) == config_.padded_vocab,
-                 "forward_logits: rows from %lld of %lld into %s", static_cast<long long>(first_row),
-                 static_cast<long long>(batch * seq), out.describe().c_str());
-  PhaseScope scope(backend_, Phase::forward);
-  Buffer x = forward_blocks(tokens, batch, seq);
+void Transformer::head_logits(const Tensor& x, int64_t first_row, const Tensor& out) {
   const int g = layout_.head_group, embed = layout_.embed_group;
   const bool tied = layout_.head_weight < 0;
   params_.acquire(g, Pass::forward);
@@ -445,6 +453,50 @@ void Transformer::forward_logits(const Tensor& tokens, int64_t batch, int64_t se
                  .out = out});
   if (tied) params_.release(embed, Pass::forward);
   params_.release(g, Pass::forward);
+}
+
+void Transformer::forward_logits(const Tensor& tokens, int64_t batch, int64_t seq, int64_t first_row,
+                                 const Tensor& out) {
+  MXTRAIN_ASSERT(first_row >= 0 && first_row < batch * seq && out.rank() == 2 &&
+                     out.size(0) == batch * seq - first_row && out.size(1) == config_.padded_vocab,
+                 "forward_logits: rows from %lld of %lld into %s", static_cast<long long>(first_row),
+                 static_cast<long long>(batch * seq), out.describe().c_str());
+  PhaseScope scope(backend_, Phase::forward);
+  Buffer x = forward_blocks(tokens, batch, seq);
+  head_logits(x, first_row, out);
+}
+
+KvCache Transformer::make_kv_cache(int64_t capacity) {
+  MXTRAIN_ASSERT(capacity > 0, "a key/value cache of %lld tokens", static_cast<long long>(capacity));
+  KvCache cache;
+  cache.capacity = capacity;
+  const int64_t kv_cols = config_.kv_heads * config_.head_dim();
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string prefix = "layers." + std::to_string(l) + ".";
+    cache.keys.push_back(
+        backend_.allocate(prefix + "k_cache", Shape{capacity, kv_cols}, options_.activation_dtype, Lifetime::activation));
+    cache.values.push_back(
+        backend_.allocate(prefix + "v_cache", Shape{capacity, kv_cols}, options_.activation_dtype, Lifetime::activation));
+  }
+  return cache;
+}
+
+void Transformer::forward_cached(const Tensor& tokens, KvCache& cache, const Tensor& out) {
+  const int64_t count = tokens.numel();
+  MXTRAIN_ASSERT(count > 0 && cache.length + count <= cache.capacity &&
+                     static_cast<int64_t>(cache.keys.size()) == config_.layers && out.rank() == 2 && out.size(0) == 1 &&
+                     out.size(1) == config_.padded_vocab,
+                 "forward_cached: %lld tokens after %lld in a cache of %lld, logits %s", static_cast<long long>(count),
+                 static_cast<long long>(cache.length), static_cast<long long>(cache.capacity), out.describe().c_str());
+  PhaseScope scope(backend_, Phase::forward);
+  cache_ = &cache;
+  struct Detach {
+    KvCache*& cache;
+    ~Detach() { cache = nullptr; }
+  } detach{cache_};
+  Buffer x = forward_blocks(tokens, 1, count);
+  head_logits(x, count - 1, out);
+  cache.length += count;
 }
 
 }  // namespace mxtrain

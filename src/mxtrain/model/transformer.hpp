@@ -24,6 +24,13 @@ struct TransformerOptions {
   bool deterministic = false;
 };
 
+// The keys and values of the tokens a generation has run so far, one pair per block:
+// [capacity, kv_heads * head_dim] each, in the activation dtype; rows [0, length) are filled.
+struct KvCache {
+  std::vector<Buffer> keys, values;
+  int64_t capacity = 0, length = 0;
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& config, const TransformerOptions& options, Backend& backend, ParameterStore& params);
@@ -39,6 +46,12 @@ class Transformer {
   // Inference: the logits of rows [first_row, batch*seq) into out [batch*seq - first_row,
   // padded_vocab] (activation dtype): generation reads the last row, tests every row.
   void forward_logits(const Tensor& tokens, int64_t batch, int64_t seq, int64_t first_row, const Tensor& out);
+  // Generation with a key/value cache: an empty cache of `capacity` tokens (Lifetime::activation).
+  KvCache make_kv_cache(int64_t capacity);
+  // Runs the new tokens i32 [n] at positions [cache.length, cache.length + n) against the
+  // cache, adds their keys and values to it, and writes the last token's logits into out
+  // [1, padded_vocab]: the same row forward_logits gives for the whole sequence, to rounding.
+  void forward_cached(const Tensor& tokens, KvCache& cache, const Tensor& out);
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
@@ -68,7 +81,10 @@ class Transformer {
 
   void embed_forward(const Tensor& tokens, const Tensor& x0);
   // Embedding and every block without keeping anything for backward: the last block's output.
+  // With cache_ set, the tokens are the next ones of the cached sequence (batch 1).
   Buffer forward_blocks(const Tensor& tokens, int64_t batch, int64_t seq);
+  // The final norm of x and the logits of its rows [first_row, rows) into out.
+  void head_logits(const Tensor& x, int64_t first_row, const Tensor& out);
   void embed_backward(const Tensor& tokens, const Tensor& dres);
   // Runs block `layer` on x. Writes x_out unless it is undefined (recompute stops after the
   // MLP activation, which is all backward needs).
@@ -98,6 +114,7 @@ class Transformer {
   const ModelLayout& layout_;
   LinearRecipe linears_;
   int64_t batch_ = 0, seq_ = 0, rows_ = 0;
+  KvCache* cache_ = nullptr;  // set during forward_cached only
 };
 
 }  // namespace mxtrain

@@ -50,29 +50,49 @@ std::vector<int32_t> generate_tokens(Transformer& model, Backend& backend, const
                                      int64_t max_context, const SamplingOptions& options) {
   MXTRAIN_ASSERT(!prompt.empty() && max_context > 0, "generation needs a prompt and a context");
   const ModelConfig& config = model.config();
+  const DType dtype = model.options().activation_dtype;
+  // Room for the whole text when it fits the window: then no token is ever run twice.
+  const int64_t capacity =
+      std::min<int64_t>(max_context, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(options.max_tokens, 1));
+  KvCache cache = model.make_kv_cache(capacity);
+  Buffer logits = backend.allocate("generate.logits", Shape{1, config.padded_vocab}, dtype, Lifetime::scratch);
+  Buffer wide = dtype == DType::f32 ? Buffer()
+                                    : backend.allocate("generate.logits_f32", Shape{1, config.padded_vocab}, DType::f32,
+                                                       Lifetime::scratch);
   std::vector<int32_t> sequence = prompt, produced;
   std::vector<float> row(static_cast<size_t>(config.padded_vocab));
-  for (int64_t step = 0; step < options.max_tokens; ++step) {
-    const int64_t begin = std::max<int64_t>(0, static_cast<int64_t>(sequence.size()) - max_context);
-    const int64_t length = static_cast<int64_t>(sequence.size()) - begin;
-    Buffer tokens = backend.allocate("generate.tokens", Shape{length}, DType::i32, Lifetime::data);
+  // Runs tokens [begin, end) of the sequence through the cache; the last one's logits land in row.
+  auto run = [&](size_t begin, size_t end) {
+    const int64_t count = static_cast<int64_t>(end - begin);
+    Buffer tokens = backend.allocate("generate.tokens", Shape{count}, DType::i32, Lifetime::data);
     backend.copy_from_host(sequence.data() + begin, tokens);
-    // Logits in the model's activation dtype (a bf16 training run's too), read as f32.
-    const DType dtype = model.options().activation_dtype;
-    Buffer logits = backend.allocate("generate.logits", Shape{1, config.padded_vocab}, dtype, Lifetime::scratch);
-    model.forward_logits(tokens, 1, length, length - 1, logits);
+    model.forward_cached(tokens, cache, logits);
     if (dtype == DType::f32) {
       backend.copy_to_host(logits, row.data());
     } else {
-      Buffer wide = backend.allocate("generate.logits_f32", Shape{1, config.padded_vocab}, DType::f32, Lifetime::scratch);
       backend.copy(logits, wide);
       backend.copy_to_host(wide, row.data());
     }
+  };
+  // The prompt's last `capacity` tokens fill the cache in one pass (the prefill).
+  run(sequence.size() - static_cast<size_t>(std::min<int64_t>(capacity, static_cast<int64_t>(sequence.size()))),
+      sequence.size());
+  for (int64_t step = 0; step < options.max_tokens; ++step) {
     const std::vector<float> real(row.begin(), row.begin() + config.vocab_size);
     const int32_t next = sample_token(real, options, static_cast<uint64_t>(step));
     if (next == options.stop_token) break;
     sequence.push_back(next);
     produced.push_back(next);
+    if (step + 1 == options.max_tokens) break;  // its logits would go unused
+    if (cache.length == cache.capacity) {
+      // The window is full: start again from its last half (positions restart at 0), so the
+      // cost stays one prefill per capacity / 2 tokens.
+      cache.length = 0;
+      const size_t keep = static_cast<size_t>(std::max<int64_t>(1, capacity / 2));
+      run(sequence.size() - keep, sequence.size());
+    } else {
+      run(sequence.size() - 1, sequence.size());
+    }
   }
   return produced;
 }

@@ -1,7 +1,7 @@
 // Sampling text from a model: `mxtrain generate` and the trainer's periodic samples
-// (log.sample_every). Each new token reruns the forward pass over the whole sequence so far (no
-// KV cache yet: fine for the CPU and short samples, quadratic in the length), reads the last
-// row's logits and draws from them: temperature, then top-k, then top-p (nucleus), from a seeded
+// (log.sample_every). The prompt runs through the model once (the prefill) and fills a key/value
+// cache (Transformer::forward_cached); each new token then runs alone against the cache, reads
+// its logits and draws from them: temperature, then top-k, then top-p (nucleus), from a seeded
 // generator, so a seed gives the same text on every run of the same model.
 #pragma once
 #include <cstdint>
@@ -27,7 +27,10 @@ struct SamplingOptions {
 int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& options, uint64_t draw);
 
 // Continues `prompt` (token ids, at least one) by up to options.max_tokens tokens; returns the new
-// ones (the stop token excluded). The context is cut to the last `max_context` tokens.
+// ones (the stop token excluded). The context window is `max_context` tokens: a longer text
+// continues from the last max_context / 2 tokens once the window is full (the cache is rebuilt
+// from them, positions from 0), as llama.cpp's context shift does, instead of re-running the
+// whole window for every token.
 std::vector<int32_t> generate_tokens(Transformer& model, Backend& backend, const std::vector<int32_t>& prompt,
                                      int64_t max_context, const SamplingOptions& options);
 

@@ -153,6 +153,7 @@ bool CpuBackend::supports(OpKind kind, DType dtype) const {
     case OpKind::rope_forward:
     case OpKind::rope_backward:
     case OpKind::attention_forward:
+    case OpKind::attention_cached:
     case OpKind::attention_backward:
     case OpKind::swiglu_forward:
     case OpKind::swiglu_backward:

@@ -19,16 +19,16 @@ void CpuBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, const
   cpu::require_f32(op, {&qkv});
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && shape.seq > 0, "%s: head_dim %lld must be even", op,
                  static_cast<long long>(shape.head_dim));
-  const int64_t dim = shape.head_dim, half = dim / 2, seq = shape.seq;
+  const int64_t dim = shape.head_dim, half = dim / 2, seq = shape.seq, offset = shape.position_offset;
   const int64_t rotated_heads = shape.heads + shape.kv_heads;  // q heads then k heads; v follows untouched
   const int64_t cols = qkv.cols();
 
-  // cos/sin [seq, half] of position * inv_freq (rope_inverse_frequencies: torch's formula).
+  // cos/sin [seq, half] of (position_offset + position) * inv_freq (rope_inverse_frequencies: torch's formula).
   const std::vector<float> inv_freq = rope_inverse_frequencies(dim, rope);
   std::vector<float> cosines(static_cast<size_t>(seq * half)), sines(static_cast<size_t>(seq * half));
   cpu::parallel_rows(threads_, seq, [&](int64_t position) {
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(position) * inv_freq[static_cast<size_t>(i)];
+      const float angle = static_cast<float>(offset + position) * inv_freq[static_cast<size_t>(i)];
       cosines[static_cast<size_t>(position * half + i)] = std::cos(angle);
       sines[static_cast<size_t>(position * half + i)] = std::sin(angle);
     }

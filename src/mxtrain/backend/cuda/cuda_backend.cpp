@@ -405,6 +405,7 @@ void CudaBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, cons
 }
 
 const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, const RopeSpec& rope) {
+  // seq: the table's positions (private_buffers::rope_table_positions).
   auto key = std::make_tuple(seq, head_dim, rope);
   auto found = rope_tables_.find(key);
   if (found != rope_tables_.end()) return found->second.tensor().ptr<float>();
@@ -435,7 +436,15 @@ void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, cons
   MXTRAIN_ASSERT(qkv.is_contiguous(), "rope: %s must be contiguous", qkv.describe().c_str());
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && rope.theta > 0, "rope: head_dim %lld, theta %g",
                  static_cast<long long>(shape.head_dim), static_cast<double>(rope.theta));
-  cuda_kernels::rope(qkv, shape, rope_table(shape.seq, shape.head_dim, rope), inverse, out_amax, stream_);
+  const int64_t positions = private_buffers::rope_table_positions(shape.seq, shape.position_offset);
+  cuda_kernels::rope(qkv, shape, rope_table(positions, shape.head_dim, rope), positions, inverse, out_amax, stream_);
+}
+
+void CudaBackend::impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                        const Tensor& out, const AttentionShape& shape) {
+  MXTRAIN_ASSERT(qkv.is_contiguous() && out.is_contiguous(), "attention_cached: %s and %s must be contiguous",
+                 qkv.describe().c_str(), out.describe().c_str());
+  cuda_kernels::attention_cached(qkv, k_cache, v_cache, out, shape, stream_);
 }
 
 void CudaBackend::impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,

@@ -55,10 +55,16 @@ void reduce_column_partials(const float* partials, int64_t chunks, const Tensor&
                             cudaStream_t stream);
 
 // ---- rope.cu --------------------------------------------------------------------------------
-// table: f32 [seq, head_dim/2] cos followed by f32 [seq, head_dim/2] sin.
+// table: f32 [table_positions, head_dim/2] cos followed by f32 [table_positions, head_dim/2] sin;
+// row r takes position shape.position_offset + r % shape.seq, which must lie in the table.
 // out_amax (optional): the amax of all of qkv afterwards, v heads included (they are only read).
-void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bool inverse, const Tensor& out_amax,
-          cudaStream_t stream);
+void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, int64_t table_positions, bool inverse,
+          const Tensor& out_amax, cudaStream_t stream);
+
+// ---- attention_cached.cu ----------------------------------------------------------------------
+// Backend::attention_cached: stores the new rows' keys and values in the caches, then attends.
+void attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                      const AttentionShape& shape, cudaStream_t stream);
 
 // ---- embedding.cu ---------------------------------------------------------------------------
 void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,

@@ -1,6 +1,6 @@
 // Rotary position embedding in place on the q and k heads of the packed qkv rows, rotate-half
 // convention: element i pairs with i + head_dim/2. The cos/sin table is built once per
-// (seq, head_dim, theta) on the host with the CPU oracle's float32 formula and uploaded by the
+// (positions, head_dim, theta) on the host with the CPU oracle's float32 formula and uploaded by the
 // backend, so the angles are bit-identical to the CPU's. Backward applies the inverse
 // rotation (sin negated). Each thread rotates W pairs of one head of one row. Backward can
 // record the amax of the whole dqkv for the QKV projection's FP8 cast (current scaling): its
@@ -18,7 +18,7 @@ constexpr int kThreads = 256;
 // I: the index type of the item split (with_index_type).
 template <int W, typename I, typename T>
 __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_table, int64_t items, int64_t seq,
-                            int rotated_heads, int heads, int head_dim, int64_t row_stride, float sin_sign,
+                            int64_t position_offset, int rotated_heads, int heads, int head_dim, int64_t row_stride, float sin_sign,
                             unsigned* amax) {
   // heads: the rotated ones, or with an amax record every head of the row (v's only read).
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -32,7 +32,7 @@ __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_tab
     const I head_row = static_cast<I>(item) / chunks;
     const int head = static_cast<int>(head_row % static_cast<I>(heads));
     const int64_t row = head_row / static_cast<I>(heads);
-    const int64_t position = static_cast<I>(row) % static_cast<I>(seq);
+    const int64_t position = position_offset + static_cast<int64_t>(static_cast<I>(row) % static_cast<I>(seq));
     const int i = chunk * W;
     T* first = qkv + row * row_stride + static_cast<int64_t>(head) * head_dim + i;
     T* second = first + half;
@@ -63,8 +63,8 @@ __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_tab
 
 }  // namespace
 
-void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bool inverse, const Tensor& out_amax,
-          cudaStream_t stream) {
+void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, int64_t table_positions, bool inverse,
+          const Tensor& out_amax, cudaStream_t stream) {
   const int head_dim = static_cast<int>(shape.head_dim);
   const int half = head_dim / 2;
   const int rotated_heads = static_cast<int>(shape.heads + shape.kv_heads);
@@ -74,7 +74,7 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bo
   // With a record the items also cover the v heads (read for the amax only).
   const int heads = amax != nullptr ? static_cast<int>(shape.heads + 2 * shape.kv_heads) : rotated_heads;
   const float* cos_table = table;
-  const float* sin_table = table + shape.seq * half;
+  const float* sin_table = table + table_positions * half;
   const float sin_sign = inverse ? -1.0f : 1.0f;
   // 16-byte vectors need 8 pairs per chunk and 16-byte aligned rows/heads.
   const bool vector = half % 8 == 0 && aligned16(qkv) && (qkv.cols() * dtype_bits(qkv.dtype) / 8) % 16 == 0 &&
@@ -88,7 +88,7 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, bo
       using I = decltype(index);
       auto kernel = vector ? rope_kernel<8, I, T> : rope_kernel<1, I, T>;
       kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(data, cos_table, sin_table, items, shape.seq,
-                                                                  rotated_heads, heads, head_dim, qkv.cols(), sin_sign,
+                                                                  shape.position_offset, rotated_heads, heads, head_dim, qkv.cols(), sin_sign,
                                                                   amax);
     });
     MXTRAIN_CUDA_CHECK_LAUNCH();

@@ -170,10 +170,15 @@ void DryrunBackend::gemm_quantized(const QuantizedTensor& a) {
 
 void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, const RopeSpec& rope, bool, const Tensor&) {
   if (!cuda_.enabled) return;
-  auto key = std::make_tuple(shape.seq, shape.head_dim, rope);
+  const int64_t positions = private_buffers::rope_table_positions(shape.seq, shape.position_offset);
+  auto key = std::make_tuple(positions, shape.head_dim, rope);
   if (rope_tables_.count(key)) return;
-  rope_tables_.emplace(key, private_buffers::allocate_private(*this, private_buffers::rope_table(shape.seq, shape.head_dim)));
+  rope_tables_.emplace(key, private_buffers::allocate_private(*this, private_buffers::rope_table(positions, shape.head_dim)));
 }
+
+// cuda_backend.cpp: the cached attention kernel holds no buffers of its own.
+void DryrunBackend::impl_attention_cached(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                          const AttentionShape&) {}
 
 void DryrunBackend::grow_attention_workspace(const AttentionShape& shape, DType io, bool backward) {
   const int64_t bytes = cuda_.attention_workspace_bytes(shape, io, backward);
