@@ -69,8 +69,9 @@ std::vector<unsigned char> tensor_bytes(const Output& output, const ParameterVal
   return bytes;
 }
 
-void copy_tokenizer(const std::string& tokenizer, const fs::path& out) {
-  if (tokenizer.empty() || tokenizer == "byte") return;
+// Copies the tokenizer's files into out; returns their names.
+std::vector<std::string> copy_tokenizer(const std::string& tokenizer, const fs::path& out) {
+  if (tokenizer.empty() || tokenizer == "byte") return {};
   std::error_code error;
   const fs::path source(tokenizer);
   const fs::path dir = fs::is_directory(source, error) ? source : source.parent_path();
@@ -82,12 +83,15 @@ void copy_tokenizer(const std::string& tokenizer, const fs::path& out) {
   if (files.empty())
     throw Error(ErrorKind::data, "the run's tokenizer " + tokenizer + " is gone: its files cannot be exported",
                 "restore the tokenizer files, or export and copy them into the model directory by hand");
+  std::vector<std::string> names;
   for (const fs::path& file : files) {
     fs::copy_file(file, out / file.filename(), fs::copy_options::overwrite_existing, error);
     if (error)
       throw Error(ErrorKind::system, "cannot copy " + file.string() + ": " + error.message(),
                   "check the output directory's free space");
+    names.push_back(file.filename().string());
   }
+  return names;
 }
 
 }  // namespace
@@ -156,7 +160,7 @@ HfExportResult export_hf(const ModelConfig& config, const ParameterValues& value
   write_file_atomically((partial / "generation_config.json").string(), generation.dump(2) + "\n");
   result.files.push_back("config.json");
   result.files.push_back("generation_config.json");
-  copy_tokenizer(options.tokenizer, partial);
+  for (const std::string& name : copy_tokenizer(options.tokenizer, partial)) result.files.push_back(name);
 
   fs::remove(out, error);  // an empty directory, if any
   fs::rename(partial, out, error);
