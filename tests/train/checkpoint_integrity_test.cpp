@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -177,6 +179,103 @@ TEST_F(CheckpointIntegrity, NonFiniteWeightsAreNeverSaved) {
   ASSERT_EQ(left.size(), 1u);
   EXPECT_NE(left[0].find("step_00000001"), std::string::npos);
   expect_falls_back_to_step_one();
+}
+
+// A manifest whose checksum was recomputed after the edit (a forged or buggy one) is still
+// validated field by field before any buffer is sized from it.
+void reseal(nlohmann::json& manifest) { manifest["manifest_crc32"] = manifest_checksum(manifest); }
+
+TEST_F(CheckpointIntegrity, AResealedManifestIsStillCheckedFieldByField) {
+  const std::string newest = save_two();
+  const nlohmann::json original = read_manifest(newest);
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+      {"bytes for", [](nlohmann::json& m) { m["segments"][0]["bytes"] = 4 * 256 * 64; }},
+      {"is truncated", [](nlohmann::json& m) {
+         m["segments"][0]["count"] = 256 * 64;
+         m["segments"][0]["bytes"] = 4 * 256 * 64;
+       }},
+      {"not rank_NNNNN.bin", [](nlohmann::json& m) { m["segments"][0]["file"] = "../../manifest.json"; }},
+      {"overlap", [](nlohmann::json& m) { m["segments"].push_back(m["segments"][0]); }},
+      {"the directory is step 2", [](nlohmann::json& m) { m["step"] = 1; }},
+      {"'world_size' = 0", [](nlohmann::json& m) { m["world_size"] = 0; }},
+      {"not an integer", [](nlohmann::json& m) { m["segments"][2]["offset"] = 1.5; }},
+      {"outside", [](nlohmann::json& m) { m["segments"][1]["begin"] = -4; }},
+      {"not master, adam_m or adam_v", [](nlohmann::json& m) { m["segments"][1]["kind"] = "adam_w"; }},
+  };
+  for (const auto& [reason, edit] : edits) {
+    nlohmann::json manifest = original;
+    edit(manifest);
+    reseal(manifest);
+    write_manifest(newest, manifest);
+    expect_rejected(newest, reason);
+    expect_falls_back_to_step_one();
+  }
+}
+
+TEST_F(CheckpointIntegrity, AVersionOneCheckpointStillLoads) {
+  const std::string newest = save_two();
+  nlohmann::json manifest = read_manifest(newest);
+  manifest.erase("manifest_crc32");
+  manifest["version"] = 1;
+  write_manifest(newest, manifest);
+  Shards target = make_shards(*backend_, 256, 500.0f);
+  EXPECT_EQ(store_.load(newest, target.shards, *backend_).step, 2);
+  EXPECT_EQ(test::download(*backend_, target.shards[0].master), test::download(*backend_, second_.shards[0].master));
+  manifest["version"] = 3;
+  write_manifest(newest, manifest);
+  expect_rejected(newest, "format version 3");
+}
+
+// Random damage to a manifest (bytes flipped, cut short, or values replaced and the checksum
+// recomputed) never ends verify_checkpoint with anything but Error(checkpoint) or a checkpoint
+// that verifies: a short, fixed-seed version of what the fuzz target runs.
+TEST_F(CheckpointIntegrity, RandomlyDamagedManifestsAreErrorsNeverCrashes) {
+  const std::string newest = save_two();
+  const nlohmann::json original = read_manifest(newest);
+  const std::string text = original.dump(1);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const std::vector<nlohmann::json> values = {nullptr, -1, 0, 1, 3, int64_t{1} << 62, ~uint64_t{0}, 1e300, "x",
+                                              nlohmann::json::array(), nlohmann::json::object(), true};
+  int rejected = 0, verified = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    std::string damaged;
+    if (trial % 3 == 0) {  // bytes
+      damaged = text;
+      for (int flips = 1 + static_cast<int>(next() % 4); flips > 0; --flips)
+        damaged[next() % damaged.size()] = static_cast<char>(next() % 256);
+      if (next() % 4 == 0) damaged.resize(next() % damaged.size());
+    } else {  // a value replaced or removed, the checksum recomputed
+      nlohmann::json manifest = original;
+      nlohmann::json* target = &manifest;
+      if (next() % 2) target = &manifest["segments"][next() % manifest["segments"].size()];
+      auto field = target->begin();
+      std::advance(field, static_cast<long>(next() % target->size()));
+      if (next() % 5 == 0)
+        target->erase(field.key());
+      else
+        *field = values[next() % values.size()];
+      reseal(manifest);
+      damaged = manifest.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    std::ofstream(newest + "/manifest.json", std::ios::binary | std::ios::trunc) << damaged;
+    try {
+      verify_checkpoint(newest);
+      ++verified;
+    } catch (const Error& error) {
+      ASSERT_EQ(error.kind(), ErrorKind::checkpoint) << error.full_message() << "\n" << damaged;
+      ++rejected;
+    } catch (const std::exception& error) {
+      FAIL() << "trial " << trial << ": " << error.what() << "\n" << damaged;
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+  std::printf("%d damaged manifests rejected, %d still verified (edits to values the format allows, e.g. another seed)\n", rejected, verified);
 }
 
 }  // namespace
