@@ -4,8 +4,8 @@ uninterrupted one.
 
 A tiny Llama (hidden 64, 2 layers, one thread, fp32) trains STEPS steps on data/fortunes with a
 checkpoint every EVERY steps. The soaked run is stopped CYCLES times, each time at a random step
-with a random signal (SIGTERM: the run saves and exits 0; SIGKILL: it dies wherever it is, a
-checkpoint write included), and restarted with the same command, which resumes from the newest
+with a random signal, both kinds among them (SIGTERM: the run saves and exits 0; SIGKILL: it dies
+wherever it is, a checkpoint write included), and restarted with the same command, which resumes from the newest
 checkpoint that verifies. Then it runs to the end. The uninterrupted reference run does the same
 steps in one go. Pass: every step's loss in metrics.jsonl is equal (each step recorded exactly
 once), and the final checkpoints' rank files (masters and Adam moments) are byte-identical.
@@ -113,9 +113,13 @@ def main():
     soaked = os.path.join(work, "soaked")
     # The kill points: one random step in each of `cycles` equal parts of the run.
     part = args.steps / (args.cycles + 1)
+    # Random signals, both kinds among them whenever there are two cycles or more.
+    signals = [rng.choice([signal.SIGTERM, signal.SIGKILL]) for _ in range(args.cycles)]
+    if args.cycles >= 2 and len(set(signals)) == 1:
+        signals[rng.randrange(args.cycles)] = signal.SIGKILL if signals[0] == signal.SIGTERM else signal.SIGTERM
     for cycle in range(args.cycles):
         target = rng.randint(int(part * (cycle + 0.5)) + 1, int(part * (cycle + 1.5)))
-        signal_number = rng.choice([signal.SIGTERM, signal.SIGKILL])
+        signal_number = signals[cycle]
         output_path = os.path.join(work, f"cycle_{cycle}.txt")
         with open(output_path, "w") as output:
             process = subprocess.Popen(train_command(args.binary, soaked, args.steps, args.every, args.corpus),
