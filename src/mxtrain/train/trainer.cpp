@@ -427,7 +427,8 @@ TrainerSummary TrainingRun::stop(int64_t step) {
     log::info(stop_requested()
                   ? strf("signal %d received: saving a checkpoint at step %lld and stopping", stop_signal_number(),
                          static_cast<long long>(step))
-                  : strf("another rank asked to stop: saving a checkpoint at step %lld and stopping",
+                  : strf("another rank received a stop signal or cannot write its outputs: saving a "
+                         "checkpoint at step %lld and stopping",
                          static_cast<long long>(step)));
   if (output_failure_) {
     try {
