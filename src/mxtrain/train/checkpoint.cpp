@@ -371,8 +371,8 @@ CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
       }
       if (segment.offset + segment.bytes > size->second)
         throw Error(ErrorKind::checkpoint,
-                    strf("%s/%s is truncated: segment %s of group %d needs bytes [%llu, %llu) of its %llu", path_.c_str(),
-                         segment.file.c_str(), kind.c_str(), segment.group,
+                    strf("%s/%s is truncated: segment %s of group %d needs bytes [%llu, %llu) of its %llu",
+                         path_.c_str(), segment.file.c_str(), kind.c_str(), segment.group,
                          static_cast<unsigned long long>(segment.offset),
                          static_cast<unsigned long long>(segment.offset + segment.bytes),
                          static_cast<unsigned long long>(size->second)),
@@ -521,8 +521,8 @@ void CheckpointStore::prune(int64_t keep, const std::string& protect) {
   if (rank_ == 0 && fs::is_directory(directory(), error))
     for (const auto& entry : fs::directory_iterator(directory(), error)) {
       const std::string name = entry.path().filename().string();
-      if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp" && step_of_name(name.substr(0, name.size() - 4)) >= 0)
-        fs::remove_all(entry.path(), error);
+      const bool temporary = name.size() > 4 && name.substr(name.size() - 4) == ".tmp";
+      if (temporary && step_of_name(name.substr(0, name.size() - 4)) >= 0) fs::remove_all(entry.path(), error);
     }
   // Collective: every rank walks the same list and agrees on each verdict.
   std::vector<std::string> verified;

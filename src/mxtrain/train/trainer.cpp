@@ -359,7 +359,8 @@ void TrainingRun::write_tensorboard(const StepMetrics& m) {
   tensorboard_.add_scalar("train/lr", m.step, m.lr);
   tensorboard_.add_scalar("train/grad_norm", m.step, m.grad_norm);
   if (m.loss_scale > 0) tensorboard_.add_scalar("train/loss_scale", m.step, m.loss_scale);
-  if (m.nonfinite_skips > 0) tensorboard_.add_scalar("train/nonfinite_skips", m.step, static_cast<double>(m.nonfinite_skips));
+  if (m.nonfinite_skips > 0)
+    tensorboard_.add_scalar("train/nonfinite_skips", m.step, static_cast<double>(m.nonfinite_skips));
   tensorboard_.add_scalar("perf/tokens_per_s", m.step, m.tokens_per_s);
   tensorboard_.add_scalar("perf/tflops", m.step, m.tflops);
   if (m.mfu >= 0) tensorboard_.add_scalar("perf/mfu", m.step, m.mfu);
