@@ -17,6 +17,7 @@ Derived files (rewritten from the measurements):
   bench/results/planner_peaks.json            every accuracy config re-planned: planned vs measured peak
 
 Results checks (--check fails when they do not hold):
+  soak    a bench/results/soak_*.log a document cites ended bit-identical.
   tune    docs/tune-llama-1b: tune's pick, measured, reaches 97% of the grid's fastest trial, the
           grid is the full 15-config space, both ran at one commit on one model.
 
@@ -425,6 +426,39 @@ def cpu_run_tail(relative):
     return "```\n" + "\n".join(lines[last:]) + "\n```"
 
 
+# ---- the soak (bench/soak.py) -------------------------------------------------------------------------
+
+def soak_text(relative):
+    """The phrase docs/reliability.md quotes of a soak log: its run, its cycles and its verdict."""
+    text = read(relative)
+    head = re.search(r"^# soak: (\d+) steps, checkpoint every (\d+), (\d+) random", text, re.M)
+    commit = re.search(r"^# commit ([0-9a-f]+);", text, re.M)
+    signals = re.findall(r"^cycle \d+: .*; (SIGTERM|SIGKILL) after step (\d+) -> exit", text, re.M)
+    final = re.search(r"^final loss: reference (\S+), soaked (\S+)$", text, re.M)
+    digest = re.search(r"^final checkpoint rank_00000\.bin sha256: reference (\w+), soaked (\w+)$", text, re.M)
+    verdict = re.search(r"^verdict: (.*) \(([\d.]+) s in all\)$", text, re.M)
+    if not (head and commit and signals and final and digest and verdict):
+        raise SystemExit(f"derive.py: {relative} is not a finished soak log (bench/soak.py)")
+    steps, every, cycles = head.groups()
+    kills = ", ".join(f"{name} after step {thousands(int(step))}" for name, step in signals)
+    return (f"{thousands(int(steps))} steps with a checkpoint every {every}, stopped {cycles} times ({kills}) and "
+            f"restarted, at commit `{commit.group(1)[:7]}`: final loss {final.group(2)} (uninterrupted: "
+            f"{final.group(1)}), final checkpoint sha256 {digest.group(2)} (uninterrupted: {digest.group(1)}): "
+            f"**{verdict.group(1)}**")
+
+
+def check_soak_results(documents):
+    """A cited soak log ended bit-identical."""
+    problems = []
+    for doc in documents:
+        for relative in sorted(set(re.findall(r"bench/results/soak_[a-z]+_[0-9a-f]+\.log", read(doc)))):
+            if not os.path.exists(path(relative)):
+                problems.append(f"{relative} is cited but not committed")
+            elif not re.search(r"^verdict: bit-identical ", read(relative), re.M):
+                problems.append(f"{relative}: the soak did not end bit-identical")
+    return problems
+
+
 # ---- the planning table (bench/planning_table.sh) ---------------------------------------------------
 
 def planning_table(planner):
@@ -451,6 +485,7 @@ def generate(kind, args, planner):
         "cpu-run": lambda: cpu_run_text(*args),
         "cpu-run-tail": lambda: cpu_run_tail(*args),
         "cpu-run-sample": lambda: cpu_run_sample(*args),
+        "soak": lambda: soak_text(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
@@ -520,7 +555,7 @@ def main():
             with open(path(relative), "w") as f:
                 f.write(new)
             print(f"derive.py: rewrote {relative}")
-    problems = check_tune() + check_gpu_results(documents)
+    problems = check_tune() + check_gpu_results(documents) + check_soak_results(documents)
     for problem in problems:
         print(f"derive.py: results check failed: {problem}")
     if options.check and stale:
@@ -528,7 +563,7 @@ def main():
               "python3 scripts/derive.py and commit the result")
     if problems or (options.check and stale):
         return 1
-    print(f"derive.py: {len(outputs)} files {'checked' if options.check else 'current'}, tune and GPU results checks passed")
+    print(f"derive.py: {len(outputs)} files {'checked' if options.check else 'current'}, tune, GPU and soak results checks passed")
     return 0
 
 

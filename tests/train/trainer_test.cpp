@@ -1,6 +1,6 @@
 // The training loop end to end on the CPU: an interrupted and resumed run continues with the
 // identical loss sequence; a corrupt newest checkpoint falls back to the previous one; the run
-// directory's checkpoints are never overwritten by a fresh run.
+// directory's checkpoints are never overwritten by a fresh run; eval.batches = 0 skips evaluation.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -132,6 +132,23 @@ TEST_F(TrainerTest, MissingDataNamesThePatternAndTheFix) {
     EXPECT_NE(error.full_message().find("nowhere"), std::string::npos) << error.full_message();
     EXPECT_NE(error.full_message().find("setup"), std::string::npos) << error.full_message();
   }
+}
+
+// eval.batches = 0 means no held-out evaluation: no val_loss record (once NaN, written as null)
+// and no held-out loss in the summary.
+TEST_F(TrainerTest, ZeroEvalBatchesSkipsTheHeldOutEvaluation) {
+  RunConfig config = tiny_run(corpus_, dir_.file("run"), 4);
+  config.eval.batches = 0;
+  const TrainerSummary summary = Trainer(config, {}).run();
+  EXPECT_EQ(summary.steps_done, 4);
+  EXPECT_LT(summary.final_val_loss, 0);
+  std::ifstream in(dir_.file("run") + "/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(in, line); ++records) {
+    EXPECT_EQ(line.find("val_loss"), std::string::npos) << line;
+    EXPECT_EQ(line.find("null"), std::string::npos) << line;
+  }
+  EXPECT_EQ(records, 4);
 }
 
 }  // namespace

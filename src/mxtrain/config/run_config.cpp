@@ -172,6 +172,13 @@ std::vector<Field> fields(RunConfig& c) {
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
                          "GPU; bf16, fp32; not fp16's loss scaling or the fp8/mxfp8/nvfp4 recipes); the same "
                          "results as op by op"));
+  list.push_back(choice("train.nonfinite", c.train.nonfinite,
+                        "a NaN or Inf loss or gradient norm: stop (the run ends before anything non-finite is "
+                        "saved; the last checkpoint stays) or skip (that step's update is dropped and counted)",
+                        {"stop", "skip"}));
+  list.push_back(integer("train.nonfinite_max_skips", c.train.nonfinite_max_skips,
+                         "train.nonfinite = skip: the most non-finite steps in a row before the run stops", 1,
+                         1000000));
 
   PrecisionConfig& p = c.precision;
   list.push_back(choice("precision.fp8_format", p.fp8_format,
@@ -219,7 +226,8 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(real("schedule.min_lr_ratio", c.schedule.min_lr_ratio, "decay floor as a fraction of the peak", 0, 1));
 
   list.push_back(integer("eval.every", c.eval.every, "held-out loss every N steps (0 = only at the end)", 0));
-  list.push_back(integer("eval.batches", c.eval.batches, "validation micro-batches per evaluation", 0));
+  list.push_back(integer("eval.batches", c.eval.batches,
+                         "validation micro-batches per evaluation (0 = no held-out evaluation)", 0));
 
   list.push_back(integer("log.every", c.log.every, "a step line every N steps", 1));
   list.push_back(text("log.metrics", c.log.metrics, "JSONL metrics file in the run directory"));

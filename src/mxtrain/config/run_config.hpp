@@ -32,6 +32,8 @@ struct TrainConfig {
   bool deterministic = false;        // deterministic attention backward on cuda
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
   bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
+  std::string nonfinite = "stop";    // a NaN/Inf loss or gradient norm: stop (before any save) | skip the update
+  int64_t nonfinite_max_skips = 5;   // skip: more non-finite steps in a row than this stop the run
 
   // Sequences per optimizer step over `world_size` ranks: global_batch_size, or one micro-batch a rank.
   int64_t global_batch(int64_t world_size) const {

@@ -4,12 +4,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "mxtrain/core/checksum.hpp"
 #include "mxtrain/core/error.hpp"
@@ -17,24 +23,59 @@
 #include "mxtrain/core/log.hpp"
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 
 namespace mxtrain {
 namespace {
 
-constexpr int kFormatVersion = 1;
+// 2: the manifest carries manifest_crc32. 1 (no checksum) is still read.
+constexpr int kFormatVersion = 2;
+constexpr int kOldestReadableVersion = 1;
 const char* const kKinds[] = {"master", "adam_m", "adam_v"};
+// Bounds no real checkpoint comes near; they keep every size computed from a manifest exact.
+constexpr int64_t kMaxElements = int64_t{1} << 44;  // of one segment (64 TiB of f32)
+constexpr int64_t kMaxStep = int64_t{1} << 52;
+constexpr int64_t kMaxGroups = int64_t{1} << 20;
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 
 std::string rank_file_name(int rank) { return strf("rank_%05d.bin", rank); }
 
-// Test hook: MXT_TEST_CHECKPOINT_PAUSE=STEP:SECONDS makes rank 0 sleep when every rank file
-// of checkpoint STEP is written but before the manifest and the rename, so a test can SIGKILL
-// the job in the worst moment and check that the previous checkpoint still loads.
-void pause_for_crash_test(int64_t step, const std::string& temporary) {
+// The rank a segment file name stands for, or -1 when the name is not rank_NNNNN.bin.
+int rank_of_file(const std::string& name) {
+  if (name.size() != 14 || name.rfind("rank_", 0) != 0 || name.substr(10) != ".bin") return -1;
+  int rank = 0;
+  for (size_t i = 5; i < 10; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    rank = rank * 10 + (name[i] - '0');
+  }
+  return rank;
+}
+
+// The step of a step_N directory name, or -1 for anything else (temporaries included).
+int64_t step_of_name(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5 || name.size() > 5 + 18) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// Test hook: MXT_TEST_CHECKPOINT_PAUSE=STEP:SECONDS[:POINT] makes rank 0 sleep during the save of
+// checkpoint STEP, so a test can SIGKILL the job there and check what survives. POINT:
+// rank_files (this rank's file is written, nothing else), manifest (every rank file written, no
+// manifest: the default), rename (the manifest written, not yet renamed into place), prune (the
+// checkpoint in place, older ones not yet pruned).
+void pause_for_crash_test(int64_t step, const std::string& point, const std::string& temporary) {
   const char* setting = std::getenv("MXT_TEST_CHECKPOINT_PAUSE");
   long long pause_step = 0;
   double seconds = 0;
-  if (!setting || std::sscanf(setting, "%lld:%lf", &pause_step, &seconds) != 2 || pause_step != step) return;
-  log::warn(strf("MXT_TEST_CHECKPOINT_PAUSE: pausing %.0f s before finishing %s", seconds, temporary.c_str()));
+  char wanted[32] = "manifest";
+  if (!setting || std::sscanf(setting, "%lld:%lf:%31s", &pause_step, &seconds, wanted) < 2 || pause_step != step ||
+      point != wanted)
+    return;
+  log::warn(strf("MXT_TEST_CHECKPOINT_PAUSE: pausing %.0f s at %s of %s", seconds, point.c_str(), temporary.c_str()));
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
@@ -42,12 +83,121 @@ void pause_for_crash_test(int64_t step, const std::string& temporary) {
 // upload_master).
 const Tensor& shard_tensor(const ParamShard& shard, int kind) { return kind == 1 ? shard.m : shard.v; }
 
+bool all_finite(const std::vector<float>& values) {
+  for (float value : values)
+    if (!std::isfinite(value)) return false;
+  return true;
+}
+
+// Field-by-field reading of a manifest: every failure is an Error(checkpoint) naming the
+// manifest and the reason.
+class ManifestFields {
+ public:
+  explicit ManifestFields(std::string manifest_path) : where_(std::move(manifest_path)) {}
+
+  [[noreturn]] void fail(const std::string& reason) const {
+    throw Error(ErrorKind::checkpoint, where_ + ": " + reason,
+                "the checkpoint is damaged or was edited by hand; the previous checkpoint is used instead (delete "
+                "this directory once you no longer need to inspect it)");
+  }
+  const json& member(const json& object, const char* key) const {
+    const auto found = object.find(key);
+    if (found == object.end()) fail(strf("missing key '%s'", key));
+    return *found;
+  }
+  int64_t integer(const json& object, const char* key, int64_t minimum, int64_t maximum) const {
+    const json& value = member(object, key);
+    if (!value.is_number_integer()) fail(strf("'%s' is %s, not an integer", key, value.type_name()));
+    if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(maximum))
+      fail(strf("'%s' = %llu is out of range", key, static_cast<unsigned long long>(value.get<uint64_t>())));
+    const int64_t number = value.get<int64_t>();
+    if (number < minimum || number > maximum)
+      fail(strf("'%s' = %lld is outside [%lld, %lld]", key, static_cast<long long>(number),
+                static_cast<long long>(minimum), static_cast<long long>(maximum)));
+    return number;
+  }
+  uint64_t unsigned_integer(const json& object, const char* key, uint64_t maximum) const {
+    const json& value = member(object, key);
+    if (!value.is_number_integer() || (!value.is_number_unsigned() && value.get<int64_t>() < 0))
+      fail(strf("'%s' is not an unsigned integer", key));
+    const uint64_t number = value.get<uint64_t>();
+    if (number > maximum) fail(strf("'%s' = %llu is out of range", key, static_cast<unsigned long long>(number)));
+    return number;
+  }
+  const std::string& text(const json& object, const char* key) const {
+    const json& value = member(object, key);
+    if (!value.is_string()) fail(strf("'%s' is %s, not a string", key, value.type_name()));
+    return value.get_ref<const std::string&>();
+  }
+  const json& object(const json& parent, const char* key) const {
+    const json& value = member(parent, key);
+    if (!value.is_object()) fail(strf("'%s' is %s, not an object", key, value.type_name()));
+    return value;
+  }
+
+ private:
+  std::string where_;
+};
+
 }  // namespace
 
 std::string step_directory_name(int64_t step) { return strf("step_%08lld", static_cast<long long>(step)); }
 
+uint32_t manifest_checksum(const json& manifest) {
+  json covered = manifest;
+  if (covered.is_object()) covered.erase("manifest_crc32");
+  const std::string text = covered.dump(-1, ' ', false, json::error_handler_t::replace);
+  return crc32(text.data(), text.size());
+}
+
 CheckpointStore::CheckpointStore(std::string run_dir, int rank, int world_size, std::function<void()> barrier)
     : run_dir_(std::move(run_dir)), rank_(rank), world_size_(world_size), barrier_(std::move(barrier)) {}
+
+namespace {
+
+// This rank's file: master, m and v of each shard, one segment each. Returns its segments, and
+// in *finite whether every value written was finite. Every write, flush and sync is checked.
+json write_rank_file(const std::string& path, const std::string& file_name, const std::vector<ParamShard>& shards,
+                     Backend& backend, bool* finite) {
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (!file)
+    throw Error(ErrorKind::system, strf("cannot create %s: %s", path.c_str(), std::strerror(errno)),
+                "check that checkpoint.dir is writable and has free space");
+  json segments = json::array();
+  uint64_t offset = 0;
+  std::vector<float> host;
+  *finite = true;
+  auto fail = [&](const char* what) {
+    const int saved = errno;
+    std::fclose(file);
+    throw Error(ErrorKind::system, strf("%s %s: %s", what, path.c_str(), std::strerror(saved)),
+                "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
+  };
+  for (const ParamShard& shard : shards) {
+    host.resize(static_cast<size_t>(shard.count));
+    for (int kind = 0; kind < 3; ++kind) {
+      if (kind == 0)
+        download_master(backend, shard, host.data());  // f32, also when the store splits it
+      else
+        backend.copy_to_host(shard_tensor(shard, kind), host.data());
+      *finite = *finite && all_finite(host);
+      const size_t bytes = host.size() * sizeof(float);
+      if (std::fwrite(host.data(), 1, bytes, file) != bytes) fail("short write to");
+      segments.push_back({{"file", file_name}, {"group", shard.group}, {"kind", kKinds[kind]},
+                          {"begin", shard.begin}, {"count", shard.count}, {"offset", offset}, {"bytes", bytes},
+                          {"crc32", crc32(host.data(), bytes)}});
+      offset += bytes;
+    }
+  }
+  if (std::fflush(file) != 0) fail("cannot write");
+  if (::fsync(::fileno(file)) != 0) fail("cannot sync");
+  if (std::fclose(file) != 0)
+    throw Error(ErrorKind::system, strf("cannot write %s: %s", path.c_str(), std::strerror(errno)),
+                "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
+  return segments;
+}
+
+}  // namespace
 
 std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards,
                                   Backend& backend) {
@@ -63,153 +213,238 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
   }
   barrier();
 
-  // This rank's file: master, m and v of each shard, one segment each.
-  nlohmann::json segments = nlohmann::json::array();
   const std::string file_name = rank_file_name(rank_);
-  {
-    std::string path = temporary + "/" + file_name;
-    std::FILE* file = std::fopen(path.c_str(), "wb");
-    if (!file) throw Error(ErrorKind::system, "cannot create " + path, "check that checkpoint.dir is writable");
-    uint64_t offset = 0;
-    std::vector<float> host;
-    for (const ParamShard& shard : shards) {
-      host.resize(static_cast<size_t>(shard.count));
-      for (int kind = 0; kind < 3; ++kind) {
-        if (kind == 0)
-          download_master(backend, shard, host.data());  // f32, also when the store splits it
-        else
-          backend.copy_to_host(shard_tensor(shard, kind), host.data());
-        size_t bytes = host.size() * sizeof(float);
-        if (std::fwrite(host.data(), 1, bytes, file) != bytes) {
-          std::fclose(file);
-          throw Error(ErrorKind::system, "short write to " + path, "check free disk space in checkpoint.dir");
-        }
-        segments.push_back({{"file", file_name}, {"group", shard.group}, {"kind", kKinds[kind]},
-                            {"begin", shard.begin}, {"count", shard.count}, {"offset", offset}, {"bytes", bytes},
-                            {"crc32", crc32(host.data(), bytes)}});
-        offset += bytes;
-      }
-    }
-    std::fflush(file);
-    ::fsync(::fileno(file));
-    std::fclose(file);
-    write_file_atomically(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
+  bool finite = true;
+  const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite);
+  // Nothing non-finite is saved: every rank learns whether any rank holds a NaN or an Inf.
+  if (!all_ranks_(finite)) {
+    if (rank_ == 0) fs::remove_all(temporary, error);
+    throw Error(ErrorKind::numerics,
+                strf("the weights or optimizer moments at step %lld are not finite (NaN or Inf%s); the checkpoint "
+                     "was not saved",
+                     static_cast<long long>(meta.step), finite ? " on another rank" : ""),
+                "resume from the last checkpoint with a lower optimizer.lr or more schedule.warmup_steps, or set "
+                "train.nonfinite = skip");
   }
+  write_file_atomically(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump(),
+                        "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
+  if (rank_ == 0) pause_for_crash_test(meta.step, "rank_files", temporary);
   barrier();
 
   if (rank_ == 0) {
-    pause_for_crash_test(meta.step, temporary);
-    nlohmann::json all_segments = nlohmann::json::array();
+    pause_for_crash_test(meta.step, "manifest", temporary);
+    json all_segments = json::array();
     for (int r = 0; r < world_size_; ++r) {
-      std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);
+      const std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);
       std::ifstream in(sidecar);
       if (!in) throw Error(ErrorKind::checkpoint, "rank " + std::to_string(r) + " did not write " + sidecar,
                            "all ranks must share checkpoint.dir (a shared filesystem across nodes)");
-      nlohmann::json rank_segments = nlohmann::json::parse(in);
-      for (auto& segment : rank_segments) all_segments.push_back(segment);
+      const json rank_segments = json::parse(in, nullptr, false);
+      if (!rank_segments.is_array())
+        throw Error(ErrorKind::checkpoint, sidecar + " is damaged", "all ranks must share checkpoint.dir");
+      for (const auto& segment : rank_segments) all_segments.push_back(segment);
       in.close();
       fs::remove(sidecar, error);
     }
-    nlohmann::json manifest = {{"format", "mxtrain-checkpoint"},
-                               {"version", kFormatVersion},
-                               {"step", meta.step},
-                               {"tokens", meta.tokens},
-                               {"seed", meta.seed},
-                               {"data_state", meta.data_state},
-                               {"config", meta.config},
-                               {"extra", meta.extra},
-                               {"world_size", meta.world_size},
-                               {"strategy", meta.strategy},
-                               {"segments", all_segments}};
-    write_file_atomically(temporary + "/manifest.json", manifest.dump(1));
+    json manifest = {{"format", "mxtrain-checkpoint"},
+                     {"version", kFormatVersion},
+                     {"step", meta.step},
+                     {"tokens", meta.tokens},
+                     {"seed", meta.seed},
+                     {"data_state", meta.data_state},
+                     {"config", meta.config},
+                     {"extra", meta.extra},
+                     {"world_size", meta.world_size},
+                     {"strategy", meta.strategy},
+                     {"segments", all_segments}};
+    manifest["manifest_crc32"] = manifest_checksum(manifest);
+    write_file_atomically(temporary + "/manifest.json", manifest.dump(1, ' ', false, json::error_handler_t::replace),
+                          "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
     fsync_path(temporary, true);
+    pause_for_crash_test(meta.step, "rename", temporary);
     fs::remove_all(final_dir, error);
     fs::rename(temporary, final_dir, error);
     if (error)
       throw Error(ErrorKind::system, "cannot rename " + temporary + " to " + final_dir + ": " + error.message(),
                   "check permissions of checkpoint.dir");
     fsync_path(directory(), true);
+    pause_for_crash_test(meta.step, "prune", final_dir);
   }
+  verdicts_.erase(final_dir);  // a step saved again is verified again
   barrier();
   return final_dir;
 }
 
 std::vector<std::string> CheckpointStore::list() const {
-  std::vector<std::string> found;
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code error;
-  if (!fs::is_directory(directory(), error)) return found;
+  if (!fs::is_directory(directory(), error)) return {};
   for (const auto& entry : fs::directory_iterator(directory(), error)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
-    if (fs::exists(entry.path() / "manifest.json")) found.push_back(entry.path().string());
+    const int64_t step = step_of_name(entry.path().filename().string());
+    if (step >= 0 && fs::is_regular_file(entry.path() / "manifest.json", error))
+      found.emplace_back(step, entry.path().string());
   }
   std::sort(found.begin(), found.end(), std::greater<>());
-  return found;
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
 }
 
 CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
   const std::string manifest_path = path_ + "/manifest.json";
+  const ManifestFields fields(manifest_path);
+  json manifest;
   {
     std::ifstream in(manifest_path);
     if (!in) throw Error(ErrorKind::checkpoint, "cannot read " + manifest_path, "the checkpoint is incomplete");
-    try {
-      manifest_ = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& parse_error) {
-      throw Error(ErrorKind::checkpoint, manifest_path + " is not valid JSON: " + parse_error.what(),
-                  "the checkpoint is damaged; an older one can be used by deleting this directory");
-    }
+    manifest = json::parse(in, nullptr, false);
+    if (manifest.is_discarded()) fields.fail("not valid JSON (cut short or damaged)");
   }
-  if (manifest_.value("format", "") != "mxtrain-checkpoint" || manifest_.value("version", 0) != kFormatVersion)
-    throw Error(ErrorKind::checkpoint, manifest_path + " is not an mxtrain checkpoint of format version 1",
-                "point checkpoint.dir at a run directory written by this mxtrain");
-  meta_.step = manifest_.at("step").get<int64_t>();
-  meta_.tokens = manifest_.value("tokens", int64_t{0});
-  meta_.seed = manifest_.value("seed", uint64_t{0});
-  meta_.data_state = manifest_.at("data_state");
-  meta_.config = manifest_.at("config");
-  meta_.extra = manifest_.value("extra", nlohmann::json::object());
-  meta_.world_size = manifest_.value("world_size", 1);
-  meta_.strategy = manifest_.value("strategy", std::string("local"));
+  if (!manifest.is_object()) fields.fail("not a JSON object");
+  try {
+    const auto format = manifest.find("format");
+    if (format == manifest.end() || *format != "mxtrain-checkpoint")
+      throw Error(ErrorKind::checkpoint, manifest_path + " is not an mxtrain checkpoint manifest",
+                  "point checkpoint.dir at a run directory written by mxtrain");
+    version_ = static_cast<int>(fields.integer(manifest, "version", 0, std::numeric_limits<int>::max()));
+    if (version_ < kOldestReadableVersion || version_ > kFormatVersion)
+      throw Error(ErrorKind::checkpoint,
+                  strf("%s has checkpoint format version %d; this mxtrain reads versions %d to %d",
+                       manifest_path.c_str(), version_, kOldestReadableVersion, kFormatVersion),
+                  version_ > kFormatVersion ? "use the mxtrain that wrote it (or a newer one)"
+                                            : "resave it with the mxtrain that wrote it");
+    // Everything below, the segments' places and sizes included, is covered by this checksum.
+    if (version_ >= 2) {
+      const uint64_t stored = fields.unsigned_integer(manifest, "manifest_crc32", 0xffffffffu);
+      const uint32_t computed = manifest_checksum(manifest);
+      if (stored != computed)
+        fields.fail(strf("manifest checksum mismatch (stored %08llx, computed %08x): edited or damaged",
+                         static_cast<unsigned long long>(stored), computed));
+    }
+    meta_.step = fields.integer(manifest, "step", 0, kMaxStep);
+    const int64_t named_step = step_of_name(fs::path(path_).filename().string());
+    if (named_step >= 0 && named_step != meta_.step)
+      fields.fail(strf("the directory is step %lld but the manifest says step %lld", static_cast<long long>(named_step),
+                       static_cast<long long>(meta_.step)));
+    meta_.tokens = fields.integer(manifest, "tokens", 0, std::numeric_limits<int64_t>::max());
+    meta_.seed = fields.unsigned_integer(manifest, "seed", std::numeric_limits<uint64_t>::max());
+    meta_.data_state = fields.object(manifest, "data_state");
+    meta_.config = fields.object(manifest, "config");
+    for (const auto& [key, value] : meta_.config.items())
+      if (!value.is_string()) fields.fail("config key '" + key + "' is not a string");
+    meta_.extra = version_ >= 2 || manifest.contains("extra") ? fields.object(manifest, "extra") : json::object();
+    meta_.world_size = static_cast<int>(fields.integer(manifest, "world_size", 1, kMaxWorldSize));
+    meta_.strategy = fields.text(manifest, "strategy");
+
+    const json& segments = fields.member(manifest, "segments");
+    if (!segments.is_array()) fields.fail("'segments' is not an array");
+    std::map<std::string, uintmax_t> file_sizes;
+    for (const json& entry : segments) {
+      if (!entry.is_object()) fields.fail("a segment is not an object");
+      Segment segment;
+      segment.file = fields.text(entry, "file");
+      const int file_rank = rank_of_file(segment.file);
+      if (file_rank < 0 || file_rank >= meta_.world_size)
+        fields.fail("segment file '" + segment.file + "' is not rank_NNNNN.bin of a rank below world_size");
+      segment.group = static_cast<int>(fields.integer(entry, "group", 0, kMaxGroups));
+      const std::string& kind = fields.text(entry, "kind");
+      const auto known = std::find(std::begin(kKinds), std::end(kKinds), kind);
+      if (known == std::end(kKinds)) fields.fail("segment kind '" + kind + "' is not master, adam_m or adam_v");
+      segment.kind = static_cast<CheckpointKind>(known - std::begin(kKinds));
+      segment.begin = fields.integer(entry, "begin", 0, kMaxElements);
+      segment.count = fields.integer(entry, "count", 0, kMaxElements);
+      segment.offset = static_cast<uint64_t>(fields.integer(entry, "offset", 0, kMaxElements * 64));
+      segment.bytes = static_cast<uint64_t>(fields.integer(entry, "bytes", 0, kMaxElements * 4));
+      segment.crc32 = static_cast<uint32_t>(fields.unsigned_integer(entry, "crc32", 0xffffffffu));
+      if (segment.bytes != static_cast<uint64_t>(segment.count) * sizeof(float))
+        fields.fail(strf("segment %s of group %d has %llu bytes for %lld elements (4 bytes each)", kind.c_str(),
+                         segment.group, static_cast<unsigned long long>(segment.bytes),
+                         static_cast<long long>(segment.count)));
+      auto size = file_sizes.find(segment.file);
+      if (size == file_sizes.end()) {
+        std::error_code error;
+        const uintmax_t bytes = fs::file_size(path_ + "/" + segment.file, error);
+        if (error)
+          throw Error(ErrorKind::checkpoint, "missing checkpoint file " + path_ + "/" + segment.file,
+                      "the checkpoint is incomplete; the previous one is used instead");
+        size = file_sizes.emplace(segment.file, bytes).first;
+      }
+      if (segment.offset + segment.bytes > size->second)
+        throw Error(ErrorKind::checkpoint,
+                    strf("%s/%s is truncated: segment %s of group %d needs bytes [%llu, %llu) of its %llu",
+                         path_.c_str(), segment.file.c_str(), kind.c_str(), segment.group,
+                         static_cast<unsigned long long>(segment.offset),
+                         static_cast<unsigned long long>(segment.offset + segment.bytes),
+                         static_cast<unsigned long long>(size->second)),
+                    "the checkpoint was not written completely; the previous one is used instead");
+      segments_.push_back(std::move(segment));
+    }
+    // No element is held twice: then "every element covered" is a count (read()).
+    std::vector<const Segment*> ordered;
+    for (const Segment& segment : segments_) ordered.push_back(&segment);
+    std::sort(ordered.begin(), ordered.end(), [](const Segment* a, const Segment* b) {
+      return std::tie(a->group, a->kind, a->begin) < std::tie(b->group, b->kind, b->begin);
+    });
+    for (size_t i = 1; i < ordered.size(); ++i) {
+      const Segment& before = *ordered[i - 1];
+      const Segment& after = *ordered[i];
+      if (before.group == after.group && before.kind == after.kind && before.begin + before.count > after.begin)
+        fields.fail(strf("segments of group %d (%s) overlap at element %lld", after.group,
+                         kKinds[static_cast<int>(after.kind)], static_cast<long long>(after.begin)));
+    }
+  } catch (const json::exception& error) {
+    fields.fail(error.what());
+  }
+  if (version_ < 2)
+    log::warn(path_ + " has checkpoint format version 1, whose manifest has no checksum: its fields are checked "
+                      "for consistency only");
+}
+
+std::vector<float> CheckpointReader::read_segment(const Segment& segment) const {
+  const char* kind_name = kKinds[static_cast<int>(segment.kind)];
+  const std::string file_path = path_ + "/" + segment.file;
+  std::FILE* file = std::fopen(file_path.c_str(), "rb");
+  if (!file) throw Error(ErrorKind::checkpoint, "missing checkpoint file " + file_path, "the checkpoint is incomplete");
+  std::vector<float> data(static_cast<size_t>(segment.count));  // bytes = 4 x count, inside the file
+  const bool ok = ::fseeko(file, static_cast<off_t>(segment.offset), SEEK_SET) == 0 &&
+                  std::fread(data.data(), 1, segment.bytes, file) == segment.bytes;
+  std::fclose(file);
+  if (!ok)
+    throw Error(ErrorKind::checkpoint,
+                strf("%s is truncated: segment %s of group %d needs bytes [%llu, %llu)", file_path.c_str(), kind_name,
+                     segment.group, static_cast<unsigned long long>(segment.offset),
+                     static_cast<unsigned long long>(segment.offset + segment.bytes)),
+                "the checkpoint was not written completely; use an older one");
+  if (crc32(data.data(), segment.bytes) != segment.crc32)
+    throw Error(ErrorKind::checkpoint,
+                strf("checksum mismatch in %s at byte offset %llu (segment %s of group %d)", file_path.c_str(),
+                     static_cast<unsigned long long>(segment.offset), kind_name, segment.group),
+                "the checkpoint is corrupt; use an older one");
+  return data;
 }
 
 void CheckpointReader::read(int group, CheckpointKind kind, int64_t begin, int64_t count, float* out) const {
-  const char* kind_name = kKinds[static_cast<int>(kind)];
-  std::vector<float> segment_data;
   int64_t covered = 0;
-  for (const auto& segment : manifest_.at("segments")) {
-    if (segment.at("group").get<int>() != group || segment.at("kind").get<std::string>() != kind_name) continue;
-    const int64_t seg_begin = segment.at("begin").get<int64_t>();
-    const int64_t seg_count = segment.at("count").get<int64_t>();
-    const int64_t lo = std::max(seg_begin, begin);
-    const int64_t hi = std::min(seg_begin + seg_count, begin + count);
+  for (const Segment& segment : segments_) {
+    if (segment.group != group || segment.kind != kind) continue;
+    const int64_t lo = std::max(segment.begin, begin);
+    const int64_t hi = std::min(segment.begin + segment.count, begin + count);
     if (lo >= hi) continue;
-    const std::string file_path = path_ + "/" + segment.at("file").get<std::string>();
-    const uint64_t offset = segment.at("offset").get<uint64_t>();
-    const uint64_t bytes = segment.at("bytes").get<uint64_t>();
-    std::FILE* file = std::fopen(file_path.c_str(), "rb");
-    if (!file) throw Error(ErrorKind::checkpoint, "missing checkpoint file " + file_path, "the checkpoint is incomplete");
-    segment_data.resize(static_cast<size_t>(seg_count));
-    const bool ok = std::fseek(file, static_cast<long>(offset), SEEK_SET) == 0 &&
-                    std::fread(segment_data.data(), 1, bytes, file) == bytes;
-    std::fclose(file);
-    if (!ok)
-      throw Error(ErrorKind::checkpoint,
-                  strf("%s is truncated: segment %s of group %d needs bytes [%llu, %llu)", file_path.c_str(), kind_name,
-                       group, static_cast<unsigned long long>(offset), static_cast<unsigned long long>(offset + bytes)),
-                  "the checkpoint was not written completely; use an older one");
-    if (crc32(segment_data.data(), bytes) != segment.at("crc32").get<uint32_t>())
-      throw Error(ErrorKind::checkpoint,
-                  strf("checksum mismatch in %s at byte offset %llu (segment %s of group %d)", file_path.c_str(),
-                       static_cast<unsigned long long>(offset), kind_name, group),
-                  "the checkpoint is corrupt; use an older one");
-    std::copy(segment_data.begin() + (lo - seg_begin), segment_data.begin() + (hi - seg_begin), out + (lo - begin));
+    const std::vector<float> data = read_segment(segment);
+    std::copy(data.begin() + (lo - segment.begin), data.begin() + (hi - segment.begin), out + (lo - begin));
     covered += hi - lo;
   }
   if (covered != count)
     throw Error(ErrorKind::checkpoint,
                 strf("%s covers %lld of the %lld elements of group %d (%s) asked for", path_.c_str(),
-                     static_cast<long long>(covered), static_cast<long long>(count), group, kind_name),
+                     static_cast<long long>(covered), static_cast<long long>(count), group,
+                     kKinds[static_cast<int>(kind)]),
                 "the checkpoint belongs to a different model shape; check model.* against its manifest");
+}
+
+void CheckpointReader::verify_segments(int part, int parts) const {
+  for (const Segment& segment : segments_)
+    if (rank_of_file(segment.file) % parts == part) read_segment(segment);
 }
 
 ParameterValues CheckpointReader::master_values(const ModelLayout& layout) const {
@@ -218,6 +453,12 @@ ParameterValues CheckpointReader::master_values(const ModelLayout& layout) const
     MXTRAIN_ASSERT(layout.locate(spec.name, &group, &index), "parameter %s not in the layout", spec.name.c_str());
     read(group, CheckpointKind::master, spec.offset + begin, count, out);
   };
+}
+
+CheckpointMeta verify_checkpoint(const std::string& path) {
+  const CheckpointReader reader(path);
+  reader.verify_segments();
+  return reader.meta();
 }
 
 CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<ParamShard>& shards,
@@ -252,18 +493,54 @@ std::string CheckpointStore::load_latest(const std::vector<ParamShard>& shards, 
   return "";
 }
 
-void CheckpointStore::prune(int64_t keep) {
-  if (rank_ != 0) return;
-  std::vector<std::string> complete = list();
-  std::error_code error;
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < complete.size(); ++i)
-    fs::remove_all(complete[i], error);
-  if (!fs::is_directory(directory(), error)) return;
-  for (const auto& entry : fs::directory_iterator(directory(), error)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp")
-      fs::remove_all(entry.path(), error);
+const std::string& CheckpointStore::verdict(const std::string& path) {
+  auto found = verdicts_.find(path);
+  if (found != verdicts_.end()) return found->second;
+  // Each rank reads the files of every world_size-th rank, so a checkpoint is read once in all.
+  std::string reason;
+  try {
+    const CheckpointReader reader(path);
+    reader.verify_segments(rank_, world_size_);
+  } catch (const Error& error) {
+    if (error.kind() != ErrorKind::checkpoint) throw;
+    reason = error.what();
   }
+  const bool verified = all_ranks_(reason.empty());
+  if (!verified) {
+    if (reason.empty()) reason = "another rank could not verify it";
+    log::warn("checkpoint " + path + " does not verify (" + reason + "): pruning leaves it in place and does not "
+              "count it");
+  }
+  return verdicts_.emplace(path, verified ? "" : reason).first->second;
+}
+
+void CheckpointStore::prune(int64_t keep, const std::string& protect) {
+  std::error_code error;
+  // Temporaries are unfinished saves (a kill or a full disk): never checkpoints. One run per
+  // directory (run_lock.hpp) means no save is in progress now.
+  if (rank_ == 0 && fs::is_directory(directory(), error))
+    for (const auto& entry : fs::directory_iterator(directory(), error)) {
+      const std::string name = entry.path().filename().string();
+      const bool temporary = name.size() > 4 && name.substr(name.size() - 4) == ".tmp";
+      if (temporary && step_of_name(name.substr(0, name.size() - 4)) >= 0) fs::remove_all(entry.path(), error);
+    }
+  // Collective: every rank walks the same list and agrees on each verdict.
+  std::vector<std::string> verified;
+  for (const std::string& path : list())
+    if (verdict(path).empty()) verified.push_back(path);
+  if (rank_ == 0) {
+    int64_t kept = 0;
+    for (const std::string& path : verified) {
+      if (kept < std::max<int64_t>(keep, 1) || path == protect) {
+        ++kept;
+        continue;
+      }
+      // Verified, and older than the newest verified checkpoint (`verified` is newest first).
+      fs::remove_all(path, error);
+      verdicts_.erase(path);
+    }
+  }
+  barrier();
 }
 
 std::string resolve_checkpoint(const std::string& run_or_checkpoint) {
@@ -274,7 +551,18 @@ std::string resolve_checkpoint(const std::string& run_or_checkpoint) {
     throw Error(ErrorKind::checkpoint,
                 run_or_checkpoint + " is neither a checkpoint directory nor a run directory with checkpoints",
                 "pass a run directory (train -o DIR) or one of its checkpoints/step_* directories");
-  return found.front();
+  // The newest whose manifest is valid (its segments' checksums are checked as they are read).
+  for (const std::string& path : found) {
+    try {
+      CheckpointReader reader(path);
+      return path;
+    } catch (const Error& failure) {
+      if (failure.kind() != ErrorKind::checkpoint) throw;
+      log::warn("skipping checkpoint " + path + ": " + failure.what() + "; trying the previous one");
+    }
+  }
+  throw Error(ErrorKind::checkpoint, "no checkpoint in " + run_or_checkpoint + " has a valid manifest",
+              "the checkpoints are damaged; pass another run directory");
 }
 
 }  // namespace mxtrain

@@ -5,8 +5,20 @@
 // the directory becomes visible by one rename of step_X.tmp. A crash at any point leaves the
 // previous checkpoint intact. Loading reads whichever segments overlap the ranges this rank now
 // owns, so a checkpoint saved at one world size or strategy loads at any other (resharding).
+//
+// Integrity is a property of the format (version 2): the manifest carries a CRC-32 of itself
+// (`manifest_crc32`, over its compact dump without that key), so the step, the data position, the
+// config and every segment's place and size are covered as the data is by the segments' CRCs.
+// Before any buffer is sized from it, a manifest is checked field by field (keys, types, ranges,
+// `bytes` = 4 x `count`, segments inside their files, no two overlapping, the directory's step =
+// the manifest's); any failure is an Error(checkpoint) naming the reason, so the caller skips to
+// the previous checkpoint. Version 1 manifests (no checksum) still load, checked the same way.
+// Nothing non-finite is saved: a NaN or Inf in any master or moment stops the save (all ranks
+// agree) before a manifest exists. Pruning deletes only checkpoints it verified (every segment
+// read and its CRC checked) and older than the newest verified one, which it always keeps.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,8 +33,8 @@ struct CheckpointMeta {
   int64_t step = 0;
   int64_t tokens = 0;
   uint64_t seed = 0;
-  nlohmann::json data_state;   // sampler position
-  nlohmann::json config;       // config_to_json() of the run
+  nlohmann::json data_state = nlohmann::json::object();  // sampler position
+  nlohmann::json config = nlohmann::json::object();      // config_to_json() of the run
   nlohmann::json extra = nlohmann::json::object();  // precision state (loss scale, amax histories)
   int world_size = 1;
   std::string strategy = "local";
@@ -34,32 +46,63 @@ enum class CheckpointKind { master = 0, adam_m = 1, adam_v = 2 };
 // One checkpoint directory, read: the manifest on construction, then any element range of any
 // group's masters or Adam moments, each segment's CRC-32 checked (load() and `mxtrain export`
 // both read through it). Throws Error(checkpoint) naming the file and what is wrong.
+// The constructor validates the whole manifest (see the file comment) and the sizes of the files
+// it names; nothing else is trusted.
 class CheckpointReader {
  public:
+  struct Segment {
+    std::string file;  // rank_NNNNN.bin in the checkpoint directory
+    int group = 0;
+    CheckpointKind kind = CheckpointKind::master;
+    int64_t begin = 0, count = 0;  // elements of the group
+    uint64_t offset = 0, bytes = 0;
+    uint32_t crc32 = 0;
+  };
+
   explicit CheckpointReader(std::string path);
   const CheckpointMeta& meta() const { return meta_; }
   const std::string& path() const { return path_; }
+  int format_version() const { return version_; }
+  const std::vector<Segment>& segments() const { return segments_; }
   // Elements [begin, begin + count) of `group` into out; every element must be covered.
   void read(int group, CheckpointKind kind, int64_t begin, int64_t count, float* out) const;
+  // Reads every segment and checks its CRC-32; throws Error(checkpoint) at the first mismatch.
+  // part/parts: only the files of ranks r with r % parts == part (a collective verification).
+  void verify_segments(int part = 0, int parts = 1) const;
   // The master weights as a source of parameter values (export, generate), for the layout of
   // the checkpoint's model; valid while this reader lives.
   ParameterValues master_values(const ModelLayout& layout) const;
 
  private:
+  std::vector<float> read_segment(const Segment& segment) const;
   std::string path_;
-  nlohmann::json manifest_;
+  int version_ = 0;
   CheckpointMeta meta_;
+  std::vector<Segment> segments_;
 };
+
+// The fuzzing and verification entry point: the checkpoint directory `path` read as resume
+// would, manifest validated and every segment's checksum checked. Returns its metadata, or throws
+// Error(checkpoint) naming the reason; never anything else, for any directory contents.
+CheckpointMeta verify_checkpoint(const std::string& path);
+
+// The CRC-32 that a version 2 manifest stores under "manifest_crc32": of its compact dump
+// without that key.
+uint32_t manifest_checksum(const nlohmann::json& manifest);
 
 class CheckpointStore {
  public:
   // barrier: synchronises all ranks (no-op for one process). All ranks must share run_dir.
   CheckpointStore(std::string run_dir, int rank, int world_size, std::function<void()> barrier = {});
+  // Collective agreement on a flag (true only when every rank passes true); without it, each
+  // rank decides alone (one process, or ranks that are threads of a test).
+  void set_agreement(std::function<bool(bool)> all_ranks) { all_ranks_ = std::move(all_ranks); }
 
   std::string directory() const { return run_dir_ + "/checkpoints"; }
-  // Collective: every rank calls it with its shards. Returns the final directory.
+  // Collective: every rank calls it with its shards. Returns the final directory. Throws
+  // Error(numerics) without writing a checkpoint when any rank's values are not finite.
   std::string save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards, Backend& backend);
-  // Complete checkpoints (with a manifest), newest first.
+  // Complete checkpoints (step_N directories with a manifest), newest first by step.
   std::vector<std::string> list() const;
   // Loads into this rank's shards (compute copies refreshed from the masters); verifies sizes and
   // checksums. Throws Error(checkpoint) naming the file and what is wrong.
@@ -67,16 +110,23 @@ class CheckpointStore {
   // Newest valid checkpoint: a corrupt one is reported and the previous tried. Returns the path
   // loaded, or "" when the run directory has none.
   std::string load_latest(const std::vector<ParamShard>& shards, Backend& backend, CheckpointMeta* meta);
-  // Removes all but the newest `keep` complete checkpoints and stale temporaries (rank 0).
-  void prune(int64_t keep);
+  // Rank 0: keeps the newest `keep` verified checkpoints (and always `protect`, the one just
+  // saved, when it verifies) and deletes the older verified ones and stale temporaries. A
+  // checkpoint that fails verification is never deleted, never counted, and reported once.
+  void prune(int64_t keep, const std::string& protect = "");
 
  private:
   void barrier() const {
     if (barrier_) barrier_();
   }
+  // verify_checkpoint's verdict ("" = verified) per directory, remembered by this store (a
+  // checkpoint is immutable once renamed into place; a re-save of a step clears its entry).
+  const std::string& verdict(const std::string& path);
   std::string run_dir_;
   int rank_, world_size_;
   std::function<void()> barrier_;
+  std::function<bool(bool)> all_ranks_ = [](bool value) { return value; };
+  std::map<std::string, std::string> verdicts_;
 };
 
 std::string step_directory_name(int64_t step);  // "step_00000100"

@@ -1,8 +1,9 @@
 // What a run reports: one line per step ("step 20/500 | loss 3.2145 | ...") and the same fields
-// as JSON lines in the run directory, so logs and plots read the same numbers.
+// as JSON lines in the run directory, so logs and plots read the same numbers. Every record is
+// one write(2) of a whole line, checked: a full disk is an Error(system) at once, and the file is
+// cut back to its last whole record, so a reader never sees half of one.
 #pragma once
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -20,7 +21,9 @@ struct StepMetrics {
   uint64_t peak_bytes = 0;           // max over ranks of the allocator's peak live bytes
   uint64_t reserved_bytes = 0;
   int64_t tokens = 0;                // tokens consumed so far
-  bool skipped = false;              // the update was skipped (fp16 overflow)
+  bool skipped = false;              // the update was skipped (fp16 overflow, or non-finite with train.nonfinite = skip)
+  bool nonfinite = false;            // skipped because the loss or the gradients were not finite
+  int64_t nonfinite_skips = 0;       // such skips so far in this run (train.nonfinite = skip)
   double loss_scale = 0;             // fp16 dynamic loss scale (0 when not used)
   double elapsed_s = -1;             // since this process's first step; < 0: not shown
   double eta_s = -1;                 // to the last step at this process's mean step time; < 0: unknown
@@ -34,13 +37,25 @@ class MetricsFile {
  public:
   MetricsFile() = default;
   explicit MetricsFile(const std::string& path);  // appends; throws Error(system) if it cannot open
+  ~MetricsFile();
+  MetricsFile(MetricsFile&& other) noexcept;
+  MetricsFile& operator=(MetricsFile&& other) noexcept;
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  // Appends one record as a line; throws Error(system) naming the file when it cannot be written
+  // whole (the partial line is removed).
   void write(const nlohmann::json& record);
-  bool is_open() const { return stream_.is_open(); }
+  bool is_open() const { return descriptor_ >= 0; }
   const std::string& path() const { return path_; }
+
+  // For a run resumed at `step`: keeps the records of steps <= step (and drops lines a kill cut
+  // short), rewriting the file atomically when anything goes; returns the records dropped.
+  static int64_t keep_through_step(const std::string& path, int64_t step);
 
  private:
   std::string path_;
-  std::ofstream stream_;
+  int descriptor_ = -1;
 };
 
 }  // namespace mxtrain

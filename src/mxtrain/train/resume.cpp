@@ -23,9 +23,10 @@ std::string load_agreed_checkpoint(CheckpointStore& checkpoints, const std::vect
     if (!path.empty()) {
       try {
         *meta = checkpoints.load(path, params.shards(), backend);
+        config_from_json(meta->config);  // a config this mxtrain cannot read is a damaged checkpoint too
         loaded = true;
       } catch (const Error& error) {
-        if (error.kind() != ErrorKind::checkpoint) throw;
+        if (error.kind() != ErrorKind::checkpoint && error.kind() != ErrorKind::config) throw;
         log::warn("skipping checkpoint " + path + ": " + error.what() + "; trying the previous one");
       }
     }

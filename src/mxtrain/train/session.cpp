@@ -1,6 +1,9 @@
 #include "mxtrain/train/session.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
@@ -112,13 +115,23 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   step_scalars_ = backend_.allocate("step_scalars", Shape{4}, DType::f32, Lifetime::scratch);
   grad_norm_sq_ = step_scalars_.tensor().slice_flat(0, Shape{1});
   step_factors_ = step_scalars_.tensor().slice_flat(1, Shape{3});
-  // fp16's unscaling reads the norm before the update.
+  // fp16's unscaling and train.nonfinite = skip read the norm before the update.
+  skip_nonfinite_ = config_.train.nonfinite == "skip";
   optimizer_ = std::make_unique<Optimizer>(config_.optimizer, backend_, *params_, model_->linears(),
-                                           loss_scaler_ != nullptr);
+                                           loss_scaler_ != nullptr || skip_nonfinite_);
+  if (const char* steps = std::getenv("MXT_TEST_NAN_GRADIENT_STEPS")) {
+    long long first = 0, last = 0;
+    const int parsed = std::sscanf(steps, "%lld-%lld", &first, &last);
+    nan_gradient_first_ = parsed >= 1 ? first : 0;
+    nan_gradient_last_ = parsed == 2 ? last : (parsed == 1 ? first : -1);
+    log::warn(strf("MXT_TEST_NAN_GRADIENT_STEPS: the gradients of steps %lld to %lld will be NaN",
+                   static_cast<long long>(nan_gradient_first_), static_cast<long long>(nan_gradient_last_)));
+  }
   // A graph holds steps whose every launch is the same from step to step apart from the
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
-  // quantized recipes (scales and histories kept on the host side), not a store that says no.
-  graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ &&
+  // quantized recipes (scales and histories kept on the host side), not a store that says no,
+  // not train.nonfinite = skip (the host decides whether to apply the update).
+  graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ && !skip_nonfinite_ &&
                     options.linear.format == LinearFormat::high_precision && params_->step_graph_capturable();
 }
 
@@ -155,15 +168,33 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   // fp16: the loss, so every gradient, is multiplied by the loss scale (1 without scaling).
   forward_backward(micro_batches, loss_scale / static_cast<float>(global_tokens), captured);
 
+  inject_nan_gradients(step_number);
   PhaseScope scope(backend_, Phase::optimizer);
   optimizer_->measure_norm(grad_norm_sq_);
   AdamWArgs args = optimizer_->arguments(learning_rate, step_number);
   if (captured) args.step_factors = step_factors_;
-  const bool apply = !loss_scaler_ || unscale(loss_scale, step_number, args);
+  bool apply = !loss_scaler_ || unscale(loss_scale, step_number, args);
+  // A fp16 overflow is the loss scaler's to handle; any other non-finite step is dropped here.
+  launched_nonfinite_ = apply && skip_nonfinite_ && !step_is_finite();
+  if (launched_nonfinite_) apply = false;
   if (apply) optimizer_->update(args, grad_norm_sq_);
   params_->zero_grads();
   model_->linears().finish_step();
   return apply;
+}
+
+bool TrainingSession::step_is_finite() {
+  const double loss = all_reduce_sum(backend_.read_scalar(loss_sum_));
+  return std::isfinite(loss) && std::isfinite(backend_.read_scalar(grad_norm_sq_));
+}
+
+void TrainingSession::inject_nan_gradients(int64_t step_number) {
+  if (step_number < nan_gradient_first_ || step_number > nan_gradient_last_) return;
+  for (const ParamShard& shard : params_->shards())
+    if (shard.grad.defined() && shard.count > 0) {
+      backend_.fill(shard.grad, std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
 }
 
 void TrainingSession::forward_backward(const std::vector<TokenBatch>& micro_batches, float grad_scale, bool captured) {
@@ -202,6 +233,7 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
                          global_tokens};
   bool apply = true;
   replayed_ = false;
+  launched_nonfinite_ = false;
   if (graph_ready_) {
     if (shape == graph_shape_) {
       stage_graph_inputs(micro_batches, learning_rate, step_number);
@@ -234,7 +266,7 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
       ++eager_steps_;
     }
   }
-  launched_ = Launched{step_number, global_tokens, apply, loss_scaler_ ? loss_scale : 0.0f};
+  launched_ = Launched{step_number, global_tokens, apply, launched_nonfinite_, loss_scaler_ ? loss_scale : 0.0f};
 }
 
 StepResult TrainingSession::last_result() {
@@ -244,12 +276,35 @@ StepResult TrainingSession::last_result() {
   result.loss = loss_sum / static_cast<double>(launched_.global_tokens);
   result.grad_norm = std::sqrt(static_cast<double>(backend_.read_scalar(grad_norm_sq_)));
   result.skipped = !launched_.applied;
+  result.nonfinite = launched_.nonfinite;
   result.loss_scale = launched_.loss_scale;
-  if (!std::isfinite(result.loss))
-    throw Error(ErrorKind::numerics,
-                strf("the loss became %f at step %lld", result.loss, static_cast<long long>(launched_.step_number)),
-                "lower optimizer.lr, raise schedule.warmup_steps, keep optimizer.grad_clip on, or use a wider precision; "
-                "then resume from the last checkpoint");
+  const long long step = static_cast<long long>(launched_.step_number);
+  const std::string remedy =
+      "lower optimizer.lr, raise schedule.warmup_steps, keep optimizer.grad_clip on, or use a wider precision";
+  if (launched_.nonfinite) {
+    ++nonfinite_skips_;
+    if (++nonfinite_in_a_row_ > config_.train.nonfinite_max_skips)
+      throw Error(ErrorKind::numerics,
+                  strf("%lld steps in a row had a non-finite loss or gradient norm, the last at step %lld "
+                       "(train.nonfinite_max_skips = %lld); nothing non-finite was saved",
+                       static_cast<long long>(nonfinite_in_a_row_), step,
+                       static_cast<long long>(config_.train.nonfinite_max_skips)),
+                  remedy + "; then re-run the same command to resume from the last checkpoint");
+  } else {
+    nonfinite_in_a_row_ = 0;
+    // train.nonfinite = stop: the run ends here, before the step's checkpoint could be written.
+    // A fp16 overflow (skipped by the loss scaler) is not an error.
+    const char* what = !std::isfinite(result.loss) ? "loss"
+                       : !std::isfinite(result.grad_norm) && !result.skipped ? "gradient norm"
+                                                                              : nullptr;
+    if (what)
+      throw Error(ErrorKind::numerics,
+                  strf("the %s (%g) is not finite at step %lld; the run stopped before saving it", what,
+                       !std::isfinite(result.loss) ? result.loss : result.grad_norm, step),
+                  remedy + "; then re-run the same command to resume from the last checkpoint (train.nonfinite = "
+                           "skip drops such steps instead)");
+  }
+  result.nonfinite_skips = nonfinite_skips_;
   return result;
 }
 

@@ -28,7 +28,9 @@ struct TokenBatch {
 struct StepResult {
   double loss = 0;       // mean per-token loss over the global batch
   double grad_norm = 0;  // global gradient norm before clipping
-  bool skipped = false;  // fp16: the gradients overflowed and the update was skipped
+  bool skipped = false;  // the update was skipped: fp16 overflow, or non-finite under train.nonfinite = skip
+  bool nonfinite = false;  // skipped because the loss or the gradient norm was NaN/Inf (train.nonfinite = skip)
+  int64_t nonfinite_skips = 0;  // such skips since this session started
   double loss_scale = 0; // fp16: the loss scale this step used (0 without loss scaling)
 };
 
@@ -71,7 +73,10 @@ class TrainingSession {
   // replay has read its host inputs; fp16's loss scaling reads the norm within the step.
   void launch_step(const std::vector<TokenBatch>& micro_batches, int64_t global_tokens, double learning_rate,
                    int64_t step_number);
-  // What the last launched step reported (waits for it); throws if its loss is not finite.
+  // What the last launched step reported (waits for it). train.nonfinite = stop: throws
+  // Error(numerics) if its loss or gradient norm is not finite (before the caller saves anything);
+  // skip: a non-finite step's update was dropped, and more than train.nonfinite_max_skips such
+  // steps in a row throw.
   StepResult last_result();
   // Mean loss over the given batches (no gradients).
   double evaluate(const std::vector<TokenBatch>& batches);
@@ -96,6 +101,11 @@ class TrainingSession {
   // gradients, and returns whether to apply it (an inf/NaN norm: the scaled gradients overflowed).
   bool unscale(float loss_scale, int64_t step_number, AdamWArgs& args);
   void stage_graph_inputs(const std::vector<TokenBatch>& micro_batches, double learning_rate, int64_t step_number);
+  // train.nonfinite = skip: whether this step's loss and gradient norm are finite (reads both on
+  // the host before the update; the loss summed over ranks).
+  bool step_is_finite();
+  // Test hook MXT_TEST_NAN_GRADIENT_STEPS=FIRST[-LAST]: the gradients of those steps are NaN.
+  void inject_nan_gradients(int64_t step_number);
 
   RunConfig config_;
   Backend& backend_;
@@ -104,6 +114,9 @@ class TrainingSession {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<LossScaler> loss_scaler_;  // fp16 only
   std::unique_ptr<Optimizer> optimizer_;
+  bool skip_nonfinite_ = false;     // train.nonfinite = skip
+  int64_t nonfinite_in_a_row_ = 0, nonfinite_skips_ = 0;
+  int64_t nan_gradient_first_ = 0, nan_gradient_last_ = -1;  // the test hook's steps
   Buffer tokens_, targets_;        // i32 [batch * seq], reused every micro-batch
   Buffer loss_sum_;                // f32 [1]
   Buffer step_scalars_;            // f32 [4]: grad_norm_sq_, then step_factors_
@@ -130,9 +143,11 @@ class TrainingSession {
   struct Launched {
     int64_t step_number = 0, global_tokens = 0;
     bool applied = true;
+    bool nonfinite = false;  // dropped by train.nonfinite = skip
     float loss_scale = 0;
   };
   Launched launched_;
+  bool launched_nonfinite_ = false;  // set by run_step for launched_
 };
 
 }  // namespace mxtrain

@@ -27,6 +27,7 @@
 #include "mxtrain/train/metrics.hpp"
 #include "mxtrain/train/rank_group.hpp"
 #include "mxtrain/train/resume.hpp"
+#include "mxtrain/train/run_lock.hpp"
 #include "mxtrain/train/schedule.hpp"
 #include "mxtrain/train/session.hpp"
 #include "mxtrain/train/stop_signal.hpp"
@@ -144,13 +145,21 @@ class TrainingRun {
   // Text the model generates from log.sample_prompt (every rank computes it, as FSDP needs;
   // rank 0 prints it and records it in metrics.jsonl).
   void sample(int64_t step);
-  // A stop signal reached some rank: save and report (collective).
+  // A stop signal reached some rank, or a rank could not write its outputs: save and report
+  // (collective); after an output failure, throws it once the checkpoint is saved.
   TrainerSummary stop(int64_t step);
+  // This rank could not write its metrics or TensorBoard file (a full disk): the loop stops at
+  // the end of this step with a checkpoint.
+  bool output_failed() const { return output_failure_.has_value(); }
   // After the last step: the held-out loss, the final checkpoint and the summary.
   TrainerSummary finish(int64_t step);
 
  private:
   void open_data(const std::string& source_dir);
+  void lock_run_directory();
+  // Runs a write of the run's outputs; a failure is kept for stop() instead of ending the step.
+  template <typename Write>
+  void checked_output(Write&& write);
   void report(int64_t step, const StepResult& result, double lr, double seconds);
   void write_tensorboard(const StepMetrics& metrics);
   TrainerSummary summary(int64_t step) const;
@@ -164,6 +173,8 @@ class TrainingRun {
   PrecisionPlan precision_;
   BatchGeometry batch_;
   std::string run_dir_, effective_config_;
+  RunDirectoryLock lock_;  // rank 0: held until the run object dies
+  std::optional<Error> output_failure_;
   std::optional<data::TrainLoader> loader_;
   std::optional<data::ValidationReader> validation_;
   std::unique_ptr<TrainingSession> session_;
@@ -201,6 +212,7 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   const DeviceProperties props = backend_->properties();
   log_start(config_, device_, props, precision_, batch_, world_);
   run_dir_ = create_run_directory(config_);
+  lock_run_directory();
   effective_config_ = config_to_toml(config_);
   log::info("effective config:\n" + effective_config_);
   open_data(context.source_dir);
@@ -212,9 +224,44 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   const std::string description = session_->params().describe();
   if (!description.empty()) log::info(description);
   checkpoints_.emplace(run_dir_, rank_, world_, ranks_.barrier());
+  checkpoints_->set_agreement([this](bool value) { return ranks_.all(value); });
+  if (validation_ && config_.eval.batches == 0) log::info("eval.batches = 0: no held-out evaluation");
   const GpuSpec* gpu = device_ == "cuda" ? find_gpu(props.name) : nullptr;
   peak_flops_ = gpu ? peak_flops(*gpu, mfu_dtype(precision_)) : 0.0;
   flops_per_token_ = config_.model.training_flops_per_token(config_.train.seq_len);
+}
+
+// One run per directory: rank 0 holds the lock for the run's life; every rank learns whether it
+// got it before anything is written.
+void TrainingRun::lock_run_directory() {
+  std::optional<Error> refused;
+  if (rank_ == 0) {
+    try {
+      lock_ = RunDirectoryLock(run_dir_);
+    } catch (const Error& error) {
+      refused = error;
+    }
+  }
+  if (!ranks_.all(!refused)) {
+    if (refused) throw *refused;
+    throw Error(ErrorKind::system, "rank 0 could not lock the run directory " + run_dir_,
+                "see rank 0's message: another run probably uses this directory");
+  }
+  if (!lock_.stale_holder().empty())
+    log::info("took over the stale lock of " + run_dir_ + ", left by a run that has ended (" + lock_.stale_holder() +
+              ")");
+}
+
+template <typename Write>
+void TrainingRun::checked_output(Write&& write) {
+  if (output_failure_) return;
+  try {
+    write();
+  } catch (const Error& error) {
+    if (error.kind() != ErrorKind::system) throw;
+    log::error(std::string(error.what()) + ": stopping with a checkpoint at the end of this step");
+    output_failure_ = error;
+  }
 }
 
 void TrainingRun::open_data(const std::string& source_dir) {
@@ -236,7 +283,14 @@ int64_t TrainingRun::start() {
   if (rank_ == 0) {
     write_file_atomically(run_dir_ + "/config.toml", effective_config_,
                           "set checkpoint.dir (-o) to a writable directory with free space");
-    metrics_ = MetricsFile(run_dir_ + "/" + config_.log.metrics);
+    // Records a crashed run wrote after the checkpoint resumed from would appear twice.
+    const std::string metrics_path = run_dir_ + "/" + config_.log.metrics;
+    const int64_t dropped = MetricsFile::keep_through_step(metrics_path, start_step_);
+    if (dropped > 0)
+      log::info(strf("removed %lld record%s after step %lld from %s (written after the checkpoint resumed from)",
+                     static_cast<long long>(dropped), dropped == 1 ? "" : "s", static_cast<long long>(start_step_),
+                     metrics_path.c_str()));
+    metrics_ = MetricsFile(metrics_path);
     if (config_.log.tensorboard) tensorboard_ = TensorBoardWriter(run_dir_ + "/tensorboard");
   }
   return start_step_;
@@ -271,6 +325,8 @@ void TrainingRun::report(int64_t step, const StepResult& result, double lr, doub
   m.lr = lr;
   m.grad_norm = result.grad_norm;
   m.skipped = result.skipped;
+  m.nonfinite = result.nonfinite;
+  m.nonfinite_skips = result.nonfinite_skips;
   m.loss_scale = result.loss_scale;
   m.step_ms = 1e3 * seconds;
   m.tokens_per_s = static_cast<double>(batch_.global_tokens) / seconds;
@@ -291,8 +347,10 @@ void TrainingRun::report(int64_t step, const StepResult& result, double lr, doub
     if (world_ > 1) line += " | " + log::with_commas(m.tokens_per_s_per_gpu) + " tok/s per rank";
     log::info(line);
   }
-  metrics_.write(step_json(m));
-  write_tensorboard(m);
+  checked_output([&] {
+    metrics_.write(step_json(m));
+    write_tensorboard(m);
+  });
 }
 
 void TrainingRun::write_tensorboard(const StepMetrics& m) {
@@ -301,6 +359,8 @@ void TrainingRun::write_tensorboard(const StepMetrics& m) {
   tensorboard_.add_scalar("train/lr", m.step, m.lr);
   tensorboard_.add_scalar("train/grad_norm", m.step, m.grad_norm);
   if (m.loss_scale > 0) tensorboard_.add_scalar("train/loss_scale", m.step, m.loss_scale);
+  if (m.nonfinite_skips > 0)
+    tensorboard_.add_scalar("train/nonfinite_skips", m.step, static_cast<double>(m.nonfinite_skips));
   tensorboard_.add_scalar("perf/tokens_per_s", m.step, m.tokens_per_s);
   tensorboard_.add_scalar("perf/tflops", m.step, m.tflops);
   if (m.mfu >= 0) tensorboard_.add_scalar("perf/mfu", m.step, m.mfu);
@@ -310,15 +370,17 @@ void TrainingRun::write_tensorboard(const StepMetrics& m) {
 }
 
 double TrainingRun::evaluate(int64_t step) {
-  if (!validation_) return -1;
+  if (!validation_ || config_.eval.batches == 0) return -1;
   validation_->start(config_.eval.batches);
   std::vector<data::Batch> host;
   while (auto batch = validation_->next()) host.push_back(std::move(*batch));
   const double val_loss = session_->evaluate(views(host));
   log::info(strf("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
                  static_cast<long long>(config_.train.steps), val_loss));
-  metrics_.write({{"step", step}, {"val_loss", val_loss}});
-  if (tensorboard_.is_open()) tensorboard_.add_scalar("eval/val_loss", step, val_loss);
+  checked_output([&] {
+    metrics_.write({{"step", step}, {"val_loss", val_loss}});
+    if (tensorboard_.is_open()) tensorboard_.add_scalar("eval/val_loss", step, val_loss);
+  });
   return val_loss;
 }
 
@@ -337,7 +399,7 @@ void TrainingRun::sample(int64_t step) {
   const std::string text = config_.log.sample_prompt + tokenizer->decode(produced);
   log::info(strf("step %lld/%lld | sample: %s", static_cast<long long>(step),
                  static_cast<long long>(config_.train.steps), data::printable_text(text).c_str()));
-  metrics_.write({{"step", step}, {"sample", text}});
+  checked_output([&] { metrics_.write({{"step", step}, {"sample", text}}); });
 }
 
 void TrainingRun::save(int64_t step) {
@@ -353,17 +415,33 @@ void TrainingRun::save(int64_t step) {
   // Replicas (no_shard, hybrid_shard) hold the same slices: only the first one writes them.
   const std::vector<ParamShard> shards = params.writes_checkpoint_shards() ? params.shards() : std::vector<ParamShard>{};
   last_checkpoint_ = checkpoints_->save(meta, shards, *backend_);
-  checkpoints_->prune(config_.checkpoint.keep);
+  checkpoints_->prune(config_.checkpoint.keep, last_checkpoint_);
   log::info("saved checkpoint " + last_checkpoint_);
 }
 
 TrainerSummary TrainingRun::stop(int64_t step) {
   const Clock::time_point stop_started = Clock::now();
-  log::info(stop_requested()
-                ? strf("signal %d received: saving a checkpoint at step %lld and stopping", stop_signal_number(),
-                       static_cast<long long>(step))
-                : strf("another rank received a stop signal: saving a checkpoint at step %lld and stopping",
-                       static_cast<long long>(step)));
+  if (output_failure_)
+    log::info(strf("saving a checkpoint at step %lld and stopping (the run's outputs cannot be written)",
+                   static_cast<long long>(step)));
+  else
+    log::info(stop_requested()
+                  ? strf("signal %d received: saving a checkpoint at step %lld and stopping", stop_signal_number(),
+                         static_cast<long long>(step))
+                  : strf("another rank received a stop signal or cannot write its outputs: saving a "
+                         "checkpoint at step %lld and stopping",
+                         static_cast<long long>(step)));
+  if (output_failure_) {
+    try {
+      save(step);
+    } catch (const Error& error) {
+      throw Error(error.kind(),
+                  std::string(output_failure_->what()) + "; the checkpoint on the way out failed too: " + error.what(),
+                  error.advice());
+    }
+    log::info("saved checkpoint " + last_checkpoint_ + "; re-run the same command to resume once there is space");
+    throw *output_failure_;
+  }
   save(step);
   const double save_seconds = seconds_since(stop_started);
   if (save_seconds > config_.checkpoint.stop_deadline_s)
@@ -378,13 +456,17 @@ TrainerSummary TrainingRun::stop(int64_t step) {
 TrainerSummary TrainingRun::finish(int64_t step) {
   const double val_loss = evaluate(step);
   save(step);
+  if (output_failure_) throw *output_failure_;
   TrainerSummary done = summary(step);
   done.final_val_loss = val_loss;
   done.tokens_per_s =
       timed_steps_ > 0 ? static_cast<double>(batch_.global_tokens * timed_steps_) / timed_seconds_ : 0;
-  log::info(strf("done: %lld steps | final loss %.4f | held-out loss %.4f (ln(vocab) = %.4f) | %s tok/s",
-                 static_cast<long long>(step), done.final_loss, val_loss,
-                 std::log(static_cast<double>(config_.model.vocab_size)), log::with_commas(done.tokens_per_s).c_str()));
+  const std::string held_out =
+      val_loss >= 0 ? strf(" | held-out loss %.4f (ln(vocab) = %.4f)", val_loss,
+                           std::log(static_cast<double>(config_.model.vocab_size)))
+                    : std::string();
+  log::info(strf("done: %lld steps | final loss %.4f%s | %s tok/s", static_cast<long long>(step), done.final_loss,
+                 held_out.c_str(), log::with_commas(done.tokens_per_s).c_str()));
   log::info("checkpoint: " + last_checkpoint_);
   log::info("metrics:    " + done.metrics_path);
   return done;
@@ -417,7 +499,7 @@ TrainerSummary Trainer::run() {
     run.train_step(step);
     if (config_.eval.every > 0 && step % config_.eval.every == 0 && step < config_.train.steps) run.evaluate(step);
     if (config_.log.sample_every > 0 && step % config_.log.sample_every == 0) run.sample(step);
-    const CheckpointAction action = checkpoints.after_step(step);
+    const CheckpointAction action = checkpoints.after_step(step, run.output_failed());
     if (action == CheckpointAction::save_and_stop) return run.stop(step);
     if (action == CheckpointAction::save) {
       run.save(step);
