@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/hw/gpu_catalog.hpp"
+#include "mxtrain/report/run_report.hpp"
 #include "mxtrain/report/tensorboard.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/checkpoint_policy.hpp"
@@ -151,6 +153,10 @@ class TrainingRun {
 
  private:
   void open_data(const std::string& source_dir);
+  void write_plan(const TrainerContext& context);
+  void record_start();
+  // RUN_DIR/report.html (rank 0); a failure is logged, never thrown: the checkpoint is what counts.
+  void write_report();
   void report(int64_t step, const StepResult& result, double lr, double seconds);
   void write_tensorboard(const StepMetrics& metrics);
   TrainerSummary summary(int64_t step) const;
@@ -158,6 +164,7 @@ class TrainingRun {
   RunConfig& config_;  // not const: config_to_toml and config_to_json walk non-const field tables
   int rank_ = 0, world_ = 1;
   std::string device_;
+  DeviceProperties properties_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Communicator> owned_world_;  // outlives the session's store, which uses it
   RankGroup ranks_{nullptr};
@@ -198,7 +205,8 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   ranks_ = RankGroup(world);
   precision_ = resolve_precision(config_, *backend_);
   batch_ = batch_geometry(config_, world_);
-  const DeviceProperties props = backend_->properties();
+  properties_ = backend_->properties();
+  const DeviceProperties& props = properties_;
   log_start(config_, device_, props, precision_, batch_, world_);
   run_dir_ = create_run_directory(config_);
   effective_config_ = config_to_toml(config_);
@@ -215,6 +223,71 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   const GpuSpec* gpu = device_ == "cuda" ? find_gpu(props.name) : nullptr;
   peak_flops_ = gpu ? peak_flops(*gpu, mfu_dtype(precision_)) : 0.0;
   flops_per_token_ = config_.model.training_flops_per_token(config_.train.seq_len);
+  if (rank_ == 0) write_plan(context);
+}
+
+void TrainingRun::write_plan(const TrainerContext& context) {
+  if (!context.predict) return;
+  const GpuSpec* gpu = device_ == "cuda" ? find_gpu(properties_.name) : nullptr;
+  RunConfig planned = config_;
+  planned.train.precision = precision_.name;
+  nlohmann::json plan;
+  try {
+    plan = context.predict(planned, gpu ? gpu->key : "", world_);
+  } catch (const std::exception& error) {
+    const Error* known = dynamic_cast<const Error*>(&error);
+    const std::string reason = known ? known->full_message() : error.what();
+    log::warn("no plan for the run report: " + reason);
+    plan = {{"error", reason}};
+  }
+  plan["run_device"] = properties_.name;
+  plan["comparable"] = gpu != nullptr && plan.value("gpu", std::string()) == gpu->key;
+  try {
+    write_file_atomically(run_dir_ + "/plan.json", plan.dump(1) + "\n",
+                          "set checkpoint.dir (-o) to a writable directory with free space");
+  } catch (const Error& error) {
+    log::warn("cannot write the plan for the run report: " + error.full_message());
+  }
+}
+
+void TrainingRun::record_start() {
+  const std::time_t now = std::time(nullptr);
+  char started[32];
+  std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", std::gmtime(&now));
+  metrics_.write({{"step", start_step_},
+                  {"event", "start"},
+                  {"started_utc", started},
+                  {"device", device_},
+                  {"device_name", properties_.name},
+                  {"device_memory_bytes", properties_.memory_bytes},
+                  {"world_size", world_},
+                  {"precision", precision_.name},
+                  {"precision_detail", precision_.startup_line},
+                  {"recompute", config_.train.recompute},
+                  {"strategy", session_->params().strategy_name()},
+                  {"model", config_.model.preset},
+                  {"parameters", log::with_commas(static_cast<double>(config_.model.parameter_count()))},
+                  {"batch", strf("%lld sequences x %lld tokens (micro-batch %lld, %lld accumulation steps)",
+                                 static_cast<long long>(batch_.global), static_cast<long long>(config_.train.seq_len),
+                                 static_cast<long long>(batch_.micro), static_cast<long long>(batch_.accumulation))},
+                  {"commit", MXTRAIN_GIT_COMMIT},
+                  {"mxtrain_version", MXTRAIN_VERSION},
+                  {"resumed_from", start_step_ > 0 ? strf("the checkpoint of step %lld", static_cast<long long>(start_step_))
+                                                   : std::string()}});
+}
+
+void TrainingRun::write_report() {
+  if (rank_ != 0) return;
+  try {
+    RunReportInputs inputs;
+    inputs.run_dir = run_dir_;
+    inputs.metrics_path = metrics_.path();
+    log::info("report:     " + write_run_report(inputs));
+  } catch (const std::exception& error) {
+    const Error* known = dynamic_cast<const Error*>(&error);
+    log::warn("could not write the run report (the run and its checkpoint are unaffected; `mxtrain report " +
+              run_dir_ + "` retries): " + (known ? known->full_message() : std::string(error.what())));
+  }
 }
 
 void TrainingRun::open_data(const std::string& source_dir) {
@@ -238,6 +311,7 @@ int64_t TrainingRun::start() {
                           "set checkpoint.dir (-o) to a writable directory with free space");
     metrics_ = MetricsFile(run_dir_ + "/" + config_.log.metrics);
     if (config_.log.tensorboard) tensorboard_ = TensorBoardWriter(run_dir_ + "/tensorboard");
+    record_start();
   }
   return start_step_;
 }
@@ -352,7 +426,17 @@ void TrainingRun::save(int64_t step) {
   meta.strategy = params.strategy_name();
   // Replicas (no_shard, hybrid_shard) hold the same slices: only the first one writes them.
   const std::vector<ParamShard> shards = params.writes_checkpoint_shards() ? params.shards() : std::vector<ParamShard>{};
+  const Clock::time_point started = Clock::now();
   last_checkpoint_ = checkpoints_->save(meta, shards, *backend_);
+  const double seconds = seconds_since(started);
+  if (rank_ == 0) {
+    uint64_t bytes = 0;
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(last_checkpoint_, error))
+      if (entry.is_regular_file(error)) bytes += entry.file_size(error);
+    metrics_.write({{"step", step}, {"event", "checkpoint"}, {"path", last_checkpoint_}, {"seconds", seconds},
+                    {"bytes", bytes}});
+  }
   checkpoints_->prune(config_.checkpoint.keep);
   log::info("saved checkpoint " + last_checkpoint_);
 }
@@ -370,6 +454,8 @@ TrainerSummary TrainingRun::stop(int64_t step) {
     log::warn(strf("saving took %.1f s, longer than checkpoint.stop_deadline_s = %.0f s", save_seconds,
                    config_.checkpoint.stop_deadline_s));
   log::info("stopped; re-run the same command to resume from " + last_checkpoint_);
+  metrics_.write({{"step", step}, {"event", "stop"}, {"signal", stop_requested() ? stop_signal_number() : 0}});
+  write_report();
   TrainerSummary stopped = summary(step);
   stopped.stopped_by_signal = true;
   return stopped;
@@ -387,6 +473,7 @@ TrainerSummary TrainingRun::finish(int64_t step) {
                  std::log(static_cast<double>(config_.model.vocab_size)), log::with_commas(done.tokens_per_s).c_str()));
   log::info("checkpoint: " + last_checkpoint_);
   log::info("metrics:    " + done.metrics_path);
+  write_report();
   return done;
 }
 
