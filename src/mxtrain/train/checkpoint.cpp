@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "mxtrain/core/checksum.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/core/progress.hpp"
 
 namespace fs = std::filesystem;
 
@@ -22,6 +24,11 @@ namespace mxtrain {
 namespace {
 
 constexpr int kFormatVersion = 1;
+// A checkpoint write shows a progress line only when it runs longer than this (a small model's
+// write takes milliseconds, a 1B model's about a second on a local disk), then every few seconds
+// in a log (several times a second on a terminal).
+constexpr double kCheckpointQuiet_s = 3.0;
+constexpr double kCheckpointProgressInterval_s = 5.0;
 const char* const kKinds[] = {"master", "adam_m", "adam_v"};
 
 std::string rank_file_name(int rank) { return strf("rank_%05d.bin", rank); }
@@ -72,6 +79,16 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
     if (!file) throw Error(ErrorKind::system, "cannot create " + path, "check that checkpoint.dir is writable");
     uint64_t offset = 0;
     std::vector<float> host;
+    // A line with an ETA when the write takes more than a few seconds (rank 0's file; the ranks
+    // write theirs at the same time).
+    double total_bytes = 0;
+    for (const ParamShard& shard : shards) total_bytes += 3.0 * sizeof(float) * static_cast<double>(shard.count);
+    std::optional<Progress> progress;
+    if (rank_ == 0) {
+      progress.emplace(strf("checkpoint step %lld", static_cast<long long>(meta.step)), total_bytes, "bytes",
+                       kCheckpointProgressInterval_s);
+      progress->quiet_for(kCheckpointQuiet_s);
+    }
     for (const ParamShard& shard : shards) {
       host.resize(static_cast<size_t>(shard.count));
       for (int kind = 0; kind < 3; ++kind) {
@@ -88,11 +105,13 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
                             {"begin", shard.begin}, {"count", shard.count}, {"offset", offset}, {"bytes", bytes},
                             {"crc32", crc32(host.data(), bytes)}});
         offset += bytes;
+        if (progress) progress->update(static_cast<double>(offset));
       }
     }
     std::fflush(file);
     ::fsync(::fileno(file));
     std::fclose(file);
+    if (progress) progress->finish();
     write_file_atomically(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
   }
   barrier();
