@@ -136,6 +136,20 @@ TEST_F(RunReportTest, AStoppedAndResumedRunsReportHoldsEverySectionWithTheMetric
   for (const auto& [step, record] : steps_seen) peak = std::max(peak, record["peak_bytes"].get<uint64_t>());
   EXPECT_EQ(element_text(page, "peak-memory"), strf("%.1f MiB", static_cast<double>(peak) / (1024.0 * 1024)));
   EXPECT_EQ(element_text(page, "median-mfu"), "not known");  // a CPU run
+  // Medians: tokens/s over every step; step time without each process's first step (steps 1 and 2:
+  // the second process resumed at step 1).
+  std::vector<double> speeds, times;
+  for (const auto& [step, record] : steps_seen) {
+    speeds.push_back(record["tokens_per_s"].get<double>());
+    if (step > 2) times.push_back(record["step_ms"].get<double>());
+  }
+  auto middle = [](std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  };
+  EXPECT_EQ(element_text(page, "median-tokens-per-s"), with_commas(std::llround(middle(speeds))));
+  EXPECT_EQ(element_text(page, "median-step-ms"), strf("%.1f ms", middle(times)));
 
   // Each chart has one point per step (the loss curve), one per evaluation (held-out loss).
   EXPECT_NE(page.find("data-name=\"training loss\" data-points=\"" + std::to_string(steps) + "\""), std::string::npos);
@@ -197,6 +211,21 @@ TEST_F(RunReportTest, AReportThatCannotBeWrittenLeavesTheRunAndItsCheckpoint) {
   EXPECT_FALSE(fs::exists(run_dir + "/plan.json"));
   const std::string page = render_run_report({run_dir, ""});
   EXPECT_NE(page.find("No prediction: the run directory has no plan.json"), std::string::npos);
+}
+
+TEST_F(RunReportTest, ARunThatFailsIsReportedWithItsError) {
+  const std::string run_dir = dir_.file("run");
+  RunConfig config = small_run(corpus_, run_dir, 6);
+  config.optimizer.lr = 1e30;  // the first update makes the weights overflow: the loss is not finite
+  config.optimizer.grad_clip = 0;
+  config.schedule.warmup_steps = 0;
+  EXPECT_THROW(Trainer(config, {}).run(), Error);
+  const std::string page = test::read_file(run_dir + "/report.html");
+  ASSERT_FALSE(page.empty()) << "no report after a failed run";
+  const std::string status = element_text(page, "run-status");
+  EXPECT_EQ(status.rfind("failed at step 2: ", 0), 0u) << status;
+  EXPECT_NE(status.find("the loss became"), std::string::npos) << status;
+  EXPECT_NE(page.find("data-kind=\"failure\""), std::string::npos);
 }
 
 void write_lines(const std::string& path, const std::vector<json>& records) {

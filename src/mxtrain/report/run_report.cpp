@@ -42,6 +42,14 @@ std::string read_text(const std::string& path) {
   return out.str();
 }
 
+// The middle value, or the mean of the two middle ones; 0 for none.
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 }  // namespace
 
 RunRecords read_run_records(const std::string& metrics_path) {
@@ -69,9 +77,12 @@ RunRecords read_run_records(const std::string& metrics_path) {
     const int64_t step = record["step"].get<int64_t>();
     if (record.contains("event")) {
       const std::string event = text_of(record, "event");
+      if (event == "start" || event == "stop" || event == "failure") records.last_event = record;
       if (event == "start") {
         records.starts.push_back(record);
         records.process_first_steps.push_back(step + 1);
+      } else if (event == "failure") {
+        records.failures.push_back(record);
       } else if (event == "checkpoint") {
         records.checkpoints.push_back({step, text_of(record, "path"), number(record, "seconds"),
                                        static_cast<uint64_t>(number(record, "bytes"))});
@@ -113,10 +124,7 @@ double median_step_ms(const RunRecords& records) {
     if (!first.count(s.step)) times.push_back(s.step_ms);
   if (times.empty())
     for (const StepRecord& s : records.steps) times.push_back(s.step_ms);
-  if (times.empty()) return 0;
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  return median(times);
 }
 
 std::vector<Warning> run_warnings(const RunRecords& records) {
@@ -140,6 +148,11 @@ std::vector<Warning> run_warnings(const RunRecords& records) {
       warnings.push_back({"slow_step", s.step,
                           strf("step %lld: %.1f ms, %.1f× the median %.1f ms", static_cast<long long>(s.step),
                                s.step_ms, s.step_ms / median, median)});
+  }
+  for (const json& failure : records.failures) {
+    const int64_t step = failure.value("step", int64_t{0});
+    warnings.push_back({"failure", step, strf("step %lld: the run failed: %s", static_cast<long long>(step),
+                                              text_of(failure, "message").c_str())});
   }
   return warnings;
 }
@@ -256,8 +269,7 @@ void summary_section(Page& page, const ReportData& data) {
   page.figure("tokens-seen", "tokens trained", log::with_commas(static_cast<double>(last.tokens)));
   std::vector<double> speeds;
   for (const StepRecord& s : r.steps) speeds.push_back(s.tokens_per_s);
-  std::sort(speeds.begin(), speeds.end());
-  page.figure("median-tokens-per-s", "median tokens/s", log::with_commas(speeds[speeds.size() / 2]));
+  page.figure("median-tokens-per-s", "median tokens/s", log::with_commas(median(speeds)));
   page.figure("median-step-ms", "median step", strf("%.1f ms", median_step_ms(r)));
   uint64_t peak = 0;
   for (const StepRecord& s : r.steps) peak = std::max(peak, s.peak_bytes);
@@ -265,20 +277,25 @@ void summary_section(Page& page, const ReportData& data) {
   std::vector<double> mfus;
   for (const StepRecord& s : r.steps)
     if (s.mfu >= 0) mfus.push_back(s.mfu);
-  std::sort(mfus.begin(), mfus.end());
-  page.figure("median-mfu", "median MFU", mfus.empty() ? "not known" : strf("%.1f%%", 100 * mfus[mfus.size() / 2]));
+  page.figure("median-mfu", "median MFU", mfus.empty() ? "not known" : strf("%.1f%%", 100 * median(mfus)));
   page.add("</div>\n");
   std::string status;
-  if (!r.stops.empty() && r.stops.back().value("step", int64_t{0}) >= last.step)
+  const std::string last_event = r.last_event.is_object() ? text_of(r.last_event, "event") : "";
+  if (last_event == "failure")
+    status = strf("failed at step %lld: %s", static_cast<long long>(r.last_event.value("step", int64_t{0})),
+                  text_of(r.last_event, "message").c_str());
+  else if (last_event == "stop")
     status = strf("stopped by signal %d at step %lld; running the same command again resumes it",
-                  r.stops.back().value("signal", 0), static_cast<long long>(last.step));
+                  r.last_event.value("signal", 0), static_cast<long long>(r.last_event.value("step", int64_t{0})));
   else if (last.step >= last.steps)
     status = "finished";
   else
     status = strf("ended at step %lld of %lld without a stop record (still running, or killed)",
                   static_cast<long long>(last.step), static_cast<long long>(last.steps));
   page.add("<p class=\"note\">status: <span id=\"run-status\">" + html(status) + "</span>; " +
-           html(strf("%zu process start(s), %zu stop(s) by signal", r.starts.size(), r.stops.size())) + "</p>\n");
+           html(strf("%zu process start(s), %zu stop(s) by signal, %zu failure(s)", r.starts.size(), r.stops.size(),
+                     r.failures.size())) +
+           "</p>\n");
   page.close_section();
 }
 
@@ -426,9 +443,8 @@ void step_time_section(Page& page, const ReportData& data) {
   if (plan_available(data)) {
     std::vector<double> speeds;
     for (const StepRecord& s : data.records.steps) speeds.push_back(s.tokens_per_s);
-    std::sort(speeds.begin(), speeds.end());
     rows.push_back({"planned tokens/s", log::with_commas(number(data.plan, "tokens_per_s"))});
-    if (!speeds.empty()) rows.push_back({"measured tokens/s (median)", log::with_commas(speeds[speeds.size() / 2])});
+    if (!speeds.empty()) rows.push_back({"measured tokens/s (median)", log::with_commas(median(speeds))});
     const double mfu = number(data.plan, "mfu", -1);
     if (mfu >= 0) rows.push_back({"planned MFU", strf("%.1f%%", 100 * mfu)});
   }

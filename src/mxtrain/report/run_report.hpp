@@ -3,7 +3,7 @@
 // built only from what a run directory holds:
 //   metrics.jsonl   step records (loss, lr, grad_norm, step_ms, tokens_per_s, mfu, peak_bytes, ...),
 //                   held-out losses ({"step", "val_loss"}), samples ({"step", "sample"}) and events
-//                   ({"step", "event": "start" | "checkpoint" | "stop" | "done", ...}); a resumed run
+//                   ({"step", "event": "start" | "checkpoint" | "stop" | "failure", ...}); a resumed run
 //                   appends, and for a step recorded twice the last record wins;
 //   plan.json       the planner's prediction for the run's config (plan_json plus "run_device" and
 //                   "comparable"), written by `mxtrain train` at start; absent: no prediction;
@@ -46,6 +46,8 @@ struct RunRecords {
   std::vector<CheckpointEvent> checkpoints;
   std::vector<nlohmann::json> starts;  // one per process start: device, precision, ...
   std::vector<nlohmann::json> stops;   // stopped by a signal
+  std::vector<nlohmann::json> failures;  // ended by an error ("message")
+  nlohmann::json last_event;           // the last start, stop or failure event (null: none)
   std::vector<int64_t> process_first_steps;  // the first step each process ran (warm-up)
 };
 
@@ -57,7 +59,7 @@ RunRecords read_run_records(const std::string& metrics_path);
 inline constexpr double kSlowStepFactor = 2.0;
 
 struct Warning {
-  std::string kind;  // "skipped", "loss_scale", "slow_step", "non_finite_loss"
+  std::string kind;  // "skipped", "loss_scale", "slow_step", "non_finite_loss", "failure"
   int64_t step = 0;
   std::string text;
 };

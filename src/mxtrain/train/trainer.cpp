@@ -150,6 +150,8 @@ class TrainingRun {
   TrainerSummary stop(int64_t step);
   // After the last step: the held-out loss, the final checkpoint and the summary.
   TrainerSummary finish(int64_t step);
+  // The run ends with an error at `step`: recorded and reported (rank 0) before it propagates.
+  void fail(int64_t step, const std::string& message);
 
  private:
   void open_data(const std::string& source_dir);
@@ -477,6 +479,16 @@ TrainerSummary TrainingRun::finish(int64_t step) {
   return done;
 }
 
+void TrainingRun::fail(int64_t step, const std::string& message) {
+  if (rank_ != 0 || !metrics_.is_open()) return;
+  try {
+    metrics_.write({{"step", step}, {"event", "failure"}, {"message", message}});
+  } catch (const std::exception&) {
+    // The original error is what the user needs; the report below says what it can.
+  }
+  write_report();
+}
+
 TrainerSummary TrainingRun::summary(int64_t step) const {
   TrainerSummary result;
   result.steps_done = step;
@@ -498,22 +510,30 @@ TrainerSummary Trainer::run() {
   install_stop_handlers();
   TrainingRun run(config_, context_, environment);
   int64_t step = run.start();
-  CheckpointPolicy checkpoints(config_.checkpoint, config_.train.steps, run.ranks());
-  while (step < config_.train.steps) {
-    ++step;
-    run.train_step(step);
-    if (config_.eval.every > 0 && step % config_.eval.every == 0 && step < config_.train.steps) run.evaluate(step);
-    if (config_.log.sample_every > 0 && step % config_.log.sample_every == 0) run.sample(step);
-    const CheckpointAction action = checkpoints.after_step(step);
-    if (action == CheckpointAction::save_and_stop) return run.stop(step);
-    if (action == CheckpointAction::save) {
-      run.save(step);
-      checkpoints.saved();
+  try {
+    CheckpointPolicy checkpoints(config_.checkpoint, config_.train.steps, run.ranks());
+    while (step < config_.train.steps) {
+      ++step;
+      run.train_step(step);
+      if (config_.eval.every > 0 && step % config_.eval.every == 0 && step < config_.train.steps) run.evaluate(step);
+      if (config_.log.sample_every > 0 && step % config_.log.sample_every == 0) run.sample(step);
+      const CheckpointAction action = checkpoints.after_step(step);
+      if (action == CheckpointAction::save_and_stop) return run.stop(step);
+      if (action == CheckpointAction::save) {
+        run.save(step);
+        checkpoints.saved();
+      }
     }
+    // The closing checkpoint is written even when no step ran (a finished run resumed), as the
+    // run's summary names it.
+    return run.finish(step);
+  } catch (const Error& error) {
+    run.fail(step, error.full_message());
+    throw;
+  } catch (const std::exception& error) {
+    run.fail(step, error.what());
+    throw;
   }
-  // The closing checkpoint is written even when no step ran (a finished run resumed), as the
-  // run's summary names it.
-  return run.finish(step);
 }
 
 }  // namespace mxtrain
