@@ -41,11 +41,16 @@ command=("$binary" train -m "$model" --steps "$steps" -b "${BATCH:-16}" -s "${SE
          -d "${DEVICE:-auto}" -o "$run_dir" --set "checkpoint.every=${CHECKPOINT_EVERY:-100}" --set "checkpoint.keep=${KEEP:-1}"
          --set "log.sample_every=${SAMPLE_EVERY:-100}" --set log.sample_tokens=48 --set eval.every=50
          --set log.every=10 "${extra[@]}")
-commit=$(git rev-parse HEAD)
+# The tree's commit (and whether sources differ from it); without a git checkout, the binary's.
+if commit=$(git rev-parse HEAD 2>/dev/null); then
+  git diff --quiet HEAD -- src CMakeLists.txt cmake configs || commit="$commit (with uncommitted changes)"
+else
+  commit="not a git checkout; the binary says: $("$binary" version | head -1)"
+fi
 {
   echo "# command: ${command[*]}  (SIGTERM once step $stop_at is logged, then the same command again to resume)"
   echo "# then: $binary report $run_dir"
-  echo "# commit: $commit$(git diff --quiet HEAD -- src CMakeLists.txt cmake configs || echo ' (with uncommitted changes)')"
+  echo "# commit: $commit"
   echo "# version: $("$binary" version | tr '\n' ' ' | sed 's/ *$//')"
   echo "# machine: $(nproc) CPU cores, $(command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | head -1 || echo 'no GPU')"
   echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC')"
