@@ -9,7 +9,7 @@ root=$PWD
 
 packages=(build-essential cmake ninja-build git pkg-config python3 libtomlplusplus-dev libcli11-dev
           nlohmann-json3-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev
-          openmpi-bin fortunes libpcre2-dev libsentencepiece-dev libzstd-dev)
+          openmpi-bin fortunes libpcre2-dev libsentencepiece-dev libzstd-dev chromium)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

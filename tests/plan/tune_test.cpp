@@ -97,6 +97,29 @@ TEST(Tune, GridRunsEveryConfigAndPicksTheFastestMeasured) {
   EXPECT_EQ(tune_json(result)["trials"].size(), 15u);
 }
 
+TEST(Tune, EachTrialAfterTheFirstLogsTheTrialsDoneAndAnEta) {
+  TuneOptions options;
+  options.target = PlanTarget{"h200", 1, 1};
+  options.grid = true;
+  options.bench = BenchmarkOptions{1, 2};
+  FakeRunner fake;
+  testing::internal::CaptureStdout();
+  tune(tune_config(), options, fake.calibration,
+       [&](const RunConfig& c, const BenchmarkOptions& o) { return fake(c, o); });
+  const std::string log = testing::internal::GetCapturedStdout();
+  const size_t first = log.find("tune: trial 1/15: ");
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.substr(first, log.find('\n', first) - first).find(" | tune: "), std::string::npos);
+  for (int done = 1; done < 15; ++done) {
+    const size_t at = log.find(strf("tune: trial %d/15: ", done + 1));
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find(strf(" | tune: %3.0f%% %d trials / 15 trials, ", 100.0 * done / 15, done)), std::string::npos)
+        << line;
+    EXPECT_NE(line.find(", ETA "), std::string::npos) << line;
+  }
+}
+
 TEST(Tune, PlannerModeTriesTheTopCandidatesAndDryRunRunsNothing) {
   TuneOptions options;
   options.target = PlanTarget{"h200", 1, 1};

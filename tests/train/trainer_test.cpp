@@ -144,9 +144,10 @@ TEST_F(TrainerTest, ZeroEvalBatchesSkipsTheHeldOutEvaluation) {
   EXPECT_LT(summary.final_val_loss, 0);
   std::ifstream in(dir_.file("run") + "/metrics.jsonl");
   int records = 0;
-  for (std::string line; std::getline(in, line); ++records) {
+  for (std::string line; std::getline(in, line);) {
     EXPECT_EQ(line.find("val_loss"), std::string::npos) << line;
     EXPECT_EQ(line.find("null"), std::string::npos) << line;
+    if (line.find("\"event\"") == std::string::npos) ++records;  // the run report's events aside
   }
   EXPECT_EQ(records, 4);
 }

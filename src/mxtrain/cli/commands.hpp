@@ -22,5 +22,6 @@ void add_tune_command(CLI::App& app);
 void add_compare_precision_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 }  // namespace mxtrain::cli

@@ -31,6 +31,7 @@ int run(int argc, char** argv) {
   add_compare_precision_command(app);
   add_export_command(app);
   add_generate_command(app);
+  add_report_command(app);
   add_version_command(app);
   try {
     app.parse(argc, argv);

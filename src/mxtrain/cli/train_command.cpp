@@ -11,6 +11,7 @@
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
+#include "mxtrain/plan/run_prediction.hpp"
 #include "mxtrain/runtime/launcher.hpp"
 #include "mxtrain/train/trainer.hpp"
 
@@ -91,6 +92,7 @@ void add_train_command(CLI::App& app) {
     }
     TrainerContext context;
     context.source_dir = MXTRAIN_SOURCE_DIR;
+    context.predict = predict_run;
     context.environment =
         runtime::resolve_rank_environment(*explicit_rank, runtime::process_environment(), visible_gpu_count());
     if (context.environment.node_level_only && context.environment.world_size > 1) {

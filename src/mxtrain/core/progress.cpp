@@ -51,6 +51,7 @@ std::string Progress::line(double done, bool final) const {
 
 void Progress::update(double done) {
   const auto now = std::chrono::steady_clock::now();
+  if (seconds_between(start_, now) < quiet_s_) return;
   const double since = seconds_between(last_print_, now);
   if (since < (terminal_ ? 0.25 : log_interval_s_)) return;
   last_print_ = now;
@@ -64,6 +65,7 @@ void Progress::update(double done) {
 }
 
 void Progress::finish() {
+  if (quiet_s_ > 0 && seconds_between(start_, std::chrono::steady_clock::now()) < quiet_s_) return;
   const std::string text = line(total_, true);
   std::fprintf(stderr, terminal_ && drawn_ ? "\r%s\033[K\n" : "%s\n", text.c_str());
   std::fflush(stderr);

@@ -6,6 +6,7 @@
 #include "mxtrain/build_info.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/core/progress.hpp"
 #include "mxtrain/report/svg_chart.hpp"
 
 namespace mxtrain {
@@ -78,9 +79,13 @@ TuneResult tune(const RunConfig& config, const TuneOptions& options, const Calib
   }
   if (options.dry_run) return result;
 
+  // Trials log their own lines, so the progress (trials done, the ETA at the mean trial time so
+  // far) rides on each trial's first line instead of a redrawn one.
+  const Progress progress("tune", static_cast<double>(result.trials.size()), "trials");
   for (size_t i = 0; i < result.trials.size(); ++i) {
     Trial& trial = result.trials[i];
-    log::info(strf("tune: trial %zu/%zu: %s", i + 1, result.trials.size(), trial.planned.label().c_str()));
+    log::info(strf("tune: trial %zu/%zu: %s%s", i + 1, result.trials.size(), trial.planned.label().c_str(),
+                   i > 0 ? (" | " + progress.text(static_cast<double>(i))).c_str() : ""));
     const BenchmarkResult measured = runner(apply_candidate(config, trial.planned), options.bench);
     trial.ran = true;
     trial.fits = measured.fits;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -21,6 +22,7 @@
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/core/progress.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -31,6 +33,11 @@ namespace {
 // 2: the manifest carries manifest_crc32. 1 (no checksum) is still read.
 constexpr int kFormatVersion = 2;
 constexpr int kOldestReadableVersion = 1;
+// A checkpoint write shows a progress line only when it runs longer than this (a small model's
+// write takes milliseconds, a 1B model's about a second on a local disk), then every few seconds
+// in a log (several times a second on a terminal).
+constexpr double kCheckpointQuiet_s = 3.0;
+constexpr double kCheckpointProgressInterval_s = 5.0;
 const char* const kKinds[] = {"master", "adam_m", "adam_v"};
 // Bounds no real checkpoint comes near; they keep every size computed from a manifest exact.
 constexpr int64_t kMaxElements = int64_t{1} << 44;  // of one segment (64 TiB of f32)
@@ -158,7 +165,7 @@ namespace {
 // This rank's file: master, m and v of each shard, one segment each. Returns its segments, and
 // in *finite whether every value written was finite. Every write, flush and sync is checked.
 json write_rank_file(const std::string& path, const std::string& file_name, const std::vector<ParamShard>& shards,
-                     Backend& backend, bool* finite) {
+                     Backend& backend, bool* finite, std::optional<Progress>& progress) {
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (!file)
     throw Error(ErrorKind::system, strf("cannot create %s: %s", path.c_str(), std::strerror(errno)),
@@ -187,6 +194,7 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
                           {"begin", shard.begin}, {"count", shard.count}, {"offset", offset}, {"bytes", bytes},
                           {"crc32", crc32(host.data(), bytes)}});
       offset += bytes;
+      if (progress) progress->update(static_cast<double>(offset));
     }
   }
   if (std::fflush(file) != 0) fail("cannot write");
@@ -194,6 +202,7 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
   if (std::fclose(file) != 0)
     throw Error(ErrorKind::system, strf("cannot write %s: %s", path.c_str(), std::strerror(errno)),
                 "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
+  if (progress) progress->finish();
   return segments;
 }
 
@@ -215,7 +224,17 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
 
   const std::string file_name = rank_file_name(rank_);
   bool finite = true;
-  const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite);
+  // A line with an ETA when the write takes more than a few seconds (rank 0's file; the ranks
+  // write theirs at the same time).
+  std::optional<Progress> progress;
+  if (rank_ == 0) {
+    double total_bytes = 0;
+    for (const ParamShard& shard : shards) total_bytes += 3.0 * sizeof(float) * static_cast<double>(shard.count);
+    progress.emplace(strf("checkpoint step %lld", static_cast<long long>(meta.step)), total_bytes, "bytes",
+                     kCheckpointProgressInterval_s);
+    progress->quiet_for(kCheckpointQuiet_s);
+  }
+  const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite, progress);
   // Nothing non-finite is saved: every rank learns whether any rank holds a NaN or an Inf.
   if (!all_ranks_(finite)) {
     if (rank_ == 0) fs::remove_all(temporary, error);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/hw/gpu_catalog.hpp"
+#include "mxtrain/report/run_report.hpp"
 #include "mxtrain/report/tensorboard.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/checkpoint_policy.hpp"
@@ -153,6 +155,8 @@ class TrainingRun {
   bool output_failed() const { return output_failure_.has_value(); }
   // After the last step: the held-out loss, the final checkpoint and the summary.
   TrainerSummary finish(int64_t step);
+  // The run ends with an error at `step`: recorded and reported (rank 0) before it propagates.
+  void fail(int64_t step, const std::string& message);
 
  private:
   void open_data(const std::string& source_dir);
@@ -160,6 +164,10 @@ class TrainingRun {
   // Runs a write of the run's outputs; a failure is kept for stop() instead of ending the step.
   template <typename Write>
   void checked_output(Write&& write);
+  void write_plan(const TrainerContext& context);
+  void record_start();
+  // RUN_DIR/report.html (rank 0); a failure is logged, never thrown: the checkpoint is what counts.
+  void write_report();
   void report(int64_t step, const StepResult& result, double lr, double seconds);
   void write_tensorboard(const StepMetrics& metrics);
   TrainerSummary summary(int64_t step) const;
@@ -167,6 +175,7 @@ class TrainingRun {
   RunConfig& config_;  // not const: config_to_toml and config_to_json walk non-const field tables
   int rank_ = 0, world_ = 1;
   std::string device_;
+  DeviceProperties properties_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Communicator> owned_world_;  // outlives the session's store, which uses it
   RankGroup ranks_{nullptr};
@@ -209,7 +218,8 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   ranks_ = RankGroup(world);
   precision_ = resolve_precision(config_, *backend_);
   batch_ = batch_geometry(config_, world_);
-  const DeviceProperties props = backend_->properties();
+  properties_ = backend_->properties();
+  const DeviceProperties& props = properties_;
   log_start(config_, device_, props, precision_, batch_, world_);
   run_dir_ = create_run_directory(config_);
   lock_run_directory();
@@ -229,6 +239,71 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   const GpuSpec* gpu = device_ == "cuda" ? find_gpu(props.name) : nullptr;
   peak_flops_ = gpu ? peak_flops(*gpu, mfu_dtype(precision_)) : 0.0;
   flops_per_token_ = config_.model.training_flops_per_token(config_.train.seq_len);
+  if (rank_ == 0) write_plan(context);
+}
+
+void TrainingRun::write_plan(const TrainerContext& context) {
+  if (!context.predict) return;
+  const GpuSpec* gpu = device_ == "cuda" ? find_gpu(properties_.name) : nullptr;
+  RunConfig planned = config_;
+  planned.train.precision = precision_.name;
+  nlohmann::json plan;
+  try {
+    plan = context.predict(planned, gpu ? gpu->key : "", world_);
+  } catch (const std::exception& error) {
+    const Error* known = dynamic_cast<const Error*>(&error);
+    const std::string reason = known ? known->full_message() : error.what();
+    log::warn("no plan for the run report: " + reason);
+    plan = {{"error", reason}};
+  }
+  plan["run_device"] = properties_.name;
+  plan["comparable"] = gpu != nullptr && plan.value("gpu", std::string()) == gpu->key;
+  try {
+    write_file_atomically(run_dir_ + "/plan.json", plan.dump(1) + "\n",
+                          "set checkpoint.dir (-o) to a writable directory with free space");
+  } catch (const Error& error) {
+    log::warn("cannot write the plan for the run report: " + error.full_message());
+  }
+}
+
+void TrainingRun::record_start() {
+  const std::time_t now = std::time(nullptr);
+  char started[32];
+  std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", std::gmtime(&now));
+  metrics_.write({{"step", start_step_},
+                  {"event", "start"},
+                  {"started_utc", started},
+                  {"device", device_},
+                  {"device_name", properties_.name},
+                  {"device_memory_bytes", properties_.memory_bytes},
+                  {"world_size", world_},
+                  {"precision", precision_.name},
+                  {"precision_detail", precision_.startup_line},
+                  {"recompute", config_.train.recompute},
+                  {"strategy", session_->params().strategy_name()},
+                  {"model", config_.model.preset},
+                  {"parameters", log::with_commas(static_cast<double>(config_.model.parameter_count()))},
+                  {"batch", strf("%lld sequences x %lld tokens (micro-batch %lld, %lld accumulation steps)",
+                                 static_cast<long long>(batch_.global), static_cast<long long>(config_.train.seq_len),
+                                 static_cast<long long>(batch_.micro), static_cast<long long>(batch_.accumulation))},
+                  {"commit", MXTRAIN_GIT_COMMIT},
+                  {"mxtrain_version", MXTRAIN_VERSION},
+                  {"resumed_from", start_step_ > 0 ? strf("the checkpoint of step %lld", static_cast<long long>(start_step_))
+                                                   : std::string()}});
+}
+
+void TrainingRun::write_report() {
+  if (rank_ != 0) return;
+  try {
+    RunReportInputs inputs;
+    inputs.run_dir = run_dir_;
+    inputs.metrics_path = metrics_.path();
+    log::info("report:     " + write_run_report(inputs));
+  } catch (const std::exception& error) {
+    const Error* known = dynamic_cast<const Error*>(&error);
+    log::warn("could not write the run report (the run and its checkpoint are unaffected; `mxtrain report " +
+              run_dir_ + "` retries): " + (known ? known->full_message() : std::string(error.what())));
+  }
 }
 
 // One run per directory: rank 0 holds the lock for the run's life; every rank learns whether it
@@ -292,6 +367,7 @@ int64_t TrainingRun::start() {
                      metrics_path.c_str()));
     metrics_ = MetricsFile(metrics_path);
     if (config_.log.tensorboard) tensorboard_ = TensorBoardWriter(run_dir_ + "/tensorboard");
+    record_start();
   }
   return start_step_;
 }
@@ -414,7 +490,19 @@ void TrainingRun::save(int64_t step) {
   meta.strategy = params.strategy_name();
   // Replicas (no_shard, hybrid_shard) hold the same slices: only the first one writes them.
   const std::vector<ParamShard> shards = params.writes_checkpoint_shards() ? params.shards() : std::vector<ParamShard>{};
+  const Clock::time_point started = Clock::now();
   last_checkpoint_ = checkpoints_->save(meta, shards, *backend_);
+  const double seconds = seconds_since(started);
+  if (rank_ == 0) {
+    uint64_t bytes = 0;
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(last_checkpoint_, error))
+      if (entry.is_regular_file(error)) bytes += entry.file_size(error);
+    checked_output([&] {
+      metrics_.write({{"step", step}, {"event", "checkpoint"}, {"path", last_checkpoint_}, {"seconds", seconds},
+                      {"bytes", bytes}});
+    });
+  }
   checkpoints_->prune(config_.checkpoint.keep, last_checkpoint_);
   log::info("saved checkpoint " + last_checkpoint_);
 }
@@ -448,6 +536,10 @@ TrainerSummary TrainingRun::stop(int64_t step) {
     log::warn(strf("saving took %.1f s, longer than checkpoint.stop_deadline_s = %.0f s", save_seconds,
                    config_.checkpoint.stop_deadline_s));
   log::info("stopped; re-run the same command to resume from " + last_checkpoint_);
+  checked_output([&] {
+    metrics_.write({{"step", step}, {"event", "stop"}, {"signal", stop_requested() ? stop_signal_number() : 0}});
+  });
+  write_report();
   TrainerSummary stopped = summary(step);
   stopped.stopped_by_signal = true;
   return stopped;
@@ -469,7 +561,18 @@ TrainerSummary TrainingRun::finish(int64_t step) {
                  held_out.c_str(), log::with_commas(done.tokens_per_s).c_str()));
   log::info("checkpoint: " + last_checkpoint_);
   log::info("metrics:    " + done.metrics_path);
+  write_report();
   return done;
+}
+
+void TrainingRun::fail(int64_t step, const std::string& message) {
+  if (rank_ != 0 || !metrics_.is_open()) return;
+  try {
+    metrics_.write({{"step", step}, {"event", "failure"}, {"message", message}});
+  } catch (const std::exception&) {
+    // The original error is what the user needs; the report below says what it can.
+  }
+  write_report();
 }
 
 TrainerSummary TrainingRun::summary(int64_t step) const {
@@ -493,22 +596,30 @@ TrainerSummary Trainer::run() {
   install_stop_handlers();
   TrainingRun run(config_, context_, environment);
   int64_t step = run.start();
-  CheckpointPolicy checkpoints(config_.checkpoint, config_.train.steps, run.ranks());
-  while (step < config_.train.steps) {
-    ++step;
-    run.train_step(step);
-    if (config_.eval.every > 0 && step % config_.eval.every == 0 && step < config_.train.steps) run.evaluate(step);
-    if (config_.log.sample_every > 0 && step % config_.log.sample_every == 0) run.sample(step);
-    const CheckpointAction action = checkpoints.after_step(step, run.output_failed());
-    if (action == CheckpointAction::save_and_stop) return run.stop(step);
-    if (action == CheckpointAction::save) {
-      run.save(step);
-      checkpoints.saved();
+  try {
+    CheckpointPolicy checkpoints(config_.checkpoint, config_.train.steps, run.ranks());
+    while (step < config_.train.steps) {
+      ++step;
+      run.train_step(step);
+      if (config_.eval.every > 0 && step % config_.eval.every == 0 && step < config_.train.steps) run.evaluate(step);
+      if (config_.log.sample_every > 0 && step % config_.log.sample_every == 0) run.sample(step);
+      const CheckpointAction action = checkpoints.after_step(step, run.output_failed());
+      if (action == CheckpointAction::save_and_stop) return run.stop(step);
+      if (action == CheckpointAction::save) {
+        run.save(step);
+        checkpoints.saved();
+      }
     }
+    // The closing checkpoint is written even when no step ran (a finished run resumed), as the
+    // run's summary names it.
+    return run.finish(step);
+  } catch (const Error& error) {
+    run.fail(step, error.full_message());
+    throw;
+  } catch (const std::exception& error) {
+    run.fail(step, error.what());
+    throw;
   }
-  // The closing checkpoint is written even when no step ran (a finished run resumed), as the
-  // run's summary names it.
-  return run.finish(step);
 }
 
 }  // namespace mxtrain

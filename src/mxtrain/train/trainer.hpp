@@ -1,8 +1,11 @@
 // The training loop: data → micro-batches → TrainingSession::step → metrics, held-out loss and
 // checkpoints; resume from the newest valid checkpoint; stop safely on SIGTERM/SIGINT.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "mxtrain/config/run_config.hpp"
 #include "mxtrain/runtime/rank_environment.hpp"
@@ -19,6 +22,12 @@ struct TrainerContext {
   // embedders): its rank and size win over `environment`, and the FSDP store is used.
   Communicator* communicator = nullptr;
   std::string source_dir;  // fallback base for relative data paths
+  // The planner's prediction for this run, written to RUN_DIR/plan.json at start for the run
+  // report (the cli wires plan/ in: it sits above train/). Called on rank 0 with the run's config
+  // (train.precision resolved) and the GPU catalog key of the run's device ("" on a CPU or an
+  // unknown GPU; the callee picks one); it may throw (the report then says why there is no
+  // prediction). Empty: no plan.json.
+  std::function<nlohmann::json(const RunConfig& config, const std::string& gpu_key, int gpus)> predict;
 };
 
 struct TrainerSummary {
