@@ -1,6 +1,7 @@
 // The training loop: data → micro-batches → TrainingSession::step → metrics, held-out loss and
 // checkpoints; resume from the newest valid checkpoint; stop safely on SIGTERM/SIGINT.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,10 @@ struct TrainerContext {
   // embedders): its rank and size win over `environment`, and the FSDP store is used.
   Communicator* communicator = nullptr;
   std::string source_dir;  // fallback base for relative data paths
+  // Makes the run's token shards before they are opened (a SageMaker job's raw-text channels):
+  // local rank 0 of every node runs it while the other ranks wait; if it fails anywhere, every
+  // rank stops with an error. Empty: the shards exist already.
+  std::function<void()> prepare_data;
 };
 
 struct TrainerSummary {
