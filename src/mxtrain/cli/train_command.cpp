@@ -129,7 +129,7 @@ void train_sagemaker_job(const TrainArguments& arguments, const std::vector<std:
 
 }  // namespace
 
-void add_train_command(CLI::App& app) {
+void add_train_command(CLI::App& app, std::shared_ptr<std::vector<std::string>> hyperparameter_arguments) {
   CLI::App* command = app.add_subcommand(
       "train", "train a model; with no arguments, the embedded default (a 3M-parameter byte-level Llama on the "
                "fortunes corpus prepared by scripts/setup.sh); inside a SageMaker training job, the job's "
@@ -160,11 +160,8 @@ void add_train_command(CLI::App& app) {
   command->add_option("--master-addr", explicit_rank.master_addr, "address of rank 0's node")->group("Ranks by hand");
   command->add_option("--master-port", explicit_rank.master_port, "port rank 0 listens on (default 29500)")
       ->check(CLI::Range(1, 65535))->group("Ranks by hand");
-  // SageMaker's script mode passes hyperparameters as `--name value`: parsing stops at the first
-  // option that is not one of the above, and the rest are hyperparameters (errors outside a job).
-  command->prefix_command();
-  command->callback([arguments, command] {
-    const std::vector<std::string> rest = command->remaining();
+  command->callback([arguments, hyperparameter_arguments] {
+    const std::vector<std::string>& rest = *hyperparameter_arguments;
     const runtime::EnvironmentLookup lookup = runtime::process_environment();
     const runtime::SageMakerPaths paths = runtime::sagemaker_paths(lookup);
     std::string evidence = runtime::sagemaker_job_evidence(lookup, paths);

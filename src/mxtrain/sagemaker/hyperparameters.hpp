@@ -31,7 +31,7 @@ struct HyperparameterAlias {
 const std::vector<HyperparameterAlias>& hyperparameter_aliases();
 
 struct HyperparameterSettings {
-  std::vector<std::pair<std::string, std::string>> overrides;  // config key, value; in the order given
+  std::vector<std::pair<std::string, std::string>> overrides;  // config key, value; later ones win
   std::string config_file;                                     // `config`, "" when not given
   std::string train_channel = "train";
   std::string validation_channel = "validation";
@@ -40,7 +40,8 @@ struct HyperparameterSettings {
 };
 
 // hyperparameters.json's text: a JSON object whose values are strings (numbers and booleans are
-// taken as their text, for files written by hand). Throws Error(config) naming `origin`.
+// taken as their text, for files written by hand), in name order. Throws Error(config) naming
+// `origin`.
 std::vector<Hyperparameter> parse_hyperparameters_json(std::string_view text, const std::string& origin);
 // SM_HP_* entries of an environment ("NAME=value" strings, as in environ).
 std::vector<Hyperparameter> hyperparameters_from_environment(const std::vector<std::string>& environment);
