@@ -3,12 +3,15 @@
 // that choose inputs, and the errors for unknown names and bad values.
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <set>
+#include <sstream>
 
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/config/run_config.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/sagemaker/hyperparameters.hpp"
+#include "support/test_support.hpp"
 
 namespace mxtrain::sagemaker {
 namespace {
@@ -159,6 +162,19 @@ TEST(Hyperparameters, LaterSourcesWin) {
   sources.read_environment = false;
   sources.overrides = map_hyperparameters(all).overrides;
   EXPECT_EQ(load_config(sources).train.steps, 20);
+}
+
+TEST(Hyperparameters, TheDocsTableIsTheAliasTable) {
+  // docs/sagemaker.md prints the seed's names as a table: the same rows, in the same order.
+  std::istringstream docs(test::read_file(test::source_dir() + "/docs/sagemaker.md"));
+  const std::regex row(R"(^\| `([a-z-]+)` \| `([a-z_.]+)` \|)");
+  std::vector<std::pair<std::string, std::string>> documented, actual;
+  std::string line;
+  std::smatch match;
+  while (std::getline(docs, line))
+    if (std::regex_search(line, match, row)) documented.emplace_back(match[1], match[2]);
+  for (const HyperparameterAlias& alias : hyperparameter_aliases()) actual.emplace_back(alias.name, alias.key);
+  EXPECT_EQ(documented, actual) << "update the table in docs/sagemaker.md with hyperparameter_aliases()";
 }
 
 }  // namespace
