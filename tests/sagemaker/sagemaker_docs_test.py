@@ -8,7 +8,8 @@
    regex is checked on the committed H200 log (the CPU prints no MFU).
 3. Every hyperparameter example of the docs and launch.py is accepted by `mxtrain train` in a fake
    job (as SageMaker writes them: str() and json.dumps() values), and the effective config has the
-   values, read through the docs' name table.
+   values, read through the docs' name table; the launch.py commands of the README and the docs
+   run (with --dry-run).
 
 Usage: sagemaker_docs_test.py MXTRAIN_BINARY SOURCE_DIR WORK_DIR
 """
@@ -198,6 +199,15 @@ for text in arguments:
     check(result.returncode == 0, f"docker run IMAGE train{text} refused:\n{result.stderr}")
     if config:
         expect_values("arguments" + text, config, given)
+
+# The README's and the docs' launch.py commands parse (as --dry-run: no AWS account here).
+for document in ("README.md", "docs/sagemaker.md"):
+    joined = re.sub(r"\\\n\s*", " ", open(os.path.join(SOURCE, document), encoding="utf-8").read())
+    for command in re.findall(r"^python3 examples/sagemaker/launch\.py (.*)$", joined, re.M):
+        result = run([sys.executable, LAUNCH, *command.split(), "--dry-run"])
+        check(result.returncode == 0, f"{document}: launch.py {command} fails:\n{result.stderr}")
+        if result.returncode == 0:
+            print(f"{document}: launch.py {command}: ok")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
