@@ -164,6 +164,41 @@ TEST(Hyperparameters, LaterSourcesWin) {
   EXPECT_EQ(load_config(sources).train.steps, 20);
 }
 
+TEST(Hyperparameters, DamagedInputGivesConfigErrorsOnly) {
+  // What a fuzzer of parse_hyperparameters() checks, as a fixed sample: byte flips, cuts and
+  // insertions of a real file end in settings or in an Error, never another exception.
+  const std::string valid =
+      R"({"model": "llama-1b", "precision": "bf16", "num-layers": "4", "batch-size": "8", "recompute": "2",)"
+      R"( "lr": "3e-4", "log.tensorboard": "True", "train-channel": "corpus", "config": "run.toml"})";
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&state] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  int parsed = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string text = valid;
+    for (int edit = 0, edits = 1 + static_cast<int>(next() % 4); edit < edits && !text.empty(); ++edit) {
+      const size_t at = next() % text.size();
+      switch (next() % 3) {
+        case 0: text[at] = static_cast<char>(next() & 0xff); break;
+        case 1: text.erase(at, 1 + next() % 8); break;
+        default: text.insert(at, std::string(1, "\"{}[],:0123456789e.-\\u"[next() % 22])); break;
+      }
+    }
+    try {
+      parse_hyperparameters(text);
+      ++parsed;
+    } catch (const Error&) {
+      ++refused;
+    } catch (const std::exception& other) {
+      FAIL() << "not an mxtrain::Error for input " << text << ": " << other.what();
+    }
+  }
+  EXPECT_GT(parsed, 0);
+  EXPECT_GT(refused, 0);
+}
+
 TEST(Hyperparameters, TheDocsTableIsTheAliasTable) {
   // docs/sagemaker.md prints the seed's names as a table: the same rows, in the same order.
   std::istringstream docs(test::read_file(test::source_dir() + "/docs/sagemaker.md"));

@@ -88,6 +88,9 @@ TEST_F(SageMakerJob, SpotInterruptionResumesExactlyAndTheEndExportsTheModel) {
   ASSERT_EQ(test::step_losses(run).size(), 3u);
   EXPECT_TRUE(fs::exists(job + "/prepared/train/train_000000.bin"));
 
+  // What an export cut short would leave in the model directory: the next attempt removes it.
+  fs::create_directories(job + "/model/mxtrain-export");
+  std::ofstream(job + "/model/mxtrain-export/config.json") << "{";
   std::string output;
   ASSERT_EQ(test::run_command(train(job), &output), 0) << output;  // the restarted job
   EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000003 at step 3"), std::string::npos) << output;
@@ -98,6 +101,7 @@ TEST_F(SageMakerJob, SpotInterruptionResumesExactlyAndTheEndExportsTheModel) {
   // The job's outputs: the export, and the metrics as the run directory has them.
   for (const char* file : {"config.json", "generation_config.json", "model.safetensors"})
     EXPECT_TRUE(fs::is_regular_file(job + "/model/" + file)) << file;
+  EXPECT_FALSE(fs::exists(job + "/model/mxtrain-export"));
   const nlohmann::json config = nlohmann::json::parse(test::read_file(job + "/model/config.json"));
   EXPECT_EQ(config["num_hidden_layers"], 2);
   EXPECT_EQ(config["hidden_size"], 64);

@@ -64,6 +64,30 @@ void copy_tree(const fs::path& from, const fs::path& to) {
   }
 }
 
+// The export goes to a folder inside the model directory first, then its files move up one by
+// one: SageMaker may mount the model directory, which a rename cannot replace, and its parent
+// need not be writable. An interrupted export leaves only the staging folder, which the next
+// attempt removes.
+CheckpointExport export_into_model_dir(const std::string& checkpoint, const std::string& model_dir) {
+  const fs::path staging = fs::path(model_dir) / "mxtrain-export";
+  std::error_code error;
+  fs::remove_all(staging, error);
+  fs::create_directories(model_dir, error);
+  if (!fs::is_empty(model_dir, error))
+    throw Error(ErrorKind::config, "the model directory " + model_dir + " is not empty",
+                "the job's model directory (SM_MODEL_DIR) starts empty; remove what is in it");
+  const CheckpointExport exported = export_checkpoint_to_hf(checkpoint, staging.string(), DType::bf16, kExportShardBytes);
+  for (const fs::directory_entry& entry : fs::directory_iterator(staging)) {
+    fs::rename(entry.path(), fs::path(model_dir) / entry.path().filename(), error);
+    if (error)
+      throw Error(ErrorKind::system, "cannot move " + entry.path().string() + " into " + model_dir + ": " + error.message(),
+                  "check that the model directory (SM_MODEL_DIR) is writable");
+  }
+  fs::remove(staging, error);
+  fsync_path(model_dir, true);
+  return exported;
+}
+
 }  // namespace
 
 ChannelContents inspect_channel(const std::string& name, const std::string& dir) {
@@ -231,8 +255,7 @@ void Job::finish(RunConfig& config, int nodes) const {
                    static_cast<long long>(step), static_cast<long long>(config.train.steps), newest.path().c_str()));
   } else {
     try {
-      const CheckpointExport exported =
-          export_checkpoint_to_hf(newest.path(), paths_.model_dir, DType::bf16, kExportShardBytes);
+      const CheckpointExport exported = export_into_model_dir(newest.path(), paths_.model_dir);
       log::info(strf("exported %s (step %lld) to %s in Hugging Face format (%zu files)", exported.checkpoint.c_str(),
                      static_cast<long long>(exported.step), paths_.model_dir.c_str(), exported.result.files.size()));
     } catch (const Error& error) {
