@@ -6,11 +6,12 @@
 # few steps; the same command again resumes; a second job runs uninterrupted for comparison. The
 # log (stdout) ends with the losses of both jobs step by step and the files the job left.
 #
-# Usage: bench/sagemaker_rehearsal.sh MXTRAIN_BINARY GPUS WORK_DIR > log
+# Usage: bench/sagemaker_rehearsal.sh MXTRAIN_BINARY GPUS WORK_DIR [PRECISION] > log
+# (PRECISION bf16 by default; fp32 runs the same rehearsal on a CPU build with GPUS = 1.)
 set -uo pipefail
-binary=$(readlink -f "$1") gpus=$2 work=$3
+binary=$(readlink -f "$1") gpus=$2 work=$3 precision=${4:-bf16}
 rm -rf "$work" && mkdir -p "$work"
-echo "# command: bench/sagemaker_rehearsal.sh $1 $gpus $work"
+echo "# command: bench/sagemaker_rehearsal.sh $1 $gpus $work $precision"
 echo "# commit: $("$binary" version | head -1)"
 echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/# gpu: /'
@@ -20,10 +21,10 @@ make_root() {
   mkdir -p "$root/input/config" "$root/input/data/train" "$root/model" "$root/output"
   echo '{"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}' \
     > "$root/input/config/resourceconfig.json"
-  cat > "$root/input/config/hyperparameters.json" <<'JSON'
-{"model": "tiny", "precision": "bf16", "num-layers": "4", "batch-size": "8", "seq-length": "256",
+  cat > "$root/input/config/hyperparameters.json" <<JSON
+{"model": "tiny", "precision": "$precision", "num-layers": "4", "batch-size": "8", "seq-length": "256",
  "steps": "60", "checkpoint.every": "20", "eval.every": "20", "warmup-steps": "5",
- "train.deterministic": "true", "sagemaker_region": "\"us-east-1\""}
+ "train.deterministic": "true", "sagemaker_region": "\\"us-east-1\\""}
 JSON
   python3 - "$root/input/data/train" <<'PY'
 import json, sys
