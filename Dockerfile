@@ -4,8 +4,9 @@
 # Build stage: the CUDA toolkit with cuDNN, and scripts/setup.sh, the README's way in: it
 # installs the Debian/Ubuntu packages, fetches the cudnn-frontend headers and builds the
 # `cuda` preset (sm_90 for H100/H200, and sm_100 for B200 when nvcc has it).
-# Runtime stage: the CUDA runtime image, the binary, and exactly the shared libraries `ldd` lists
-# for it (scripts/copy_runtime_libs.sh; tests/sagemaker/dockerfile_test.py checks both).
+# Runtime stage: the CUDA runtime image with cuDNN of the same tag (what cuDNN and NVRTC dlopen
+# comes from it), the binary, and exactly the shared libraries `ldd` lists for it
+# (scripts/copy_runtime_libs.sh; tests/sagemaker/dockerfile_test.py checks both).
 ARG CUDA_IMAGE_TAG=13.0.1-cudnn
 ARG UBUNTU=ubuntu24.04
 

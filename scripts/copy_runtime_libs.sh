@@ -7,7 +7,10 @@
 # build stage's) and the NVIDIA driver's libraries (libcuda, libnvidia-*), which the container
 # runtime mounts from the host to match its driver. Open MPI dlopens its plugins, which ldd does
 # not list: when libmpi is among the libraries, its installation directory and help files come
-# along whole. tests/sagemaker/dockerfile_test.py runs this script on the CPU build.
+# along whole. What the CUDA libraries dlopen (cuDNN 9's graph and engine libraries, NVRTC's
+# builtins) comes from the runtime stage's base image, the CUDA runtime image with cuDNN of the
+# same tag as the build stage's. tests/sagemaker/dockerfile_test.py runs this script on the CPU
+# build.
 #
 # Usage: scripts/copy_runtime_libs.sh BINARY DEST
 set -euo pipefail
