@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-packages=(build-essential cmake ninja-build git pkg-config python3 libtomlplusplus-dev libcli11-dev
+packages=(build-essential cmake ninja-build git pkg-config python3 python3-pip libtomlplusplus-dev libcli11-dev
           nlohmann-json3-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev
           openmpi-bin fortunes libpcre2-dev libsentencepiece-dev libzstd-dev chromium)
 missing=()

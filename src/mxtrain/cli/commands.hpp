@@ -1,6 +1,9 @@
 // The subcommands. Each lives in its own file (cli/<name>_command.cpp) and registers its
 // options on a CLI11 subcommand; run() parses argv and dispatches.
 #pragma once
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -13,7 +16,9 @@ int run(int argc, char** argv);
 // Each adds its subcommand to `app` and returns a callable flag: the subcommand sets its
 // own callback. Definitions in the command files.
 void add_version_command(CLI::App& app);
-void add_train_command(CLI::App& app);
+// `train` reads `hyperparameter_arguments` when it runs: run() fills it with the `--name value`
+// arguments train does not know, which are SageMaker hyperparameters (and errors outside a job).
+void add_train_command(CLI::App& app, std::shared_ptr<std::vector<std::string>> hyperparameter_arguments);
 void add_prepare_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_launch_command(CLI::App& app);

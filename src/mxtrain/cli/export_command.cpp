@@ -8,12 +8,9 @@
 #include <string>
 
 #include "mxtrain/cli/commands.hpp"
-#include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/data/tokenizer.hpp"
-#include "mxtrain/interop/hf_export.hpp"
-#include "mxtrain/train/checkpoint.hpp"
+#include "mxtrain/train/checkpoint_export.hpp"
 
 namespace mxtrain::cli {
 namespace {
@@ -24,26 +21,17 @@ struct ExportArguments {
 };
 
 void run_export(const ExportArguments& arguments) {
-  const CheckpointReader reader(resolve_checkpoint(arguments.source));
-  const RunConfig config = config_from_json(reader.meta().config);
-  const ModelLayout layout = build_layout(config.model);
-  interop::HfExportOptions options;
-  if (!parse_dtype(arguments.dtype, &options.dtype) || (options.dtype != DType::bf16 && options.dtype != DType::f32))
+  DType dtype = DType::bf16;
+  if (!parse_dtype(arguments.dtype, &dtype) || (dtype != DType::bf16 && dtype != DType::f32))
     throw Error(ErrorKind::config, "--dtype " + arguments.dtype + " is not bf16 or f32", "use --dtype bf16 or f32");
-  options.max_shard_bytes = static_cast<uint64_t>(arguments.max_shard_gb * 1e9);
-  options.tokenizer = config.data.tokenizer;
-  if (options.tokenizer != "byte") {
-    const auto tokenizer = data::make_tokenizer(options.tokenizer);
-    options.bos_token_id = tokenizer->bos_id().value_or(0);
-    options.eos_token_id = tokenizer->eos_id().value_or(0);
-  }
-  const interop::HfExportResult result =
-      interop::export_hf(config.model, reader.master_values(layout), arguments.out_dir, options);
-  std::printf("export: %s (step %lld) -> %s: %lld tensors, %s bytes in %s, %s\n", reader.path().c_str(),
-              static_cast<long long>(reader.meta().step), arguments.out_dir.c_str(),
-              static_cast<long long>(result.tensors), log::with_commas(static_cast<double>(result.tensor_bytes)).c_str(),
-              arguments.dtype.c_str(), config.model.family == ModelFamily::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
-  for (const std::string& file : result.files) std::printf("wrote %s/%s\n", arguments.out_dir.c_str(), file.c_str());
+  const CheckpointExport exported = export_checkpoint_to_hf(arguments.source, arguments.out_dir, dtype,
+                                                            static_cast<uint64_t>(arguments.max_shard_gb * 1e9));
+  std::printf("export: %s (step %lld) -> %s: %lld tensors, %s bytes in %s, %s\n", exported.checkpoint.c_str(),
+              static_cast<long long>(exported.step), arguments.out_dir.c_str(),
+              static_cast<long long>(exported.result.tensors),
+              log::with_commas(static_cast<double>(exported.result.tensor_bytes)).c_str(), arguments.dtype.c_str(),
+              exported.family == ModelFamily::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
+  for (const std::string& file : exported.result.files) std::printf("wrote %s/%s\n", arguments.out_dir.c_str(), file.c_str());
 }
 
 }  // namespace

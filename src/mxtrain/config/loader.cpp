@@ -14,7 +14,8 @@ namespace mxtrain {
 namespace {
 
 // Environment variables with the MXTRAIN_ prefix that are not config keys.
-const char* const kNonConfigEnvironment[] = {"MXTRAIN_LOG_LEVEL", "MXTRAIN_LAUNCH_ID", "MXTRAIN_LAUNCH_LOG_DIR"};
+const char* const kNonConfigEnvironment[] = {"MXTRAIN_LOG_LEVEL", "MXTRAIN_LAUNCH_ID", "MXTRAIN_LAUNCH_LOG_DIR",
+                                                   "MXTRAIN_SAGEMAKER_ROOT"};
 
 Field& find_field(std::vector<Field>& list, const std::string& key, const std::string& where) {
   for (Field& field : list)

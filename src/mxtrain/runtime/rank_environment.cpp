@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/runtime/sagemaker_paths.hpp"
 
 namespace mxtrain::runtime {
 namespace {
@@ -124,7 +125,8 @@ RankEnvironment from_sagemaker(const EnvironmentLookup& lookup, const std::strin
       e.network_interface = config.value("network_interface_name", e.network_interface);
     } catch (const nlohmann::json::exception& parse_error) {
       throw Error(ErrorKind::config, config_path + " is not a SageMaker resource config: " + parse_error.what(),
-                  "it needs \"current_host\" and \"hosts\"; set SM_INPUT_CONFIG_DIR to the folder that holds it");
+                  "it needs \"current_host\" and \"hosts\"; set SM_INPUT_CONFIG_DIR (or MXTRAIN_SAGEMAKER_ROOT) to the "
+                  "folder that holds it");
     }
   } else {
     try {
@@ -232,8 +234,7 @@ RankEnvironment resolve_rank_environment(const ExplicitRank& cli, const Environm
                          : "PMI: PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS");
     return e;
   }
-  const std::string config_dir = text_or(lookup, "SM_INPUT_CONFIG_DIR", "/opt/ml/input/config");
-  const std::string resource_config = config_dir + "/resourceconfig.json";
+  const std::string resource_config = sagemaker_paths(lookup).resource_config_file();
   std::error_code error;
   if (std::filesystem::exists(resource_config, error) ||
       (present(lookup, "SM_HOSTS") && present(lookup, "SM_CURRENT_HOST")))

@@ -119,6 +119,24 @@ void log_start(const RunConfig& c, const std::string& device, const DeviceProper
                  static_cast<long long>(batch.accumulation), world, c.train.recompute.c_str()));
 }
 
+// TrainerContext::prepare_data on local rank 0 of each node, the others waiting in the
+// reduction that also tells every rank whether it worked (the data may be local to each node).
+void prepare_data_on_each_node(const std::function<void()>& prepare, const runtime::RankEnvironment& environment,
+                               const RankGroup& ranks) {
+  std::optional<Error> failure;
+  if (environment.local_rank == 0) {
+    try {
+      prepare();
+    } catch (const Error& error) {
+      failure = error;
+    }
+  }
+  if (ranks.all(!failure.has_value())) return;
+  if (failure) throw *failure;
+  throw Error(ErrorKind::data, "preparing the training data failed on another node's local rank 0",
+              "read that rank's log (its error says what was wrong with the data)");
+}
+
 std::string create_run_directory(const RunConfig& config) {
   const std::string run_dir = run_directory(config);
   std::error_code fs_error;
@@ -225,6 +243,7 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   lock_run_directory();
   effective_config_ = config_to_toml(config_);
   log::info("effective config:\n" + effective_config_);
+  if (context.prepare_data) prepare_data_on_each_node(context.prepare_data, environment, ranks_);
   open_data(context.source_dir);
 
   session_ = std::make_unique<TrainingSession>(

@@ -28,6 +28,10 @@ struct TrainerContext {
   // unknown GPU; the callee picks one); it may throw (the report then says why there is no
   // prediction). Empty: no plan.json.
   std::function<nlohmann::json(const RunConfig& config, const std::string& gpu_key, int gpus)> predict;
+  // Makes the run's token shards before they are opened (a SageMaker job's raw-text channels):
+  // local rank 0 of every node runs it while the other ranks wait; if it fails anywhere, every
+  // rank stops with an error. Empty: the shards exist already.
+  std::function<void()> prepare_data;
 };
 
 struct TrainerSummary {

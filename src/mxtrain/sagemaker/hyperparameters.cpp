@@ -1,0 +1,210 @@
+#include "mxtrain/sagemaker/hyperparameters.hpp"
+
+#include <cctype>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "mxtrain/config/run_config.hpp"
+#include "mxtrain/core/error.hpp"
+
+namespace mxtrain::sagemaker {
+namespace {
+
+// Names that are not config keys but say where the run's inputs are.
+constexpr const char* kConfigFile = "config";
+constexpr const char* kTrainChannel = "train-channel";
+constexpr const char* kValidationChannel = "validation-channel";
+
+// Lower case, '-' and '.' as '_': `TRAIN.MICRO-BATCH_SIZE` and `train.micro_batch_size` match.
+std::string normalized(const std::string& name) {
+  std::string text;
+  for (char c : name) {
+    const char lower = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    text += lower == '-' || lower == '.' ? '_' : lower;
+  }
+  return text;
+}
+
+// normalized name → config key, or "" for the three input names.
+std::map<std::string, std::string> name_table() {
+  std::map<std::string, std::string> table;
+  RunConfig defaults;
+  for (const Field& field : fields(defaults)) table[normalized(field.key)] = field.key;
+  for (const HyperparameterAlias& alias : hyperparameter_aliases()) table[normalized(alias.name)] = alias.key;
+  for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel}) table[normalized(name)] = "";
+  return table;
+}
+
+// SageMaker's framework estimators pass every value through json.dumps, so a string arrives as
+// "\"bf16\"": such a value is decoded; anything else is taken as it is.
+std::string decoded_value(const std::string& value) {
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
+  nlohmann::json parsed = nlohmann::json::parse(value, nullptr, false);
+  return parsed.is_string() ? parsed.get<std::string>() : value;
+}
+
+// A channel name: letters, digits, '-', '_', '.' (SageMaker's own rule is stricter).
+void check_channel_name(const Hyperparameter& h) {
+  bool good = !h.value.empty();
+  for (char c : h.value) good = good && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.');
+  if (!good || h.value == "." || h.value == "..")
+    throw Error(ErrorKind::config, "hyperparameter " + h.name + "='" + h.value + "' (from " + h.origin +
+                                       ") is not a channel name",
+                "give the name of an input channel of the job, e.g. train");
+}
+
+}  // namespace
+
+const std::vector<HyperparameterAlias>& hyperparameter_aliases() {
+  static const std::vector<HyperparameterAlias> aliases = {
+      {"model", "model.preset"},
+      {"precision", "train.precision"},
+      {"num-layers", "model.layers"},
+      {"hidden-size", "model.hidden"},
+      {"num-heads", "model.heads"},
+      {"num-kv-heads", "model.kv_heads"},
+      {"ffn-hidden-size", "model.ffn_hidden"},
+      {"batch-size", "train.micro_batch_size"},
+      {"micro-batch-size", "train.micro_batch_size"},
+      {"global-batch-size", "train.global_batch_size"},
+      {"seq-length", "train.seq_len"},
+      {"steps", "train.steps"},
+      {"max-steps", "train.steps"},
+      {"lr", "optimizer.lr"},
+      {"learning-rate", "optimizer.lr"},
+      {"warmup-steps", "schedule.warmup_steps"},
+      {"weight-decay", "optimizer.weight_decay"},
+      {"seed", "train.seed"},
+      {"recompute", "train.recompute"},
+      {"strategy", "dist.strategy"},
+      {"device", "train.device"},
+      {"tokenizer", "data.tokenizer"},
+      {"init-from", "model.init_from"},
+  };
+  return aliases;
+}
+
+bool HyperparameterSettings::sets(const std::string& key) const {
+  for (const auto& [set_key, value] : overrides)
+    if (set_key == key) return true;
+  return false;
+}
+
+std::string accepted_hyperparameter_names() {
+  std::string text;
+  for (const HyperparameterAlias& alias : hyperparameter_aliases()) text += alias.name + ", ";
+  return text + kConfigFile + ", " + kTrainChannel + ", " + kValidationChannel +
+         ", and every config key, dotted or with dashes (train.steps, train-steps; `mxtrain train --help-config` "
+         "lists them)";
+}
+
+std::vector<Hyperparameter> parse_hyperparameters_json(std::string_view text, const std::string& origin) {
+  nlohmann::json json = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (json.is_discarded() || !json.is_object())
+    throw Error(ErrorKind::config, origin + " is not a JSON object of hyperparameters",
+                "SageMaker writes {\"name\": \"value\", ...}; fix the Estimator's hyperparameters or the file");
+  std::vector<Hyperparameter> result;
+  for (const auto& [name, value] : json.items()) {
+    Hyperparameter h{name, "", origin};
+    if (value.is_string()) h.value = value.get<std::string>();
+    else if (value.is_boolean()) h.value = value.get<bool>() ? "true" : "false";
+    else if (value.is_number()) h.value = value.dump();
+    else
+      throw Error(ErrorKind::config, "hyperparameter " + name + " in " + origin + " is a JSON " + value.type_name(),
+                  "give a string, a number or a boolean");
+    result.push_back(std::move(h));
+  }
+  return result;
+}
+
+std::vector<Hyperparameter> hyperparameters_from_environment(const std::vector<std::string>& environment) {
+  std::vector<Hyperparameter> result;
+  for (const std::string& entry : environment) {
+    if (entry.rfind("SM_HP_", 0) != 0) continue;
+    const size_t equals = entry.find('=');
+    if (equals == std::string::npos || equals == 6) continue;
+    const std::string variable = entry.substr(0, equals);
+    std::string name = variable.substr(6);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    result.push_back({name, entry.substr(equals + 1), variable});
+  }
+  return result;
+}
+
+std::vector<Hyperparameter> hyperparameters_from_arguments(const std::vector<std::string>& arguments) {
+  std::vector<Hyperparameter> result;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const std::string& argument = arguments[i];
+    if (argument.size() < 3 || argument.rfind("--", 0) != 0)
+      throw Error(ErrorKind::config, "unexpected argument '" + argument + "' among the hyperparameter arguments",
+                  "pass hyperparameters as --name value or --name=value (the CONFIG file comes before them)");
+    const size_t equals = argument.find('=');
+    if (equals != std::string::npos) {
+      result.push_back({argument.substr(2, equals - 2), argument.substr(equals + 1), "the arguments"});
+      continue;
+    }
+    if (i + 1 >= arguments.size())
+      throw Error(ErrorKind::config, "hyperparameter argument " + argument + " has no value",
+                  "pass --name value (SageMaker's script mode) or --name=value");
+    result.push_back({argument.substr(2), arguments[i + 1], "the arguments"});
+    ++i;
+  }
+  return result;
+}
+
+HyperparameterSettings map_hyperparameters(const std::vector<Hyperparameter>& hyperparameters) {
+  static const std::map<std::string, std::string> table = name_table();
+  HyperparameterSettings settings;
+  std::vector<Hyperparameter> mapped;  // name = the config key
+  std::vector<std::string> given_names;
+  for (const Hyperparameter& given : hyperparameters) {
+    Hyperparameter h = given;
+    h.value = decoded_value(h.value);
+    const std::string name = normalized(h.name);
+    if (name.rfind("sagemaker_", 0) == 0) {
+      settings.ignored.push_back(h.name);
+      continue;
+    }
+    const auto found = table.find(name);
+    if (found == table.end())
+      throw Error(ErrorKind::config, "unknown hyperparameter '" + h.name + "' (from " + h.origin + ")",
+                  "accepted names: " + accepted_hyperparameter_names());
+    if (!found->second.empty()) {
+      given_names.push_back(h.name);
+      mapped.push_back({found->second, h.value, h.origin});
+    } else if (name == normalized(kConfigFile)) {
+      settings.config_file = h.value;
+    } else {
+      check_channel_name(h);
+      (name == normalized(kTrainChannel) ? settings.train_channel : settings.validation_channel) = h.value;
+    }
+  }
+  // Every value against its key's rules now, so the message names the hyperparameter; the
+  // preset first, as the config loader applies it (it resets the model.* keys).
+  RunConfig scratch;
+  std::vector<Field> list = fields(scratch);
+  for (const bool preset_pass : {true, false}) {
+    for (size_t i = 0; i < mapped.size(); ++i) {
+      if ((mapped[i].name == "model.preset") != preset_pass) continue;
+      for (Field& field : list) {
+        if (field.key != mapped[i].name) continue;
+        try {
+          field.set(mapped[i].value);
+        } catch (const Error& error) {
+          throw Error(ErrorKind::config,
+                      "hyperparameter " + given_names[i] + " (from " + mapped[i].origin + "): " + error.what(),
+                      error.advice());
+        }
+      }
+    }
+  }
+  for (const Hyperparameter& h : mapped) settings.overrides.emplace_back(h.name, h.value);
+  return settings;
+}
+
+HyperparameterSettings parse_hyperparameters(std::string_view hyperparameters_json) {
+  return map_hyperparameters(parse_hyperparameters_json(hyperparameters_json, "hyperparameters.json"));
+}
+
+}  // namespace mxtrain::sagemaker
