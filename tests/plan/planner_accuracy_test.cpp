@@ -24,13 +24,14 @@ namespace {
 // missed buffer of a layer (the smallest activation of the set is larger).
 constexpr double kPeakToleranceBytes = 2.0 * 1024 * 1024;
 
-TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements) {
-  const std::string path = test::source_dir() + "/bench/results/planner_accuracy.json";
+// Re-plans every entry of a harness report and compares with its measurements.
+int check_report(const std::string& path) {
   std::ifstream in(path);
-  ASSERT_TRUE(in) << path << " is missing: on the GPU machine run `bench/planner_accuracy.sh` (it writes the file), "
+  EXPECT_TRUE(in) << path << " is missing: on the GPU machine run `bench/planner_accuracy.sh` (it writes the file), "
                   << "then commit it";
+  if (!in) return 0;
   const nlohmann::json report = nlohmann::json::parse(in);
-  ASSERT_TRUE(report.value("measured", false)) << path << " holds predictions only; rerun the harness with the GPU";
+  EXPECT_TRUE(report.value("measured", false)) << path << " holds predictions only; rerun the harness with the GPU";
   const std::string gpu = report.at("gpu").get<std::string>();
   PlanOptions options;
   options.steps = report.at("plan_steps").get<int>();
@@ -41,7 +42,7 @@ TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements)
     const std::string name = entry.at("name").get<std::string>();
     SCOPED_TRACE(name);
     const nlohmann::json& measured = entry.at("measured");
-    ASSERT_TRUE(measured.at("fits").get<bool>()) << "the harness lists only configs that fit one " << gpu;
+    EXPECT_TRUE(measured.at("fits").get<bool>()) << "the harness lists only configs that fit one " << gpu;
     const Plan plan = make_plan(accuracy_entry_config(entry), PlanTarget{gpu, 1, 1}, calibration, options);
     const double measured_peak = measured.at("peak_bytes").get<double>();
     const double measured_ms = measured.at("step_ms").get<double>();
@@ -51,7 +52,19 @@ TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements)
         << "planned step " << 1e3 * plan.time.total_s << " ms, measured " << measured_ms << " ms";
     ++checked;
   }
-  EXPECT_GE(checked, 12) << "the acceptance needs at least 12 configs";
+  return checked;
+}
+
+TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements) {
+  EXPECT_GE(check_report(test::source_dir() + "/bench/results/planner_accuracy.json"), 12)
+      << "the acceptance needs at least 12 configs";
+}
+
+// The block formats that Hopper runs emulated (MXFP8, NVFP4): their casts' bandwidth fractions
+// (configs/plan/calibration.json, gpus.h200) were fitted to the llama-1b entry of each format;
+// the gpt2-350m and llama-3b entries were not used, so they check the fit out of sample.
+TEST(PlannerAccuracy, EmulatedBlockFormatsMatchTheCommittedH200Measurements) {
+  EXPECT_EQ(check_report(test::source_dir() + "/bench/results/planner_accuracy_emulated.json"), 6);
 }
 
 // Out of sample: every config's step time predicted by a calibration fitted to the other

@@ -631,6 +631,16 @@ void Backend::amax(const Tensor& x, const Tensor& out, bool accumulate, bool had
   impl_amax(x, out, accumulate, hadamard_transposed);
 }
 
+// The format as supports() and OpRecord::format name it.
+static DType format_key(const QuantizeSpec& spec) {
+  switch (spec.mode) {
+    case ScalingMode::per_tensor: return spec.element;
+    case ScalingMode::mxfp8: return DType::e8m0;
+    case ScalingMode::nvfp4: return DType::e2m1;
+  }
+  return spec.element;
+}
+
 void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                        const QuantizedTensor& columnwise, const Tensor& amax_out, const ScaleFromAmax& from) {
   require_contiguous(x, "quantize");
@@ -655,7 +665,9 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
     bytes += quantized_bytes(*copy);
     flops += n(x) * (copy->spec.mode == ScalingMode::per_tensor ? 2 : 3) + (copy->spec.hadamard ? 5 * n(x) : 0);
   }
-  record({OpKind::quantize, phase_, x.dtype, flops, bytes});
+  OpRecord op{OpKind::quantize, phase_, x.dtype, flops, bytes};
+  op.format = format_key((rowwise.data.defined() ? rowwise : columnwise).spec);
+  record(op);
   MXTRAIN_ASSERT(!from.defined() || (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
                  "quantize: a scale from an amax is per-tensor FP8's");
   impl_quantize(x, scale, rowwise, columnwise, amax_out, from);
@@ -668,7 +680,9 @@ void Backend::dequantize(const QuantizedTensor& q, const Tensor& out) {
                      out.cols() == (q.transposed ? q.rows() : q.k()),
                  "dequantize: %s copy %s into %s", q.transposed ? "columnwise" : "rowwise", q.data.describe().c_str(),
                  out.describe().c_str());
-  record({OpKind::dequantize, phase_, out.dtype, n(out), quantized_bytes(q) + b(out)});
+  OpRecord op{OpKind::dequantize, phase_, out.dtype, n(out), quantized_bytes(q) + b(out)};
+  op.format = format_key(q.spec);
+  record(op);
   impl_dequantize(q, out);
 }
 

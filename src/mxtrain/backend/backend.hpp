@@ -59,6 +59,10 @@ struct OpRecord {
   // epilogues' second output or pre-activation input, the residual GEMM's C): traffic after
   // the math, not under it.
   double epilogue_bytes = 0;
+  // quantize and dequantize: the format, named as supports() names it (e4m3 or e5m2 for
+  // per-tensor FP8, e8m0 for MXFP8, e2m1 for NVFP4), so the planner can price each format's casts;
+  // f32 for every other op.
+  DType format = DType::f32;
 };
 
 struct AllocationEvent {

@@ -90,6 +90,8 @@ const std::vector<CalibrationField>& calibration_fields() {
       number("attention.seq_half", &GpuCalibration::attention_seq_half),
       number("attention.head_dim_half", &GpuCalibration::attention_head_dim_half),
       number("memory.bandwidth_fraction", &GpuCalibration::bandwidth_fraction),
+      number("memory.mxfp8_cast_fraction", &GpuCalibration::mxfp8_cast_fraction),
+      number("memory.nvfp4_cast_fraction", &GpuCalibration::nvfp4_cast_fraction),
       number("memory.host_to_device_bytes_per_s", &GpuCalibration::host_to_device_bytes_per_s),
       number("launch_overhead_s", &GpuCalibration::launch_overhead_s),
       number("collectives.nvlink_fraction", &GpuCalibration::nvlink_fraction),

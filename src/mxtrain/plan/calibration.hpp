@@ -44,6 +44,13 @@ struct GpuCalibration {
 
   // Memory-bound ops: bytes / (HBM bandwidth · bandwidth_fraction).
   double bandwidth_fraction = 0.85;
+  // The casts (quantize, dequantize) of the block formats use their own fraction where one is
+  // given (0: bandwidth_fraction): their kernels find a scale per 32 (MXFP8) or per 16 (NVFP4,
+  // with a second-level scale, and the random Hadamard transform for wgrad operands) elements, so
+  // they run well below a copy's bandwidth — on Hopper, where both formats are emulated
+  // (quantize, dequantize, BF16 GEMM), those passes are the difference to BF16.
+  double mxfp8_cast_fraction = 0;
+  double nvfp4_cast_fraction = 0;
   double host_to_device_bytes_per_s = 25e9;
   double launch_overhead_s = 4e-6;  // per op (kernel launch and tail)
 

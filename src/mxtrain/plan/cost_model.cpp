@@ -75,8 +75,17 @@ double gemm_efficiency(int64_t m, int64_t n, int64_t k, const GpuSpec& gpu, cons
   return calibration.gemm_peak_fraction * best * depth;
 }
 
+// The fraction of HBM bandwidth an op's memory traffic runs at: the block formats' casts their own.
+static double bandwidth_fraction(const OpRecord& op, const GpuCalibration& calibration) {
+  if (op.kind == OpKind::quantize || op.kind == OpKind::dequantize) {
+    if (op.format == DType::e8m0 && calibration.mxfp8_cast_fraction > 0) return calibration.mxfp8_cast_fraction;
+    if (op.format == DType::e2m1 && calibration.nvfp4_cast_fraction > 0) return calibration.nvfp4_cast_fraction;
+  }
+  return calibration.bandwidth_fraction;
+}
+
 double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration, bool tf32) {
-  const double bandwidth = gpu.hbm_bytes_per_s * calibration.bandwidth_fraction;
+  const double bandwidth = gpu.hbm_bytes_per_s * bandwidth_fraction(op, calibration);
   const double memory_s = op.bytes / bandwidth;
   double seconds = memory_s;
   if (is_gemm(op.kind)) {

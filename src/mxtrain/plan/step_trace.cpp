@@ -13,7 +13,7 @@
 namespace mxtrain {
 namespace {
 
-using OpKey = std::tuple<OpKind, Phase, DType, int64_t, int64_t, int64_t, double, double, double>;
+using OpKey = std::tuple<OpKind, Phase, DType, int64_t, int64_t, int64_t, double, double, double, DType>;
 using CollectiveKey = std::tuple<CollectiveKind, DType, uint64_t, int, std::string>;
 
 // Sees every op, allocation and collective of the dryrun, and (through ObservedStore) where in
@@ -24,7 +24,7 @@ class Recorder final : public TraceObserver, public CommunicationListener, publi
 
   void on_op(const OpRecord& op) override {
     if (!recording) return;
-    ++ops_[slot()][OpKey{op.kind, op.phase, op.dtype, op.m, op.n, op.k, op.flops, op.bytes, op.epilogue_bytes}];
+    ++ops_[slot()][OpKey{op.kind, op.phase, op.dtype, op.m, op.n, op.k, op.flops, op.bytes, op.epilogue_bytes, op.format}];
     TimelineEvent event;
     event.op = op;
     timeline.push_back(event);
@@ -87,6 +87,7 @@ class Recorder final : public TraceObserver, public CommunicationListener, publi
         op.n = std::get<4>(key);
         op.k = std::get<5>(key);
         op.epilogue_bytes = std::get<8>(key);
+        op.format = std::get<9>(key);
         trace.ops[s].push_back(OpCount{op, count});
       }
       for (const auto& [key, count] : collectives_[s]) {
