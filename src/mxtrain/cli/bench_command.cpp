@@ -3,6 +3,7 @@
 #include <fstream>
 #include <memory>
 
+#include "mxtrain/cli/bounds.hpp"
 #include "mxtrain/cli/commands.hpp"
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
@@ -21,8 +22,8 @@ void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<BenchmarkOptions>();
   auto json_path = std::make_shared<std::string>();
   add_config_arguments(*command, *arguments, train_flags());
-  command->add_option("--warmup", options->warmup_steps, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
-  command->add_option("--timed", options->timed_steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--warmup", options->warmup_steps, "untimed steps first")->capture_default_str()->check(integer_range(0, 1000000));
+  command->add_option("--timed", options->timed_steps, "timed steps")->capture_default_str()->check(integer_range(1, 1000000));
   command->add_option("--json", *json_path, "append the result as one JSON line to this file");
   command->callback([arguments, options, json_path] {
     ConfigSources sources;
