@@ -57,6 +57,7 @@ TEST(CommandLineBounds, CpuTrainingThatCannotFitStopsBeforeAllocating) {
   expect_clean_failure(outcome, 3, "of host memory");
   EXPECT_NE(outcome.output.find("available (MemAvailable"), std::string::npos) << outcome.output;
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/checkpoints")) << outcome.output;
+  expect_clean_failure(run("bench -m llama-64b -d cpu -p fp32 -b 1 -s 64 --warmup 0 --timed 1"), 3, "of host memory");
 }
 
 TEST(CommandLineBounds, DirectoryAsConfigFileIsRefused) {

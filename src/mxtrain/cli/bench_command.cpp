@@ -8,9 +8,12 @@
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/host_memory.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/plan/memory_check.hpp"
 #include "mxtrain/train/benchmark.hpp"
 #include "mxtrain/train/metrics.hpp"
+#include "mxtrain/train/session.hpp"
 
 namespace mxtrain::cli {
 
@@ -30,6 +33,8 @@ void add_bench_command(CLI::App& app) {
     sources.toml_path = arguments->config_path;
     sources.overrides = overrides(*arguments);
     RunConfig config = load_run_config(sources);
+    // As train: a CPU benchmark that the host cannot hold stops before allocating.
+    if (resolve_device(config.train.device) == "cpu") check_cpu_training_memory(config, 1, 1, host_available_bytes());
     BenchmarkResult result = run_benchmark(config, *options);
     nlohmann::json json = benchmark_json(config, *options, result);
     std::printf("%s\n", json.dump().c_str());
