@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <toml++/toml.h>
 
+#include "mxtrain/config/toml.hpp"
 #include "mxtrain/core/error.hpp"
 
 extern char** environ;
