@@ -101,6 +101,8 @@ def random_case(rng, keys, work):
                  "train": [("--world-size", ["0", "1", "2", "70000"]), ("--rank", ["0", "-1", "5"]),
                            ("--master-port", ["0", "1", "65536"])],
                  "launch": [("--nproc-per-node", ["0", "-1", "70000", "x"]), ("--nnodes", ["0", "2"])]}
+    if argv[0] == "launch":  # its per-rank logs go to the scratch directory, not ./launch_logs
+        argv += ["--log-dir", os.path.join(work, "launch_logs")]
     for flag, values in flag_pool.get(argv[0], []):
         if rng.random() < 0.15:
             argv += [flag, rng.choice(values)]
