@@ -66,9 +66,9 @@ for target in "${targets[@]}"; do
   fi
   if [[ -n "$log" ]]; then
     {
-      echo "## $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $commit$dirty on $(nproc) cores ($(uname -m)), load $(cut -d' ' -f1-3 /proc/loadavg)"
+      echo "## run ended $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit$dirty on $(nproc) cores ($(uname -m)), load $(cut -d' ' -f1-3 /proc/loadavg)"
       echo "\$ ${command[*]}"
-      grep -E '^(INFO: Seed|#[0-9]+ *(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|property violated|exception other|internal error)' "$output" | head -40
+      grep -E '^(INFO: Seed|#[0-9]+[[:space:]]+(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|property violated|exception other|internal error)' "$output" | head -40
       echo "$summary"
       echo
     } >>"$log"
