@@ -14,7 +14,8 @@ Exit status 0 when no case failed; the log lists the failures (command and outpu
 import argparse, os, random, re, shlex, shutil, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 
-BAD_OUTPUT = ["internal error", "unexpected error", "terminate called", "AddressSanitizer", "runtime error:",
+BAD_OUTPUT = ["internal error", "unexpected error", "terminate called", "AddressSanitizer", "LeakSanitizer",
+              "UndefinedBehaviorSanitizer", "runtime error:",
               "Segmentation fault", "std::bad_alloc", "core dumped"]
 # Shapes the trainer can run in a second or two on a CPU (short `train` cases draw from these).
 WORK_KEYS = {"train.steps", "train.global_batch_size", "train.micro_batch_size", "train.seq_len", "eval.batches",
