@@ -3,13 +3,17 @@
 #include <fstream>
 #include <memory>
 
+#include "mxtrain/cli/bounds.hpp"
 #include "mxtrain/cli/commands.hpp"
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/host_memory.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/plan/memory_check.hpp"
 #include "mxtrain/train/benchmark.hpp"
 #include "mxtrain/train/metrics.hpp"
+#include "mxtrain/train/session.hpp"
 
 namespace mxtrain::cli {
 
@@ -21,14 +25,16 @@ void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<BenchmarkOptions>();
   auto json_path = std::make_shared<std::string>();
   add_config_arguments(*command, *arguments, train_flags());
-  command->add_option("--warmup", options->warmup_steps, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
-  command->add_option("--timed", options->timed_steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--warmup", options->warmup_steps, "untimed steps first")->capture_default_str()->check(integer_range(0, 1000000));
+  command->add_option("--timed", options->timed_steps, "timed steps")->capture_default_str()->check(integer_range(1, 1000000));
   command->add_option("--json", *json_path, "append the result as one JSON line to this file");
   command->callback([arguments, options, json_path] {
     ConfigSources sources;
     sources.toml_path = arguments->config_path;
     sources.overrides = overrides(*arguments);
     RunConfig config = load_run_config(sources);
+    // As train: a CPU benchmark that the host cannot hold stops before allocating.
+    if (resolve_device(config.train.device) == "cpu") check_cpu_training_memory(config, 1, 1, host_available_bytes());
     BenchmarkResult result = run_benchmark(config, *options);
     nlohmann::json json = benchmark_json(config, *options, result);
     std::printf("%s\n", json.dump().c_str());

@@ -85,7 +85,28 @@ std::string config_reference() {
       for (const std::string& c : field.choices) choices += (choices.empty() ? "" : ", ") + c;
       text += " (" + choices + ")";
     }
+    if (!field.range.empty()) text += " [" + field.range + "]";
     text += "\n";
+  }
+  return text;
+}
+
+std::string config_reference_markdown() {
+  RunConfig defaults;
+  auto cell = [](std::string text) {
+    std::string escaped;
+    for (char c : text) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
+    return escaped;
+  };
+  std::string text = "| key | type | default | accepted values | meaning |\n|---|---|---|---|---|\n";
+  for (const Field& field : fields(defaults)) {
+    std::string accepted = field.range;
+    if (field.type == FieldType::choice)
+      for (const std::string& c : field.choices) accepted += (accepted.empty() ? "" : ", ") + c;
+    if (field.type == FieldType::boolean) accepted = "true, false";
+    if (accepted.empty()) accepted = "any text";
+    text += "| `" + field.key + "` | " + type_name(field.type) + " | `" + cell(field.get()) + "` | " + cell(accepted) +
+            " | " + cell(field.help) + " |\n";
   }
   return text;
 }

@@ -34,6 +34,9 @@ void add_config_arguments(CLI::App& command, ConfigArguments& arguments, const s
 std::vector<std::pair<std::string, std::string>> overrides(const ConfigArguments& arguments);
 // Every config key with its type, default and help (for --help-config).
 std::string config_reference();
+// The same list as the Markdown table of docs/config-reference.md (key, type, default, accepted
+// values, meaning); a test keeps that file equal to it.
+std::string config_reference_markdown();
 
 // load_config, then model.init_from applied (the shape of a Hugging Face model directory): what
 // every subcommand that takes a run config uses.

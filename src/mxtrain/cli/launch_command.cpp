@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "mxtrain/cli/bounds.hpp"
 #include "mxtrain/cli/commands.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/runtime/launcher.hpp"
@@ -50,11 +51,11 @@ void add_launch_command(CLI::App& app) {
   auto arguments = std::make_shared<LaunchArguments>();
   command->add_option("--nproc-per-node", arguments->nproc_per_node,
                       "ranks on this node (default: the visible GPUs; SageMaker: SM_NUM_GPUS)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, kMaxRanks));
   command->add_option("--nnodes", arguments->nnodes, "nodes in the job (default 1, or from SageMaker/Slurm)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, kMaxRanks));
   command->add_option("--node-rank", arguments->node_rank, "this node's index, 0 .. nnodes-1")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_range(0, kMaxRanks - 1));
   command->add_option("--master-addr", arguments->master_addr, "address of node 0 (default 127.0.0.1)");
   command->add_option("--master-port", arguments->master_port, "port rank 0 listens on (default 29500)")
       ->check(CLI::Range(1, 65535));

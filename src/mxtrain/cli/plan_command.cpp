@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 
+#include "mxtrain/cli/bounds.hpp"
 #include "mxtrain/cli/commands.hpp"
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
@@ -88,17 +89,17 @@ void add_plan_command(CLI::App& app) {
   add_config_arguments(*command, arguments->config, train_flags());
   PlanArguments& a = *arguments;
   command->add_option("--gpu", a.target.gpu, "GPU type: h100, h200, b200 or b300")->capture_default_str();
-  command->add_option("--gpus", a.target.gpus, "GPUs in total")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--gpus", a.target.gpus, "GPUs in total")->capture_default_str()->check(integer_range(1, kMaxRanks));
   command->add_option("--nodes", a.target.nodes, "nodes the GPUs are spread over (0 = as few as hold them, 8 each)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_range(0, kMaxRanks));
   command->add_flag("--json", a.json, "print JSON instead of the tables");
   command->add_option("--out", a.output_path, "also write the JSON to this file");
   command->add_option("--calibration", a.calibration_path,
                       "calibration overlay read over configs/plan/calibration.json (mxtrain tune writes one)");
   command->add_option("--plan-steps", a.options.steps, "dry-run steps (allocator peaks are over all of them)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, 100));
   command->add_option("--headroom", a.options.headroom, "memory to keep free, as a fraction of the GPU's")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
@@ -114,14 +115,14 @@ void add_plan_command(CLI::App& app) {
                       "precisions the search may use, comma-separated (default: the config's, -p; auto = bf16)");
   command->add_option("--target-tokens-per-s", a.recommend.target_tokens_per_s,
                       "throughput the gpus objective must reach (global tokens/s)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e15));
   command->add_option("--max-gpus", a.recommend.max_gpus, "largest GPU count the gpus objective tries")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, kMaxRanks));
   command->add_option("--max-seq", a.recommend.max_seq_len, "longest sequence the context objective tries")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  command->add_option("--top", a.recommend.top, "ranked configs to show")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(integer_range(2, int64_t{1} << 22));
+  command->add_option("--top", a.recommend.top, "ranked configs to show")->capture_default_str()->check(integer_range(1, 10000));
   command->add_option("--accuracy-configs", a.accuracy_configs,
                       "plan every config of this JSON list (bench/planner_accuracy_configs.json) for --gpu; with "
                       "--measure also run each with `bench` on this machine's GPU and compare")

@@ -66,6 +66,22 @@ int run(int argc, char** argv) {
   add_generate_command(app);
   add_report_command(app);
   add_version_command(app);
+  // The command comes first; CLI11 would answer a missing, misplaced or unknown one with "A
+  // subcommand is required", naming nothing.
+  std::string verbs;
+  bool known = false;
+  const std::string first = argc > 1 ? argv[1] : "";
+  for (const CLI::App* command : app.get_subcommands({})) {
+    verbs += (verbs.empty() ? "" : ", ") + command->get_name();
+    known = known || (argc > 1 && command->check_name(first));
+  }
+  const std::string usage = "write `mxtrain COMMAND [options]` with COMMAND one of: " + verbs +
+                            " (`mxtrain --help` describes each)";
+  if (argc < 2) throw Error(ErrorKind::config, "no command given", usage);
+  if (first != "-h" && first != "--help" && !known)
+    throw Error(ErrorKind::config,
+                first.rfind('-', 0) == 0 ? "option '" + first + "' before the command" : "unknown command '" + first + "'",
+                usage);
   std::vector<std::string> arguments(argv + 1, argv + argc);
   *hyperparameter_arguments = split_hyperparameter_arguments(*app.get_subcommand("train"), arguments);
   std::reverse(arguments.begin(), arguments.end());  // CLI11 takes them last first

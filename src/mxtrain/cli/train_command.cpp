@@ -7,16 +7,20 @@
 #include <memory>
 
 #include "mxtrain/build_info.hpp"
+#include "mxtrain/cli/bounds.hpp"
 #include "mxtrain/cli/commands.hpp"
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/host_memory.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
 #include "mxtrain/plan/run_prediction.hpp"
 #include "mxtrain/runtime/launcher.hpp"
 #include "mxtrain/runtime/sagemaker_paths.hpp"
 #include "mxtrain/sagemaker/job.hpp"
+#include "mxtrain/plan/memory_check.hpp"
+#include "mxtrain/train/session.hpp"
 #include "mxtrain/train/trainer.hpp"
 
 extern char** environ;
@@ -89,6 +93,10 @@ int train_or_launch(RunConfig& config, const TrainArguments& arguments, std::fun
   }
   context.environment.node_level_only = false;
   context.prepare_data = std::move(prepare_data);
+  // No allocation the host cannot back: the planner's figure first (plan/memory_check.hpp).
+  if (resolve_device(config.train.device) == "cpu")
+    check_cpu_training_memory(config, context.environment.world_size, context.environment.local_world_size,
+                              host_available_bytes());
   Trainer(config, context).run();
   finish_communication();
   return nodes;
@@ -152,13 +160,13 @@ void add_train_command(CLI::App& app, std::shared_ptr<std::vector<std::string>> 
   // Ranks by hand (they win over torchrun, Slurm, MPI and SageMaker variables).
   runtime::ExplicitRank& explicit_rank = arguments->explicit_rank;
   command->add_option("--rank", explicit_rank.rank, "this process's rank (with --world-size)")
-      ->check(CLI::NonNegativeNumber)->group("Ranks by hand");
+      ->check(integer_range(0, kMaxRanks - 1))->group("Ranks by hand");
   command->add_option("--world-size", explicit_rank.world_size, "ranks in the job")
-      ->check(CLI::PositiveNumber)->group("Ranks by hand");
+      ->check(integer_range(1, kMaxRanks))->group("Ranks by hand");
   command->add_option("--local-rank", explicit_rank.local_rank, "rank on this node (default: rank mod local world)")
-      ->check(CLI::NonNegativeNumber)->group("Ranks by hand");
+      ->check(integer_range(0, kMaxRanks - 1))->group("Ranks by hand");
   command->add_option("--local-world-size", explicit_rank.local_world_size, "ranks per node (default: world size)")
-      ->check(CLI::PositiveNumber)->group("Ranks by hand");
+      ->check(integer_range(1, kMaxRanks))->group("Ranks by hand");
   command->add_option("--master-addr", explicit_rank.master_addr, "address of rank 0's node")->group("Ranks by hand");
   command->add_option("--master-port", explicit_rank.master_port, "port rank 0 listens on (default 29500)")
       ->check(CLI::Range(1, 65535))->group("Ranks by hand");

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/cli/bounds.hpp"
 #include "mxtrain/cli/commands.hpp"
 #include "mxtrain/cli/flags.hpp"
 #include "mxtrain/config/loader.hpp"
@@ -85,7 +86,7 @@ void add_tune_command(CLI::App& app) {
   add_config_arguments(*command, arguments->config, train_flags());
   TuneArguments& a = *arguments;
   command->add_option("--gpu", a.gpu, "GPU type of this machine (default: detected)");
-  command->add_option("--top", a.options.top, "planner candidates to try")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--top", a.options.top, "planner candidates to try")->capture_default_str()->check(integer_range(1, 10000));
   command->add_flag("--grid", a.options.grid,
                     "try every micro-batch x checkpointing (none, selective, full) x precision instead");
   command->add_option("--precisions", a.precisions,
@@ -95,10 +96,10 @@ void add_tune_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.5));
   command->add_option("--warmup", a.options.bench.warmup_steps, "untimed steps per trial")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_range(0, 1000000));
   command->add_option("--timed", a.options.bench.timed_steps, "timed steps per trial")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, 1000000));
   command->add_option("--out", a.out_dir, "directory for tune.json, tune.csv, tune.svg, calibration.json "
                                           "(default runs/tune-<preset>)");
   command->add_option("--calibration", a.calibration_path, "calibration overlay for the planner's predictions");

@@ -2,10 +2,11 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <toml++/toml.h>
 
+#include "mxtrain/config/toml.hpp"
 #include "mxtrain/core/error.hpp"
 
 extern char** environ;
@@ -42,10 +43,33 @@ std::string node_text(const toml::node& node, const std::string& key, const std:
               "give a single string, number or boolean");
 }
 
+// A config is a small regular file: a directory would parse as an empty table (silently the
+// defaults), and a device or FIFO could be read without end.
+void check_config_file(const std::string& path) {
+  constexpr uintmax_t kMaxConfigBytes = 16u << 20;
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status))
+    throw Error(ErrorKind::config, "cannot read config file " + path + ": no such file", "check the path");
+  if (std::filesystem::is_directory(status))
+    throw Error(ErrorKind::config, "config file " + path + " is a directory, not a TOML file",
+                "pass the TOML file itself (a run directory's is " + path + "/config.toml)");
+  if (!std::filesystem::is_regular_file(status))
+    throw Error(ErrorKind::config, "config file " + path + " is not a regular file", "pass a TOML file");
+  const uintmax_t bytes = std::filesystem::file_size(path, error);
+  if (error || bytes > kMaxConfigBytes)
+    throw Error(ErrorKind::config,
+                error ? "cannot read config file " + path
+                      : strf("config file %s has %ju bytes; a config is a small TOML file (at most 16 MiB)",
+                             path.c_str(), bytes),
+                "check the path");
+}
+
 std::vector<std::pair<std::string, std::string>> read_toml(const ConfigSources& sources) {
   std::vector<std::pair<std::string, std::string>> assignments;
   if (sources.toml_path.empty() && sources.toml_text.empty()) return assignments;
   const std::string where = sources.toml_path.empty() ? std::string("the config text") : sources.toml_path;
+  if (sources.toml_text.empty()) check_config_file(sources.toml_path);
   toml::table table;
   try {
     table = sources.toml_text.empty() ? toml::parse_file(sources.toml_path) : toml::parse(sources.toml_text);

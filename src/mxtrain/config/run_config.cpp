@@ -11,6 +11,21 @@
 namespace mxtrain {
 namespace {
 
+// Upper bounds of the size keys: well above every model and run of the field (the largest
+// vocabularies are ~256k, hidden sizes ~16k, layer counts ~128, contexts ~1M tokens), and low
+// enough that no product of them overflows 64-bit size arithmetic before the memory check
+// (docs/config-reference.md, docs/reliability.md).
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxHidden = int64_t{1} << 17;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxFfn = int64_t{1} << 20;
+constexpr int64_t kMaxSequence = int64_t{1} << 22;
+constexpr int64_t kMaxMicroBatch = int64_t{1} << 16;
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;  // counts of steps: no memory depends on them
+constexpr int64_t kMaxSeed = std::numeric_limits<int64_t>::max();
+
 [[noreturn]] void bad_value(const std::string& key, const std::string& text, const std::string& expected) {
   throw Error(ErrorKind::config, "bad value '" + text + "' for " + key, key + " expects " + expected);
 }
@@ -21,21 +36,30 @@ std::string join(const std::vector<std::string>& items) {
   return text;
 }
 
-Field integer(const std::string& key, int64_t& value, const std::string& help, int64_t minimum = 0,
-              int64_t maximum = std::numeric_limits<int64_t>::max()) {
+// "1,048,576": ranges read at a glance.
+std::string grouped(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value), text;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) text += ',';
+    text += digits[i];
+  }
+  return value < 0 ? "-" + text : text;
+}
+
+// Every integer key has an upper bound: sizes beyond it would only end in an allocation the
+// machine cannot make or in arithmetic that overflows (docs/config-reference.md).
+Field integer(const std::string& key, int64_t& value, const std::string& help, int64_t minimum, int64_t maximum) {
+  const std::string range = grouped(minimum) + " to " + grouped(maximum);
   return Field{key, FieldType::integer, help, {}, [&value] { return std::to_string(value); },
-               [&value, key, minimum, maximum](const std::string& text) {
+               [&value, key, range, minimum, maximum](const std::string& text) {
                  errno = 0;
                  char* end = nullptr;
                  long long parsed = std::strtoll(text.c_str(), &end, 10);
-                 if (text.empty() || *end != '\0' || errno != 0)
-                   bad_value(key, text, strf("an integer in [%lld, %lld]", static_cast<long long>(minimum),
-                                             static_cast<long long>(maximum)));
-                 if (parsed < minimum || parsed > maximum)
-                   bad_value(key, text, strf("an integer in [%lld, %lld]", static_cast<long long>(minimum),
-                                             static_cast<long long>(maximum)));
+                 if (text.empty() || *end != '\0' || errno != 0 || parsed < minimum || parsed > maximum)
+                   bad_value(key, text, "an integer from " + range);
                  value = parsed;
-               }};
+               },
+               range};
 }
 
 std::string real_text(double value) {
@@ -45,18 +69,19 @@ std::string real_text(double value) {
 }
 
 template <typename T>
-Field real(const std::string& key, T& value, const std::string& help, double minimum = 0,
-           double maximum = std::numeric_limits<double>::max()) {
+Field real(const std::string& key, T& value, const std::string& help, double minimum, double maximum) {
+  const std::string range = strf("%g to %g", minimum, maximum);
   return Field{key, FieldType::real, help, {}, [&value] { return real_text(static_cast<double>(value)); },
-               [&value, key, minimum, maximum](const std::string& text) {
+               [&value, key, range, minimum, maximum](const std::string& text) {
                  errno = 0;
                  char* end = nullptr;
                  double parsed = std::strtod(text.c_str(), &end);
-                 std::string range = strf("a number in [%g, %g]", minimum, maximum);
-                 if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(parsed)) bad_value(key, text, range);
-                 if (parsed < minimum || parsed > maximum) bad_value(key, text, range);
+                 if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(parsed) || parsed < minimum ||
+                     parsed > maximum)
+                   bad_value(key, text, "a number from " + range);
                  value = static_cast<T>(parsed);
-               }};
+               },
+               range};
 }
 
 Field boolean(const std::string& key, bool& value, const std::string& help) {
@@ -66,12 +91,12 @@ Field boolean(const std::string& key, bool& value, const std::string& help) {
                  if (text == "true" || text == "True" || text == "1") value = true;
                  else if (text == "false" || text == "False" || text == "0") value = false;
                  else bad_value(key, text, "true or false");
-               }};
+               }, ""};
 }
 
 Field text(const std::string& key, std::string& value, const std::string& help) {
   return Field{key, FieldType::text, help, {}, [&value] { return value; },
-               [&value](const std::string& input) { value = input; }};
+               [&value](const std::string& input) { value = input; }, ""};
 }
 
 Field choice(const std::string& key, std::string& value, const std::string& help, std::vector<std::string> choices) {
@@ -83,20 +108,23 @@ Field choice(const std::string& key, std::string& value, const std::string& help
                      return;
                    }
                  bad_value(key, input, "one of: " + join(choices));
-               }};
+               }, ""};
 }
 
-// "auto" or a non-negative integer.
+// "auto" or a block count.
 Field count_or_auto(const std::string& key, std::string& value, const std::string& help) {
+  const std::string range = "auto, or 0 to " + grouped(kMaxLayers);
   return Field{key, FieldType::text, help, {}, [&value] { return value; },
-               [&value, key](const std::string& input) {
+               [&value, key, range](const std::string& input) {
                  char* end = nullptr;
                  errno = 0;
                  const long long parsed = std::strtoll(input.c_str(), &end, 10);
-                 if (input != "auto" && (input.empty() || *end != '\0' || errno != 0 || parsed < 0))
-                   bad_value(key, input, "auto or a block count >= 0");
+                 if (input != "auto" &&
+                     (input.empty() || *end != '\0' || errno != 0 || parsed < 0 || parsed > kMaxLayers))
+                   bad_value(key, input, range);
                  value = input == "auto" ? input : std::to_string(parsed);
-               }};
+               },
+               range};
 }
 
 }  // namespace
@@ -106,30 +134,30 @@ std::vector<Field> fields(RunConfig& c) {
   std::vector<Field> list;
   list.push_back(Field{"model.preset", FieldType::choice, "model shape preset; setting it resets every model.* key",
                        model_preset_names(), [&m] { return m.preset; },
-                       [&m](const std::string& name) { m = model_preset(name); }});
+                       [&m](const std::string& name) { m = model_preset(name); }, ""});
   list.push_back(Field{"model.family", FieldType::choice, "llama (RMSNorm, RoPE, SwiGLU, GQA) or gpt2", {"llama", "gpt2"},
                        [&m] { return std::string(family_name(m.family)); },
                        [&m](const std::string& name) {
                          if (name != "llama" && name != "gpt2") bad_value("model.family", name, "llama or gpt2");
                          m.family = name == "llama" ? ModelFamily::llama : ModelFamily::gpt2;
-                       }});
-  list.push_back(integer("model.vocab_size", m.vocab_size, "tokens the tokenizer produces", 1));
-  list.push_back(integer("model.padded_vocab", m.padded_vocab, "rows of embedding and head (>= vocab_size)", 1));
-  list.push_back(integer("model.hidden", m.hidden, "hidden size", 1));
-  list.push_back(integer("model.layers", m.layers, "transformer blocks", 1));
-  list.push_back(integer("model.heads", m.heads, "attention heads", 1));
-  list.push_back(integer("model.kv_heads", m.kv_heads, "key/value heads (grouped-query attention)", 1));
-  list.push_back(integer("model.ffn_hidden", m.ffn_hidden, "MLP inner size", 1));
-  list.push_back(integer("model.max_seq_len", m.max_seq_len, "learned position table size (gpt2)", 1));
+                       }, ""});
+  list.push_back(integer("model.vocab_size", m.vocab_size, "tokens the tokenizer produces", 1, kMaxVocab));
+  list.push_back(integer("model.padded_vocab", m.padded_vocab, "rows of embedding and head (>= vocab_size)", 1, kMaxVocab));
+  list.push_back(integer("model.hidden", m.hidden, "hidden size", 1, kMaxHidden));
+  list.push_back(integer("model.layers", m.layers, "transformer blocks", 1, kMaxLayers));
+  list.push_back(integer("model.heads", m.heads, "attention heads", 1, kMaxHeads));
+  list.push_back(integer("model.kv_heads", m.kv_heads, "key/value heads (grouped-query attention)", 1, kMaxHeads));
+  list.push_back(integer("model.ffn_hidden", m.ffn_hidden, "MLP inner size", 1, kMaxFfn));
+  list.push_back(integer("model.max_seq_len", m.max_seq_len, "learned position table size (gpt2)", 1, kMaxSequence));
   list.push_back(real("model.norm_eps", m.norm_eps, "norm epsilon", 0, 1));
-  list.push_back(real("model.rope_theta", m.rope_theta, "RoPE base", 1));
+  list.push_back(real("model.rope_theta", m.rope_theta, "RoPE base", 1, 1e12));
   list.push_back(real("model.rope_scaling_factor", m.rope_scaling_factor,
                       "Llama 3 RoPE frequency scaling factor (0 = none)", 0, 1e6));
   list.push_back(real("model.rope_low_freq_factor", m.rope_low_freq_factor, "Llama 3 scaling: low_freq_factor", 0, 1e6));
   list.push_back(real("model.rope_high_freq_factor", m.rope_high_freq_factor, "Llama 3 scaling: high_freq_factor", 0,
                       1e6));
   list.push_back(integer("model.rope_original_max_positions", m.rope_original_max_positions,
-                         "Llama 3 scaling: original_max_position_embeddings", 0));
+                         "Llama 3 scaling: original_max_position_embeddings", 0, kMaxSequence));
   list.push_back(real("model.init_std", m.init_std, "std of the normal initialisation", 0, 10));
   list.push_back(boolean("model.tied_embeddings", m.tied_embeddings, "head shares the token embedding"));
   list.push_back(boolean("model.bias", m.bias, "biases in linear layers"));
@@ -150,16 +178,16 @@ std::vector<Field> fields(RunConfig& c) {
                         {"auto", "fp32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"}));
   list.push_back(Field{"train.recompute", FieldType::text, "activation checkpointing: none, selective, full or K", {},
                        [&c] { return c.train.recompute; },
-                       [&c](const std::string& input) { c.train.recompute = RecomputePolicy::parse(input).str(); }});
-  list.push_back(integer("train.steps", c.train.steps, "optimizer steps", 1));
-  list.push_back(integer("train.micro_batch_size", c.train.micro_batch_size, "sequences per micro-batch per rank", 1));
+                       [&c](const std::string& input) { c.train.recompute = RecomputePolicy::parse(input).str(); }, ""});
+  list.push_back(integer("train.steps", c.train.steps, "optimizer steps", 1, kMaxSteps));
+  list.push_back(integer("train.micro_batch_size", c.train.micro_batch_size, "sequences per micro-batch per rank", 1, kMaxMicroBatch));
   list.push_back(integer("train.global_batch_size", c.train.global_batch_size,
-                         "sequences per optimizer step (0 = micro_batch_size x ranks)", 0));
-  list.push_back(integer("train.seq_len", c.train.seq_len, "tokens per sequence", 2));
-  list.push_back(integer("train.seed", c.train.seed, "seed of initialisation and data order", 0));
+                         "sequences per optimizer step (0 = micro_batch_size x ranks)", 0, kMaxGlobalBatch));
+  list.push_back(integer("train.seq_len", c.train.seq_len, "tokens per sequence", 2, kMaxSequence));
+  list.push_back(integer("train.seed", c.train.seed, "seed of initialisation and data order", 0, kMaxSeed));
   list.push_back(integer("train.threads", c.train.threads, "CPU threads (0 = all cores)", 0, 4096));
   list.push_back(integer("train.logits_chunk_tokens", c.train.logits_chunk_tokens,
-                         "rows of logits alive at once in the loss", 1));
+                         "rows of logits alive at once in the loss", 1, int64_t{1} << 30));
   list.push_back(boolean("train.tf32", c.train.tf32, "TF32 tensor cores for fp32 precision on cuda"));
   list.push_back(boolean("train.deterministic", c.train.deterministic,
                          "bit-reproducible gradients on cuda: the deterministic attention backward, and GELU "
@@ -208,7 +236,7 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(boolean("precision.nvfp4_2d_weights", p.nvfp4_2d_weights, "nvfp4: one scale per 16x16 weight tile"));
   list.push_back(real("precision.loss_scale_init", p.loss_scale_init, "fp16: initial dynamic loss scale", 1, 4294967296.0));
   list.push_back(integer("precision.loss_scale_growth_interval", p.loss_scale_growth_interval,
-                         "fp16: steps without overflow before the loss scale grows", 1));
+                         "fp16: steps without overflow before the loss scale grows", 1, kMaxSteps));
   list.push_back(real("precision.loss_scale_backoff", p.loss_scale_backoff, "fp16: loss scale factor on overflow",
                       1e-3, 0.999));
   list.push_back(real("precision.loss_scale_growth", p.loss_scale_growth, "fp16: loss scale growth factor", 1.001,
@@ -219,41 +247,41 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(real("optimizer.beta2", c.optimizer.beta2, "Adam beta2", 0, 1));
   list.push_back(real("optimizer.eps", c.optimizer.eps, "Adam epsilon", 0, 1));
   list.push_back(real("optimizer.weight_decay", c.optimizer.weight_decay, "decoupled weight decay (matrices only)", 0, 10));
-  list.push_back(real("optimizer.grad_clip", c.optimizer.grad_clip, "max global gradient norm (0 = off)", 0));
+  list.push_back(real("optimizer.grad_clip", c.optimizer.grad_clip, "max global gradient norm (0 = off)", 0, 1e6));
 
-  list.push_back(integer("schedule.warmup_steps", c.schedule.warmup_steps, "linear warm-up steps", 0));
+  list.push_back(integer("schedule.warmup_steps", c.schedule.warmup_steps, "linear warm-up steps", 0, kMaxSteps));
   list.push_back(choice("schedule.decay", c.schedule.decay, "decay after warm-up", {"cosine", "linear", "constant"}));
   list.push_back(real("schedule.min_lr_ratio", c.schedule.min_lr_ratio, "decay floor as a fraction of the peak", 0, 1));
 
-  list.push_back(integer("eval.every", c.eval.every, "held-out loss every N steps (0 = only at the end)", 0));
+  list.push_back(integer("eval.every", c.eval.every, "held-out loss every N steps (0 = only at the end)", 0, kMaxSteps));
   list.push_back(integer("eval.batches", c.eval.batches,
-                         "validation micro-batches per evaluation (0 = no held-out evaluation)", 0));
+                         "validation micro-batches per evaluation (0 = no held-out evaluation)", 0, 1000000));
 
-  list.push_back(integer("log.every", c.log.every, "a step line every N steps", 1));
+  list.push_back(integer("log.every", c.log.every, "a step line every N steps", 1, kMaxSteps));
   list.push_back(text("log.metrics", c.log.metrics, "JSONL metrics file in the run directory"));
   list.push_back(boolean("log.all_ranks", c.log.all_ranks, "step lines from every rank"));
   list.push_back(integer("log.sample_every", c.log.sample_every,
-                         "print a generated sample every N steps (0 = never), from log.sample_prompt", 0));
-  list.push_back(integer("log.sample_tokens", c.log.sample_tokens, "tokens in each sample", 1));
+                         "print a generated sample every N steps (0 = never), from log.sample_prompt", 0, kMaxSteps));
+  list.push_back(integer("log.sample_tokens", c.log.sample_tokens, "tokens in each sample", 1, kMaxSequence));
   list.push_back(text("log.sample_prompt", c.log.sample_prompt, "the text each sample continues"));
   list.push_back(boolean("log.tensorboard", c.log.tensorboard,
                          "TensorBoard event files in <run directory>/tensorboard: the metrics.jsonl points"));
 
   list.push_back(text("checkpoint.dir", c.checkpoint.dir, "run directory (\"\" = runs/<model.preset>)"));
-  list.push_back(integer("checkpoint.every", c.checkpoint.every, "steps between checkpoints (0 = at the end only)", 0));
-  list.push_back(real("checkpoint.every_minutes", c.checkpoint.every_minutes, "minutes between checkpoints (0 = off)", 0));
-  list.push_back(integer("checkpoint.keep", c.checkpoint.keep, "newest checkpoints kept", 1));
+  list.push_back(integer("checkpoint.every", c.checkpoint.every, "steps between checkpoints (0 = at the end only)", 0, kMaxSteps));
+  list.push_back(real("checkpoint.every_minutes", c.checkpoint.every_minutes, "minutes between checkpoints (0 = off)", 0, 1e6));
+  list.push_back(integer("checkpoint.keep", c.checkpoint.keep, "newest checkpoints kept", 1, 1000000));
   list.push_back(choice("checkpoint.resume", c.checkpoint.resume, "resume from the run directory's newest checkpoint",
                         {"auto", "always", "never"}));
   list.push_back(real("checkpoint.stop_deadline_s", c.checkpoint.stop_deadline_s,
-                      "seconds to save and exit after SIGTERM/SIGINT", 1));
+                      "seconds to save and exit after SIGTERM/SIGINT", 1, 1e6));
 
   list.push_back(choice("dist.strategy", c.dist.strategy, "FSDP sharding strategy",
                         {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}));
   list.push_back(choice("dist.backend", c.dist.backend, "collectives engine", {"auto", "nccl", "mpi"}));
   list.push_back(choice("dist.reduce_dtype", c.dist.reduce_dtype, "dtype of gradient reduction", {"f32", "bf16"}));
   list.push_back(integer("dist.shard_group_size", c.dist.shard_group_size,
-                         "hybrid_shard: ranks per shard group (0 = ranks per node)", 0));
+                         "hybrid_shard: ranks per shard group (0 = ranks per node)", 0, 1 << 20));
   list.push_back(boolean("dist.sync_every_micro_batch", c.dist.sync_every_micro_batch,
                          "reduce gradients after every micro-batch (false: only the last)"));
   return list;

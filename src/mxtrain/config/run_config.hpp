@@ -131,6 +131,9 @@ struct Field {
   std::vector<std::string> choices;  // for FieldType::choice
   std::function<std::string()> get;                      // canonical text of the value
   std::function<void(const std::string& text)> set;       // parses and validates; throws Error(config)
+  // The accepted values of a number ("1 to 1,024"), checked by set() and shown by --help-config
+  // and docs/config-reference.md; "" for text, boolean and choice keys.
+  std::string range;
 };
 
 // The field list, bound to `config`. model.preset comes first: setting it resets every model.* key.

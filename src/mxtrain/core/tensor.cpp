@@ -1,5 +1,6 @@
 #include "mxtrain/core/tensor.hpp"
 
+#include "mxtrain/core/checked.hpp"
 #include "mxtrain/core/error.hpp"
 
 namespace mxtrain {
@@ -20,8 +21,17 @@ Shape::Shape(std::initializer_list<int64_t> sizes) {
 
 int64_t Shape::numel() const {
   if (rank == 0) return 0;
+  // Shapes come from user-sized dimensions: a product past 2^56 elements (whose bytes, at up to
+  // 32 bits each, would not fit in 64 bits) is reported, not wrapped.
+  constexpr int64_t kMaxElements = int64_t{1} << 56;
   int64_t count = 1;
-  for (int axis = 0; axis < rank; ++axis) count *= dims[static_cast<size_t>(axis)];
+  for (int axis = 0; axis < rank; ++axis) {
+    count = checked_mul(count, dims[static_cast<size_t>(axis)], "a tensor's element count");
+    if (count > kMaxElements)
+      throw Error(ErrorKind::config, "a tensor of shape " + str() + " has more than 2^56 elements",
+                  "the model or batch dimensions are far too large: lower model.hidden, model.ffn_hidden, "
+                  "model.vocab_size, train.micro_batch_size or train.seq_len");
+  }
   return count;
 }
 

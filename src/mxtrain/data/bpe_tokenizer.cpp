@@ -160,9 +160,13 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   const auto vocab_it = model.find("vocab");
   if (vocab_it == model.end() || !vocab_it->is_object()) bad_tokenizer(path, "model.vocab is not an object");
   int64_t max_id = -1;
+  // Ids index a table of vocabulary size: bounded as model.vocab_size is, so a stray huge id is a
+  // message, not a table of billions of entries.
+  constexpr int64_t kMaxIds = int64_t{1} << 24;
   auto add_id = [&](const std::string& text, const nlohmann::json& id, const char* where) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
-      bad_tokenizer(path, std::string(where) + " '" + text + "' has an id that is not a non-negative 32-bit integer");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxIds)
+      bad_tokenizer(path, std::string(where) + " '" + text + "' has an id that is not an integer from 0 to 16,777,215 "
+                                                             "(the largest vocabulary mxtrain takes)");
     const int32_t value = static_cast<int32_t>(id.get<int64_t>());
     max_id = std::max<int64_t>(max_id, value);
     return value;
@@ -189,8 +193,21 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   vocab_size_ = max_id + 1;
   tokens_.assign(static_cast<size_t>(vocab_size_), "");
   special_.assign(static_cast<size_t>(vocab_size_), false);
-  for (const auto& [text, id] : vocab_) tokens_[static_cast<size_t>(id)] = text;
+  // One text per id: two texts sharing an id would decode one as the other (silently different
+  // training data). An added token may repeat its own vocabulary entry, as most files do.
+  std::vector<bool> taken(static_cast<size_t>(vocab_size_), false);
+  for (const auto& [text, id] : vocab_) {
+    if (taken[static_cast<size_t>(id)])
+      bad_tokenizer(path, "model.vocab gives id " + std::to_string(id) + " to both '" + tokens_[static_cast<size_t>(id)] +
+                              "' and '" + text + "'");
+    taken[static_cast<size_t>(id)] = true;
+    tokens_[static_cast<size_t>(id)] = text;
+  }
   for (const AddedToken& token : added_) {
+    if (taken[static_cast<size_t>(token.id)] && tokens_[static_cast<size_t>(token.id)] != token.content)
+      bad_tokenizer(path, "added token '" + token.content + "' has id " + std::to_string(token.id) + ", which is '" +
+                              tokens_[static_cast<size_t>(token.id)] + "' already");
+    taken[static_cast<size_t>(token.id)] = true;
     tokens_[static_cast<size_t>(token.id)] = token.content;
     special_[static_cast<size_t>(token.id)] = true;
   }

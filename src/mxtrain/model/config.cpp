@@ -1,5 +1,6 @@
 #include "mxtrain/model/config.hpp"
 
+#include "mxtrain/core/checked.hpp"
 #include "mxtrain/core/error.hpp"
 
 namespace mxtrain {
@@ -7,19 +8,28 @@ namespace mxtrain {
 const char* family_name(ModelFamily family) { return family == ModelFamily::llama ? "llama" : "gpt2"; }
 
 int64_t ModelConfig::parameter_count() const {
-  int64_t per_layer = hidden * qkv_cols() + hidden * hidden + hidden * up_cols() + ffn_hidden * hidden;
-  int64_t norms_per_layer = 2 * hidden;
-  if (bias) per_layer += qkv_cols() + hidden + up_cols() + hidden;
+  // Checked: the dimensions come from the user, and a wrapped count would be printed as a fact.
+  const char* what = "the parameter count";
+  const int64_t qkv = checked_mul(checked_add(heads, checked_mul(2, kv_heads, what), what), head_dim(), what);
+  const int64_t up = family == ModelFamily::llama ? checked_mul(2, ffn_hidden, what) : ffn_hidden;
+  int64_t per_layer = checked_mul(hidden, qkv, what);
+  per_layer = checked_add(per_layer, checked_mul(hidden, hidden, what), what);
+  per_layer = checked_add(per_layer, checked_mul(hidden, up, what), what);
+  per_layer = checked_add(per_layer, checked_mul(ffn_hidden, hidden, what), what);
+  int64_t norms_per_layer = checked_mul(2, hidden, what);
+  if (bias) per_layer = checked_add(per_layer, qkv + hidden + up + hidden, what);  // each term is below 2^62
   if (family == ModelFamily::gpt2) norms_per_layer *= 2;  // LayerNorm has a bias
-  int64_t total = layers * (per_layer + norms_per_layer);
-  total += padded_vocab * hidden;                              // token embedding
-  if (family == ModelFamily::gpt2) total += max_seq_len * hidden;  // positions
-  total += family == ModelFamily::gpt2 ? 2 * hidden : hidden;  // final norm
-  if (!tied_embeddings) total += padded_vocab * hidden;        // head
+  int64_t total = checked_mul(layers, checked_add(per_layer, norms_per_layer, what), what);
+  const int64_t embedding = checked_mul(padded_vocab, hidden, what);
+  total = checked_add(total, embedding, what);                                        // token embedding
+  if (family == ModelFamily::gpt2) total = checked_add(total, checked_mul(max_seq_len, hidden, what), what);  // positions
+  total = checked_add(total, family == ModelFamily::gpt2 ? 2 * hidden : hidden, what);  // final norm
+  if (!tied_embeddings) total = checked_add(total, embedding, what);                  // head
   return total;
 }
 
 int64_t ModelConfig::non_embedding_parameter_count() const {
+  // parameter_count() checked every product below, so these cannot overflow.
   int64_t embeddings = padded_vocab * hidden + (family == ModelFamily::gpt2 ? max_seq_len * hidden : 0);
   int64_t count = parameter_count() - embeddings;
   // A tied head's matrix is used as the output projection: PaLM counts it there.
@@ -57,6 +67,7 @@ void ModelConfig::validate() const {
   if (family == ModelFamily::gpt2 && kv_heads != heads)
     fail("the gpt2 family uses full multi-head attention", "set model.kv_heads equal to model.heads");
   if (max_seq_len <= 0) fail("model.max_seq_len must be positive", "set model.max_seq_len");
+  parameter_count();  // throws Error(config) when the dimensions overflow the count
 }
 
 namespace {
