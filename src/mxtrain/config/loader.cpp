@@ -6,7 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "mxtrain/config/toml.hpp"
+#include "mxtrain/config/toml_unicode_fix.hpp"
 #include "mxtrain/core/error.hpp"
 
 extern char** environ;
