@@ -4,22 +4,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "mxtrain/core/log.hpp"
+
 namespace mxtrain::cli {
-namespace {
-
-std::string grouped(int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value), text;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) text += ',';
-    text += digits[i];
-  }
-  return value < 0 ? "-" + text : text;
-}
-
-}  // namespace
 
 CLI::Validator integer_range(int64_t minimum, int64_t maximum) {
-  const std::string range = grouped(minimum) + " to " + grouped(maximum);
+  // (log::with_commas takes a double: exact for every bound the commands use, all below 2^53.)
+  const std::string range = log::with_commas(static_cast<double>(minimum)) + " to " +
+                            log::with_commas(static_cast<double>(maximum));
   return CLI::Validator(
       [minimum, maximum, range](std::string& text) -> std::string {
         errno = 0;
