@@ -122,6 +122,27 @@ std::string layer_runs_text(const MemoryBreakdown& memory) {
   return text;
 }
 
+// What a quantized precision runs as on the planned GPU, and whether that path has been measured:
+// only an H200 has run mxtrain, so Blackwell's native paths are compiled but never run, and other
+// GPUs' step times are the H200's fractions applied to their datasheets. Empty for bf16/fp16/fp32.
+std::string precision_path_text(const Plan& plan) {
+  const std::string& precision = plan.trace.precision;
+  const bool block = precision == "mxfp8" || precision == "nvfp4";
+  const bool per_tensor = precision == "fp8" || precision == "fp8-current";
+  if (!block && !per_tensor) return "";
+  const GpuSpec& gpu = *plan.gpu;
+  const std::string sm = strf("sm_%d", gpu.compute_capability);
+  const bool blackwell = gpu.native_block_scaling;
+  std::string path;
+  if (block && !blackwell) path = "emulated on " + sm + " (quantize, dequantize, BF16 GEMM)";
+  else if (block) path = "native block-scaled cuBLASLt GEMMs on " + sm;
+  else path = "per-tensor FP8 cuBLASLt GEMMs on " + sm;
+  if (blackwell)
+    return path + ": compiled, never run (no Blackwell GPU was available); this step time is unmeasured";
+  if (gpu.key == "h200") return path + ": measured on an H200";
+  return path + ": measured on an H200, not on " + gpu.name + " (the H200's fractions applied to its datasheet)";
+}
+
 }  // namespace
 
 std::string format_plan(const Plan& plan) {
@@ -139,6 +160,8 @@ std::string format_plan(const Plan& plan) {
               plan.micro_batches == 1 ? "" : "es", static_cast<long long>(plan.global_batch),
               log::with_commas(plan.tokens_per_step).c_str(), c.train.recompute.c_str());
   if (plan.gpus > 1) out += strf(" | %s", c.dist.strategy.c_str());
+  const std::string path = precision_path_text(plan);
+  if (!path.empty()) out += "\n  " + plan.trace.precision + " runs as " + path;
   out += "\n\n";
 
   out += "Memory per GPU at the peak (" + m.peak_at + ")\n";
@@ -246,6 +269,7 @@ nlohmann::json plan_json(const Plan& plan) {
           {"gpus", plan.gpus},
           {"nodes", plan.nodes},
           {"precision", plan.trace.precision},
+          {"precision_path", precision_path_text(plan)},
           {"micro_batch", plan.micro_batch},
           {"seq_len", plan.seq_len},
           {"micro_batches", plan.micro_batches},
