@@ -117,6 +117,62 @@ def vs_torch_ratios(relative):
     return ", ".join(parts)
 
 
+# ---- long context on one GPU (bench/long_context.sh folders) -------------------------------------
+
+LLAMA8_ALIASES = {"llama3-8B": "llama-8b"}
+
+
+def long_context_rows(folder):
+    """Per mxtrain row of the folder: predicted and measured, whether the context objective chose
+    it, and PyTorch eager with checkpointing at the same shape (None when PyTorch did not run it)."""
+    report = json.loads(read(f"{folder}/mxtrain.json"))
+    torch = {}
+    for r in jsonl(f"{folder}/torch.jsonl"):
+        name = ALIASES.get(r["name"], LLAMA8_ALIASES.get(r["name"], r["name"]))
+        torch[(name, r["T"])] = r
+    picks = {}
+    for model in ("llama-1b", "llama-8b"):
+        best = json.loads(read(f"{folder}/context_{model}.json"))["best"]
+        picks[(model, best["seq_len"], best["recompute"])] = True
+    rows = []
+    for entry in report["entries"]:
+        s = entry["set"]
+        key = (s["model.preset"], s["train.seq_len"], s["train.recompute"])
+        rows.append({"model": key[0], "seq": key[1], "recompute": key[2], "predicted": entry["predicted"],
+                     "measured": entry.get("measured", {}), "context_pick": key in picks,
+                     "torch": torch.get((key[0], key[1])) if key[2] == "full" else None})
+    return report, rows
+
+
+def long_context_table(folder):
+    report, rows = long_context_rows(folder)
+    lines = ["| model | tokens | recompute | mxtrain step s (tok/s) | planned step s (error) | "
+             "peak GiB measured / planned (difference) | PyTorch eager + checkpointing: step s, peak GiB | "
+             "mxtrain / PyTorch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        p, m, t = row["predicted"], row["measured"], row["torch"]
+        name = row["model"] + (" (context objective's pick)" if row["context_pick"] else "")
+        if not m.get("fits"):
+            lines.append(f"| {name} | {row['seq']:,} | {row['recompute']} | did not run: "
+                         f"{m.get('error', 'no measurement')[:80]} | {p['step_ms'] / 1e3:.2f} | – | – | – |")
+            continue
+        step_error = 100 * (p["step_ms"] / m["step_ms"] - 1)
+        diff = p["peak_bytes"] - m["peak_bytes"]
+        if t is None:
+            baseline, ratio = "not run", "–"
+        elif "error" in t:
+            baseline, ratio = ("out of memory" if "OutOfMemory" in t["error"] else t["error"][:60]), "–"
+        else:
+            baseline = f"{t['step_ms'] / 1e3:.2f}, {t['peak_gib']:.1f}"
+            ratio = f"**{t['step_ms'] / m['step_ms']:.2f}×**"
+        lines.append(f"| {name} | {row['seq']:,} | {row['recompute']} | {m['step_ms'] / 1e3:.2f} "
+                     f"({thousands(m['tokens_per_s'])}) | {p['step_ms'] / 1e3:.2f} ({step_error:+.1f}%) | "
+                     f"{m['peak_bytes'] / 2**30:.2f} / {p['peak_bytes'] / 2**30:.2f} ({diff / 2**20:+.1f} MiB) | "
+                     f"{baseline} | {ratio} |")
+    return "\n".join(lines)
+
+
 def ab_steps(relative):
     """A/B files (binaries interleaved in one call): per model, each binary's step times in file order."""
     ms = lambda records: ", ".join(f"{r['step_ms']:.2f}" for r in records)
@@ -474,6 +530,7 @@ def generate(kind, args, planner):
         "vs-torch-table": lambda: vs_torch_table(*args),
         "vs-torch-ratios": lambda: vs_torch_ratios(*args),
         "ab-steps": lambda: ab_steps(*args),
+        "long-context-table": lambda: long_context_table(*args),
         "fp8-table": lambda: fp8_table(*args),
         "fp8-ratios": lambda: fp8_ratios(*args),
         "precision-curves": lambda: precision_curves(*args),
