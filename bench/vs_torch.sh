@@ -5,6 +5,8 @@
 #   gpt2xl  gpt2-1.5b 16x1024 (vs eager and torch.compile)
 #   llama   llama-1b 8x2048 (vs eager and torch.compile)
 #   long    llama-1b at 8192 tokens: 1x8192 none, 1x8192 full, 16x8192 full (vs PyTorch eager)
+#   long8b  llama-8b 1x32768 full recompute (vs PyTorch eager with checkpointing; 1 warm-up, 2 timed steps)
+#   long131k llama-1b 1x131072 full recompute (vs PyTorch eager with checkpointing; 1 warm-up, 2 timed steps)
 # Every line of OUT.jsonl is one measurement; mxtrain's carry "engine": "mxtrain", PyTorch's do
 # not. bench/summarize.py turns the file into the README table.
 set -euo pipefail
@@ -50,6 +52,21 @@ with contextlib.redirect_stdout(buf):
     tb.train_bench("tinyllama-1.1B", B=1, T=8192, **tl)
     tb.train_bench("tinyllama-1.1B", B=1, T=8192, ckpt=True, **tl)
     tb.train_bench("tinyllama-1.1B", B=16, T=8192, ckpt=True, steps=5, warm=2, **tl)
+open(sys.argv[2], "a").write(buf.getvalue())
+PY
+      ;;
+    long8b|long131k)
+      if [[ $set == long8b ]]; then shape=(-m llama-8b -s 32768); else shape=(-m llama-1b -s 131072); fi
+      "$bin" bench --warmup 1 --timed 2 --json "$out" --set optimizer.grad_clip=0 "${shape[@]}" -b 1 -p bf16 -r full \
+        >/dev/null || echo "mxtrain bench ${shape[*]} failed" >&2
+      python3 - "$here" "$out" "$set" <<'PY'
+import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, io, contextlib
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    if sys.argv[3] == "long8b":
+        tb.train_bench("llama3-8B", "llama", 128256, 4096, 32, 32, kv=8, ffn=14336, B=1, T=32768, ckpt=True, steps=2, warm=1)
+    else:
+        tb.train_bench("tinyllama-1.1B", "llama", 32000, 2048, 22, 32, kv=4, ffn=5632, B=1, T=131072, ckpt=True, steps=2, warm=1)
 open(sys.argv[2], "a").write(buf.getvalue())
 PY
       ;;

@@ -36,7 +36,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"<!-- derived:([a-z0-9-]+)((?: [^ >]+)*) -->(.*?)<!-- /derived -->", re.S)
 
-ALIASES = {"gpt2-124M": "gpt2-124m", "gpt2-1.5B": "gpt2-1.5b", "tinyllama-1.1B": "llama-1b"}
+ALIASES = {"gpt2-124M": "gpt2-124m", "gpt2-1.5B": "gpt2-1.5b", "tinyllama-1.1B": "llama-1b", "llama3-8B": "llama-8b"}
 
 
 def path(relative):
@@ -119,16 +119,13 @@ def vs_torch_ratios(relative):
 
 # ---- long context on one GPU (bench/long_context.sh folders) -------------------------------------
 
-LLAMA8_ALIASES = {"llama3-8B": "llama-8b"}
-
-
 def long_context_rows(folder):
     """Per mxtrain row of the folder: predicted and measured, whether the context objective chose
     it, and PyTorch eager with checkpointing at the same shape (None when PyTorch did not run it)."""
     report = json.loads(read(f"{folder}/mxtrain.json"))
     torch = {}
     for r in jsonl(f"{folder}/torch.jsonl"):
-        name = ALIASES.get(r["name"], LLAMA8_ALIASES.get(r["name"], r["name"]))
+        name = ALIASES.get(r["name"], r["name"])
         torch[(name, r["T"])] = r
     picks = {}
     for model in ("llama-1b", "llama-8b"):
