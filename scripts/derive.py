@@ -71,6 +71,8 @@ def vs_torch_rows(relative):
         return (name, r.get("B"), r.get("T"), recompute)
 
     eager = {key(r): r for r in records if r.get("engine") != "mxtrain" and not r.get("compile") and "tok_s" in r}
+    eager_oom = {key(r) for r in records if r.get("engine") != "mxtrain" and not r.get("compile")
+                 and "OutOfMemory" in r.get("error", "")}
     compiled = {key(r): r for r in records if r.get("engine") != "mxtrain" and r.get("compile") and "tok_s" in r}
     rows = []
     for r in records:
@@ -79,7 +81,7 @@ def vs_torch_rows(relative):
         k = key(r)
         e, c = eager.get(k), compiled.get(k)
         best = max([x for x in (e, c) if x], key=lambda x: x["tok_s"], default=None)
-        rows.append({"key": k, "ours": r, "eager": e, "compile": c, "best": best,
+        rows.append({"key": k, "ours": r, "eager": e, "compile": c, "best": best, "eager_oom": k in eager_oom,
                      "ratio": r["tok_s"] / best["tok_s"] if best else None})
     return rows
 
@@ -96,7 +98,8 @@ def vs_torch_table(relative):
         ratio = f"**{row['ratio']:.3f}×**" if row["ratio"] else "–"
         if row["best"] is not None and c is None:
             ratio += " (eager)"
-        lines.append(f"| {name} | {b} × {t} | {recompute} | {fmt(r)} | {fmt(e)} | {fmt(c)} | {ratio} | "
+        eager_text = "out of memory" if row["eager_oom"] and e is None else fmt(e)
+        lines.append(f"| {name} | {b} × {t} | {recompute} | {fmt(r)} | {eager_text} | {fmt(c)} | {ratio} | "
                      f"{peak(r)} / {peak(e)} / {peak(c)} | {100 * r['mfu']:.1f}% |")
     return "\n".join(lines)
 
@@ -109,7 +112,8 @@ def vs_torch_ratios(relative):
         best = row["best"]
         shape = f"{name} {b}×{t}" + (f" {recompute}" if recompute != "none" else "")
         if best is None:
-            parts.append(f"{shape} {row['ours']['step_ms']:.1f} ms (no PyTorch line)")
+            why = "PyTorch eager ran out of memory" if row["eager_oom"] else "no PyTorch line"
+            parts.append(f"{shape} {row['ours']['step_ms']:.1f} ms ({why})")
             continue
         against = "torch.compile's" if best is row["compile"] else "eager's"
         parts.append(f"{shape} {row['ratio']:.3f}× ({row['ours']['step_ms']:.1f} ms against {against} "
@@ -120,13 +124,8 @@ def vs_torch_ratios(relative):
 # ---- long context on one GPU (bench/long_context.sh folders) -------------------------------------
 
 def long_context_rows(folder):
-    """Per mxtrain row of the folder: predicted and measured, whether the context objective chose
-    it, and PyTorch eager with checkpointing at the same shape (None when PyTorch did not run it)."""
+    """Per mxtrain row of the folder: predicted, measured, and whether the context objective chose it."""
     report = json.loads(read(f"{folder}/mxtrain.json"))
-    torch = {}
-    for r in jsonl(f"{folder}/torch.jsonl"):
-        name = ALIASES.get(r["name"], r["name"])
-        torch[(name, r["T"])] = r
     picks = {}
     for model in ("llama-1b", "llama-8b"):
         best = json.loads(read(f"{folder}/context_{model}.json"))["best"]
@@ -136,37 +135,26 @@ def long_context_rows(folder):
         s = entry["set"]
         key = (s["model.preset"], s["train.seq_len"], s["train.recompute"])
         rows.append({"model": key[0], "seq": key[1], "recompute": key[2], "predicted": entry["predicted"],
-                     "measured": entry.get("measured", {}), "context_pick": key in picks,
-                     "torch": torch.get((key[0], key[1])) if key[2] == "full" else None})
-    return report, rows
+                     "measured": entry.get("measured", {}), "context_pick": key in picks})
+    return rows
 
 
 def long_context_table(folder):
-    report, rows = long_context_rows(folder)
-    lines = ["| model | tokens | recompute | mxtrain step s (tok/s) | planned step s (error) | "
-             "peak GiB measured / planned (difference) | PyTorch eager + checkpointing: step s, peak GiB | "
-             "mxtrain / PyTorch |",
+    lines = ["| model | tokens | recompute | measured step s | tokens/s | planned step s (error) | "
+             "peak GiB measured | planned peak − measured |",
              "|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        p, m, t = row["predicted"], row["measured"], row["torch"]
-        name = row["model"] + (" (context objective's pick)" if row["context_pick"] else "")
+    for row in long_context_rows(folder):
+        p, m = row["predicted"], row["measured"]
+        name = row["model"] + (" (the context objective's pick)" if row["context_pick"] else "")
         if not m.get("fits"):
-            lines.append(f"| {name} | {row['seq']:,} | {row['recompute']} | did not run: "
-                         f"{m.get('error', 'no measurement')[:80]} | {p['step_ms'] / 1e3:.2f} | – | – | – |")
+            lines.append(f"| {name} | {row['seq']:,} | {row['recompute']} | did not run | – | "
+                         f"{p['step_ms'] / 1e3:.2f} | – | – |")
             continue
         step_error = 100 * (p["step_ms"] / m["step_ms"] - 1)
         diff = p["peak_bytes"] - m["peak_bytes"]
-        if t is None:
-            baseline, ratio = "not run", "–"
-        elif "error" in t:
-            baseline, ratio = ("out of memory" if "OutOfMemory" in t["error"] else t["error"][:60]), "–"
-        else:
-            baseline = f"{t['step_ms'] / 1e3:.2f}, {t['peak_gib']:.1f}"
-            ratio = f"**{t['step_ms'] / m['step_ms']:.2f}×**"
-        lines.append(f"| {name} | {row['seq']:,} | {row['recompute']} | {m['step_ms'] / 1e3:.2f} "
-                     f"({thousands(m['tokens_per_s'])}) | {p['step_ms'] / 1e3:.2f} ({step_error:+.1f}%) | "
-                     f"{m['peak_bytes'] / 2**30:.2f} / {p['peak_bytes'] / 2**30:.2f} ({diff / 2**20:+.1f} MiB) | "
-                     f"{baseline} | {ratio} |")
+        lines.append(f"| {name} | {row['seq']:,} | {row['recompute']} | {m['step_ms'] / 1e3:.2f} | "
+                     f"{thousands(m['tokens_per_s'])} | {p['step_ms'] / 1e3:.2f} ({step_error:+.1f}%) | "
+                     f"{m['peak_bytes'] / 2**30:.2f} | {diff:,} bytes |")
     return "\n".join(lines)
 
 

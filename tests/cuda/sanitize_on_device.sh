@@ -13,10 +13,8 @@ tool=${1:?usage: sanitize_on_device.sh TOOL FILTER LOG [SECONDS]}
 filter=${2:?}; log=${3:?}; seconds=${4:-300}; shift 4 2>/dev/null || shift $#
 cs=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 options=(--tool "$tool" --error-exitcode 9 --target-processes all)
-if [[ $tool == racecheck ]]; then
-  if "$cs" --help 2>&1 | grep -q -- "--kernel-name "; then options+=(--kernel-name kns=mxtrain)
-  else options+=(--filter kns=mxtrain); fi
-fi
+# (--kernel-name is compute-sanitizer 2025's name for the old --filter, which it refuses.)
+[[ $tool == racecheck ]] && options+=(--kernel-name kns=mxtrain)
 start=$(date +%s)
 {
   echo "# compute-sanitizer $("$cs" --version | tail -1)"
