@@ -9,9 +9,7 @@
 namespace mxtrain::cli {
 
 CLI::Validator integer_range(int64_t minimum, int64_t maximum) {
-  // (log::with_commas takes a double: exact for every bound the commands use, all below 2^53.)
-  const std::string range = log::with_commas(static_cast<double>(minimum)) + " to " +
-                            log::with_commas(static_cast<double>(maximum));
+  const std::string range = log::integer_with_commas(minimum) + " to " + log::integer_with_commas(maximum);
   return CLI::Validator(
       [minimum, maximum, range](std::string& text) -> std::string {
         errno = 0;

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/log.hpp"
 #include "mxtrain/model/recompute.hpp"
 
 namespace mxtrain {
@@ -37,19 +38,10 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 // "1,048,576": ranges read at a glance.
-std::string grouped(int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value), text;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) text += ',';
-    text += digits[i];
-  }
-  return value < 0 ? "-" + text : text;
-}
-
 // Every integer key has an upper bound: sizes beyond it would only end in an allocation the
 // machine cannot make or in arithmetic that overflows (docs/config-reference.md).
 Field integer(const std::string& key, int64_t& value, const std::string& help, int64_t minimum, int64_t maximum) {
-  const std::string range = grouped(minimum) + " to " + grouped(maximum);
+  const std::string range = log::integer_with_commas(minimum) + " to " + log::integer_with_commas(maximum);
   return Field{key, FieldType::integer, help, {}, [&value] { return std::to_string(value); },
                [&value, key, range, minimum, maximum](const std::string& text) {
                  errno = 0;
@@ -113,7 +105,7 @@ Field choice(const std::string& key, std::string& value, const std::string& help
 
 // "auto" or a block count.
 Field count_or_auto(const std::string& key, std::string& value, const std::string& help) {
-  const std::string range = "auto, or 0 to " + grouped(kMaxLayers);
+  const std::string range = "auto, or 0 to " + log::integer_with_commas(kMaxLayers);
   return Field{key, FieldType::text, help, {}, [&value] { return value; },
                [&value, key, range](const std::string& input) {
                  char* end = nullptr;

@@ -38,19 +38,32 @@ void write(Level level, const std::string& text) {
   std::fflush(stream);
 }
 
+namespace {
+
+std::string group_digits(const std::string& digits) {
+  std::string grouped;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
+    grouped += digits[i];
+  }
+  return grouped;
+}
+
+}  // namespace
+
 std::string with_commas(double value, int decimals) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.*f", decimals, std::fabs(value));
   std::string digits(buffer);
   size_t dot = digits.find('.');
-  std::string integer = digits.substr(0, dot);
   std::string fraction = dot == std::string::npos ? "" : digits.substr(dot);
-  std::string grouped;
-  for (size_t i = 0; i < integer.size(); ++i) {
-    if (i > 0 && (integer.size() - i) % 3 == 0) grouped += ',';
-    grouped += integer[i];
-  }
-  return (value < 0 ? "-" : "") + grouped + fraction;
+  return (value < 0 ? "-" : "") + group_digits(digits.substr(0, dot)) + fraction;
+}
+
+std::string integer_with_commas(int64_t value) {
+  // The magnitude as unsigned, so that INT64_MIN has one too.
+  const uint64_t magnitude = value < 0 ? uint64_t{0} - static_cast<uint64_t>(value) : static_cast<uint64_t>(value);
+  return (value < 0 ? "-" : "") + group_digits(std::to_string(magnitude));
 }
 
 }  // namespace mxtrain::log

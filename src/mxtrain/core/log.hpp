@@ -1,6 +1,7 @@
 // The logger: the one piece of global mutable state. Lines from rank 0 only unless all_ranks
 // is set; every line carries the "[rank R]" prefix so interleaved multi-rank output stays readable.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace mxtrain::log {
@@ -23,5 +24,7 @@ inline void debug(const std::string& text) { write(Level::debug, text); }
 
 // Group digits with commas: 43021 -> "43,021".
 std::string with_commas(double value, int decimals = 0);
+// The same for an integer, exact over all of int64_t (a double rounds above 2^53).
+std::string integer_with_commas(int64_t value);
 
 }  // namespace mxtrain::log
