@@ -86,17 +86,6 @@ TEST(KvCache, CachedAttentionGivesTheRowsOfTheWholeSequence) {
   }
 }
 
-ModelConfig small_model(ModelFamily family) {
-  ModelConfig config = model_preset(family == ModelFamily::llama ? "tiny" : "tiny-gpt2");
-  config.hidden = 64;
-  config.heads = 4;
-  config.kv_heads = family == ModelFamily::llama ? 2 : 4;
-  config.layers = 2;
-  config.ffn_hidden = 96;
-  config.max_seq_len = 32;
-  return config;
-}
-
 // The last row's logits of the uncached forward over tokens.
 std::vector<float> uncached_last_logits(Transformer& model, Backend& backend, const std::vector<int32_t>& tokens) {
   const int64_t length = static_cast<int64_t>(tokens.size());
@@ -110,7 +99,7 @@ std::vector<float> uncached_last_logits(Transformer& model, Backend& backend, co
 class KvCacheModel : public testing::TestWithParam<ModelFamily> {};
 
 TEST_P(KvCacheModel, CachedLogitsEqualTheUncachedOnesForEveryPrefix) {
-  const ModelConfig config = small_model(GetParam());
+  const ModelConfig config = test::small_model(GetParam(), 2);
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(7);
@@ -138,7 +127,7 @@ TEST_P(KvCacheModel, CachedLogitsEqualTheUncachedOnesForEveryPrefix) {
 }
 
 TEST_P(KvCacheModel, GreedyGenerationEqualsTheArgmaxOfTheUncachedForward) {
-  const ModelConfig config = small_model(GetParam());
+  const ModelConfig config = test::small_model(GetParam(), 2);
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(11);

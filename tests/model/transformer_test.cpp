@@ -14,17 +14,6 @@
 namespace mxtrain {
 namespace {
 
-ModelConfig small_model(ModelFamily family) {
-  ModelConfig config = model_preset(family == ModelFamily::llama ? "tiny" : "tiny-gpt2");
-  config.hidden = 64;
-  config.heads = 4;
-  config.kv_heads = family == ModelFamily::llama ? 2 : 4;
-  config.layers = 3;
-  config.ffn_hidden = 96;
-  config.max_seq_len = 32;
-  return config;
-}
-
 struct Gradients {
   double loss = 0;
   std::vector<std::vector<float>> groups;
@@ -74,7 +63,7 @@ class RecomputeTest : public ::testing::TestWithParam<std::tuple<ModelFamily, st
 
 TEST_P(RecomputeTest, GradientsAreBitIdenticalToNone) {
   auto [family, policy] = GetParam();
-  ModelConfig config = small_model(family);
+  ModelConfig config = test::small_model(family, 3);
   Gradients reference = run_step(config, "none");
   Gradients recomputed = run_step(config, policy);
   EXPECT_EQ(reference.loss, recomputed.loss);
@@ -105,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, RecomputeTest,
 TEST(Transformer, SavedFp8InputsGiveTheGradientsOfRecastInputs) {
   for (LinearFormat format : {LinearFormat::fp8_delayed, LinearFormat::fp8_current}) {
     for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
-      ModelConfig config = small_model(family);
+      ModelConfig config = test::small_model(family, 3);
       Gradients saved = run_step(config, "none", 8192, format);
       Gradients recast = run_step(config, "selective", 8192, format);
       Gradients high = run_step(config, "none");
@@ -134,7 +123,7 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
     void on_op(const OpRecord& record) override { count += record.kind == OpKind::amax; }
   };
   for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
-    const ModelConfig config = small_model(family);
+    const ModelConfig config = test::small_model(family, 3);
     Gradients result[2];
     int64_t amaxes[2] = {0, 0};
     for (int producer = 0; producer < 2; ++producer) {
@@ -161,7 +150,7 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
 // the step, every group's after it (what the optimizer reads), none again after zero_grads; a
 // second step gives the first step's gradients again (they start from zero each time).
 TEST(LocalParameterStore, GradientsLiveFromBackwardToTheUpdate) {
-  const ModelConfig config = small_model(ModelFamily::llama);
+  const ModelConfig config = test::small_model(ModelFamily::llama, 3);
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(7);
@@ -198,7 +187,7 @@ TEST(LocalParameterStore, GradientsLiveFromBackwardToTheUpdate) {
 // A gradient's first write in a step overwrites (no zero fill runs before it), later ones add;
 // what no op wrote is zero once backward is finished, and zero_grads starts the count again.
 TEST(LocalParameterStore, FirstWritesOverwriteLaterOnesAddTheRestIsZero) {
-  const ModelConfig config = small_model(ModelFamily::gpt2);
+  const ModelConfig config = test::small_model(ModelFamily::gpt2, 3);
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(7);
@@ -234,7 +223,7 @@ TEST(LocalParameterStore, FirstWritesOverwriteLaterOnesAddTheRestIsZero) {
 // Two micro-batches without zero_grads between them: the first writes every gradient, the second
 // adds to it, so the result is the sum of the two micro-batches' separate gradients.
 TEST(Transformer, AMicroBatchAddsToTheGradientsOfTheOneBefore) {
-  const ModelConfig config = small_model(ModelFamily::gpt2);  // tied embedding: head and table write it
+  const ModelConfig config = test::small_model(ModelFamily::gpt2, 3);  // tied embedding: head and table write it
   std::unique_ptr<Backend> backend = create_backend("cpu");
   LocalParameterStore store(*backend, config, DType::f32, DType::f32);
   store.initialize(7);
@@ -271,7 +260,7 @@ TEST(Transformer, AMicroBatchAddsToTheGradientsOfTheOneBefore) {
 }
 
 TEST(Transformer, LogitsChunkingKeepsTheLossAndGradients) {
-  ModelConfig config = small_model(ModelFamily::llama);
+  ModelConfig config = test::small_model(ModelFamily::llama, 3);
   Gradients whole = run_step(config, "none");
   Gradients chunked = run_step(config, "none", 5);  // 32 rows in chunks of 5: a ragged last chunk
   EXPECT_NEAR(whole.loss, chunked.loss, 1e-6 * std::fabs(whole.loss));
@@ -284,7 +273,7 @@ TEST(Transformer, LogitsChunkingKeepsTheLossAndGradients) {
 // loss difference (about 1e-7 / 1e-2) well below the tolerance.
 TEST(Transformer, GradientMatchesFiniteDifferences) {
   for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
-    ModelConfig config = small_model(family);
+    ModelConfig config = test::small_model(family, 3);
     config.layers = 2;
     std::unique_ptr<Backend> backend = create_backend("cpu");
     LocalParameterStore store(*backend, config, DType::f32, DType::f32);

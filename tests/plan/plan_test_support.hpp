@@ -4,6 +4,7 @@
 
 #include "mxtrain/config/run_config.hpp"
 #include "mxtrain/plan/step_trace.hpp"
+#include "support/test_support.hpp"
 
 namespace mxtrain::test {
 
@@ -11,13 +12,7 @@ namespace mxtrain::test {
 inline RunConfig small_run(const std::string& family, const std::string& recompute, int64_t micro, int64_t seq,
                            int64_t global = 0) {
   RunConfig config;
-  config.model = model_preset(family == "llama" ? "tiny" : "tiny-gpt2");
-  config.model.hidden = 64;
-  config.model.heads = 4;
-  config.model.kv_heads = family == "llama" ? 2 : 4;
-  config.model.layers = 3;
-  config.model.ffn_hidden = 96;
-  config.model.max_seq_len = 64;
+  config.model = small_model(family == "llama" ? ModelFamily::llama : ModelFamily::gpt2, 3, 64);
   config.train.device = "cpu";
   config.train.precision = "fp32";
   config.train.threads = 2;

@@ -140,4 +140,15 @@ std::string read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+ModelConfig small_model(ModelFamily family, int64_t layers, int64_t max_seq_len) {
+  ModelConfig config = model_preset(family == ModelFamily::llama ? "tiny" : "tiny-gpt2");
+  config.hidden = 64;
+  config.heads = 4;
+  config.kv_heads = family == ModelFamily::llama ? 2 : 4;
+  config.layers = layers;
+  config.ffn_hidden = 96;
+  config.max_seq_len = max_seq_len;
+  return config;
+}
+
 }  // namespace mxtrain::test

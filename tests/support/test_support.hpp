@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/model/config.hpp"
 
 namespace mxtrain::test {
 
@@ -41,6 +42,10 @@ class TempDir {
 // Writes a small pseudo-English text (about `bytes` bytes, fixed seed) and prepares it into
 // train/val shards under dir with the byte tokenizer; returns dir.
 std::string make_test_corpus(const std::string& dir, size_t bytes = 160000);
+
+// A model of `family` small enough to step in milliseconds on the CPU: hidden 64, 4 heads (2
+// key/value heads for Llama), feed-forward 96, sequences up to `max_seq_len`.
+ModelConfig small_model(ModelFamily family, int64_t layers, int64_t max_seq_len = 32);
 
 // A whole file's bytes ("" when it cannot be read).
 std::string read_file(const std::string& path);
