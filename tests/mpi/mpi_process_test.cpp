@@ -1,7 +1,8 @@
 // Stop safety of a real multi-process job under mpirun: SIGTERM to one rank (as Slurm or
 // SageMaker deliver it) stops every rank at the same step with a checkpoint and exit 0, and the
 // continuation equals an uninterrupted run; SIGKILL of rank 0 while a checkpoint is half written
-// leaves the previous checkpoint as the one that loads.
+// leaves the previous checkpoint as the one that loads; a checkpoint write that fails on rank 1
+// alone (its file size limit, as a full disk on its node) stops every rank, each naming rank 1.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -78,6 +79,45 @@ TEST_F(MpiStopSafety, SigkillOfRankZeroDuringACheckpointKeepsThePreviousOne) {
   EXPECT_EQ(test::checkpoint_step(saved.back()), 2);
 
   std::string output;
+  ASSERT_EQ(test::run_command(job(run, 6) + " --set checkpoint.every=2", &output), 0) << output;
+  EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000002 at step 2"), std::string::npos) << output;
+  ASSERT_EQ(test::run_command(job(dir_.file("reference"), 6) + " --set checkpoint.every=2", &output), 0) << output;
+  test::expect_same_losses(run, dir_.file("reference"), 6);
+}
+
+// Rank 1 alone runs under a file size limit (an MPMD job, `-np 1 A : -np 1 B`) with SIGXFSZ
+// ignored: its checkpoint file (640 KB) fails with EFBIG, as on a node whose own disk is full.
+// mpirun is told not to end the job when a rank exits with an error (srun's default), so the ranks
+// must stop on their own: before, rank 0 waited in the next collective for ever.
+TEST_F(MpiStopSafety, AFailedCheckpointWriteOnRankOneStopsEveryRankNamingIt) {
+  const std::string run = dir_.file("run");
+  std::string output;
+  ASSERT_EQ(test::run_command(job(run, 2) + " --set checkpoint.every=2", &output), 0) << output;
+  const std::string train = test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) +
+                            " --steps 6 --set checkpoint.every=2";
+  // TCP between the ranks: the limit would also fail Open MPI's shared-memory segment of rank 1.
+  const std::string mpmd = std::string(MXTRAIN_MPIRUN) +
+                           " --tag-output --mca orte_abort_on_non_zero_status 0 --mca btl self,tcp -np 1 " + train +
+                           " : -np 1 sh -c \"trap '' XFSZ; exec prlimit --fsize=65536 " + train + "\"";
+  test::BackgroundProcess mpirun(mpmd, dir_.file("job.txt"));
+  const std::optional<int> status = mpirun.wait(120);
+  if (!status)
+    for (const auto& [rank, pid] : ranks_of(mpirun.pid())) ::kill(pid, SIGKILL);
+  ASSERT_TRUE(status.has_value()) << "the ranks did not stop after rank 1's checkpoint write failed:\n"
+                                  << mpirun.output();
+  for (int rank : {0, 1})
+    EXPECT_NE(mpirun.output().find(strf("[1,%d]<stderr>:mxtrain: system error: checkpoint step 4 was not saved: rank 1 "
+                                        "could not write its part of the checkpoint, %s/checkpoints/step_00000004.tmp/"
+                                        "rank_00001.bin and .json: File too large; the previous checkpoint %s/"
+                                        "checkpoints/step_00000002 is intact",
+                                        rank, run.c_str(), run.c_str())),
+              std::string::npos)
+        << "rank " << rank << " did not name rank 1:\n" << mpirun.output();
+  EXPECT_FALSE(std::filesystem::exists(run + "/checkpoints/step_00000004.tmp"));
+  std::vector<std::string> saved = test::complete_checkpoints(run);
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(test::checkpoint_step(saved.back()), 2);
+
   ASSERT_EQ(test::run_command(job(run, 6) + " --set checkpoint.every=2", &output), 0) << output;
   EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000002 at step 2"), std::string::npos) << output;
   ASSERT_EQ(test::run_command(job(dir_.file("reference"), 6) + " --set checkpoint.every=2", &output), 0) << output;

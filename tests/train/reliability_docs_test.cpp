@@ -1,6 +1,6 @@
 // docs/reliability.md is checked, not trusted: every test it names as proof of a guarantee exists
-// (a TEST or TEST_F of that suite and name under tests/), and every config key it names is a real
-// key.
+// (a TEST or TEST_F of that suite and name under tests/, or an add_test of a CMakeLists.txt under
+// tests/ for a name written "ctest `NAME`"), and every config key it names is a real key.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -29,6 +29,32 @@ TEST(ReliabilityGuide, EveryNamedTestExists) {
     ++checked;
   }
   EXPECT_GT(checked, 15);
+}
+
+// Whether CMake text holds add_test(NAME name ...) for exactly this name.
+bool adds_test(const std::string& lists, const std::string& name) {
+  const std::string call = "add_test(NAME " + name;
+  for (size_t at = lists.find(call); at != std::string::npos; at = lists.find(call, at + 1)) {
+    const char next = at + call.size() < lists.size() ? lists[at + call.size()] : ')';
+    if (next == ' ' || next == '\n' || next == ')') return true;
+  }
+  return false;
+}
+
+TEST(ReliabilityGuide, EveryNamedCtestExists) {
+  const std::string doc = test::read_file(test::source_dir() + "/docs/reliability.md");
+  std::string lists;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(test::source_dir() + "/tests"))
+    if (entry.path().filename() == "CMakeLists.txt") lists += test::read_file(entry.path().string());
+  const std::regex named(R"(ctest `([A-Za-z0-9_.]+)`)");
+  int checked = 0;
+  for (auto it = std::sregex_iterator(doc.begin(), doc.end(), named); it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1];
+    EXPECT_TRUE(adds_test(lists, name))
+        << "ctest " << name << " is named in docs/reliability.md but no CMakeLists.txt under tests/ adds it";
+    ++checked;
+  }
+  EXPECT_GE(checked, 1);
 }
 
 TEST(ReliabilityGuide, EveryNamedConfigKeyExists) {

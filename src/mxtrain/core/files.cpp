@@ -19,7 +19,7 @@ void fsync_path(const std::string& path, bool directory) {
   ::close(descriptor);
 }
 
-void write_file_atomically(const std::string& path, const std::string& contents, const std::string& advice) {
+int try_write_file_atomically(const std::string& path, const std::string& contents) {
   const std::string temporary = path + ".tmp";
   const int descriptor = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   bool ok = descriptor >= 0;
@@ -33,12 +33,19 @@ void write_file_atomically(const std::string& path, const std::string& contents,
   if (descriptor >= 0) ok = ::close(descriptor) == 0 && ok;
   ok = ok && std::rename(temporary.c_str(), path.c_str()) == 0;
   if (!ok) {
-    const int saved = errno;
+    const int saved = errno != 0 ? errno : EIO;
     ::unlink(temporary.c_str());
-    throw Error(ErrorKind::system, strf("cannot write %s: %s", path.c_str(), std::strerror(saved)), advice);
+    return saved;
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   fsync_path(parent.empty() ? "." : parent.string(), true);
+  return 0;
+}
+
+void write_file_atomically(const std::string& path, const std::string& contents, const std::string& advice) {
+  const int failure = try_write_file_atomically(path, contents);
+  if (failure != 0)
+    throw Error(ErrorKind::system, strf("cannot write %s: %s", path.c_str(), std::strerror(failure)), advice);
 }
 
 }  // namespace mxtrain

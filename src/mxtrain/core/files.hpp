@@ -10,6 +10,9 @@ namespace mxtrain {
 // Writes `contents` to `path` atomically. `advice` is the fix the error carries.
 void write_file_atomically(const std::string& path, const std::string& contents,
                            const std::string& advice = "check that the directory exists, is writable and has free space");
+// The same without throwing: 0, or the errno of the failure (for a caller that passes the reason
+// on as a number).
+int try_write_file_atomically(const std::string& path, const std::string& contents);
 
 // Flushes a file's or a directory's entry to the disk (best effort: errors are ignored, as a
 // rename that already happened stays valid).

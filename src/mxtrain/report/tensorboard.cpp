@@ -62,6 +62,31 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+constexpr std::string_view kEventFilePrefix = "events.out.tfevents.";
+
+// The seconds of an event file's name (events.out.tfevents.<seconds>.<host>.<pid>), or -1.
+long long seconds_of_event_file(const std::string& name) {
+  if (name.rfind(kEventFilePrefix, 0) != 0) return -1;
+  long long seconds = 0;
+  size_t i = kEventFilePrefix.size();
+  const size_t first_digit = i;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && i - first_digit < 18; ++i)
+    seconds = seconds * 10 + (name[i] - '0');
+  return i > first_digit ? seconds : -1;
+}
+
+// Now in whole seconds, or one more than the newest event file of `directory` when that is not
+// earlier: readers load the files in name order, and a resumed run's file must come last.
+long long event_file_seconds(const std::string& directory) {
+  long long seconds = static_cast<long long>(now_seconds());
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    const long long existing = seconds_of_event_file(entry.path().filename().string());
+    if (existing >= seconds) seconds = existing + 1;
+  }
+  return seconds;
+}
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t bytes) {
@@ -82,8 +107,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& directory) {
   std::filesystem::create_directories(directory, error);
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  path_ = directory + "/" +
-          strf("events.out.tfevents.%lld.%s.%d", static_cast<long long>(now_seconds()), host, static_cast<int>(::getpid()));
+  path_ = directory + "/" + std::string(kEventFilePrefix) +
+          strf("%lld.%s.%d", event_file_seconds(directory), host, static_cast<int>(::getpid()));
   file_ = std::fopen(path_.c_str(), "wbe");
   if (!file_)
     throw Error(ErrorKind::system, "cannot create the TensorBoard file " + path_ + ": " + std::strerror(errno),
@@ -122,6 +147,16 @@ void TensorBoardWriter::add_scalar(std::string_view tag, int64_t step, double va
   put_bytes(summary, 1, summary_value);
   std::string event = event_header(wall_time > 0 ? wall_time : now_seconds(), step);
   put_bytes(event, 5, summary);
+  write_record(event);
+}
+
+void TensorBoardWriter::add_session_start(int64_t step, double wall_time) {
+  if (!file_) return;
+  std::string session_log;
+  put_key(session_log, 1, 0);
+  put_varint(session_log, 1);  // SessionLog.status = START
+  std::string event = event_header(wall_time > 0 ? wall_time : now_seconds(), step);
+  put_bytes(event, 7, session_log);  // Event.session_log (6 is the deprecated log_message)
   write_record(event);
 }
 

@@ -162,14 +162,35 @@ CheckpointStore::CheckpointStore(std::string run_dir, int rank, int world_size, 
 
 namespace {
 
+// A failed write of a save: an Error(system) with the errno behind it, which the other ranks learn
+// as a number (the text cannot travel). The stage it fails in turns it into the message every
+// rank stops with (CheckpointStore::agree_on_stage).
+class WriteFailure : public Error {
+ public:
+  WriteFailure(std::string what, int error_number)
+      : Error(ErrorKind::system, std::move(what)), error_number_(error_number) {}
+  int error_number() const { return error_number_; }
+
+ private:
+  int error_number_;
+};
+
+[[noreturn]] void throw_write_failure(const char* what, const std::string& path, int error_number) {
+  throw WriteFailure(strf("%s %s: %s", what, path.c_str(), std::strerror(error_number)), error_number);
+}
+
+// Writes a whole small file of a save (throws WriteFailure).
+void write_save_file(const std::string& path, const std::string& contents) {
+  const int failure = try_write_file_atomically(path, contents);
+  if (failure != 0) throw_write_failure("cannot write", path, failure);
+}
+
 // This rank's file: master, m and v of each shard, one segment each. Returns its segments, and
 // in *finite whether every value written was finite. Every write, flush and sync is checked.
 json write_rank_file(const std::string& path, const std::string& file_name, const std::vector<ParamShard>& shards,
                      Backend& backend, bool* finite, std::optional<Progress>& progress) {
   std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (!file)
-    throw Error(ErrorKind::system, strf("cannot create %s: %s", path.c_str(), std::strerror(errno)),
-                "check that checkpoint.dir is writable and has free space");
+  if (!file) throw_write_failure("cannot create", path, errno);
   json segments = json::array();
   uint64_t offset = 0;
   std::vector<float> host;
@@ -177,8 +198,7 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
   auto fail = [&](const char* what) {
     const int saved = errno;
     std::fclose(file);
-    throw Error(ErrorKind::system, strf("%s %s: %s", what, path.c_str(), std::strerror(saved)),
-                "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
+    throw_write_failure(what, path, saved);
   };
   for (const ParamShard& shard : shards) {
     host.resize(static_cast<size_t>(shard.count));
@@ -199,27 +219,95 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
   }
   if (std::fflush(file) != 0) fail("cannot write");
   if (::fsync(::fileno(file)) != 0) fail("cannot sync");
-  if (std::fclose(file) != 0)
-    throw Error(ErrorKind::system, strf("cannot write %s: %s", path.c_str(), std::strerror(errno)),
-                "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
+  if (std::fclose(file) != 0) throw_write_failure("cannot write", path, errno);
   if (progress) progress->finish();
   return segments;
 }
 
+// The manifest of every rank's segments (rank 0, once every rank has written its file).
+json checkpoint_manifest(const CheckpointMeta& meta, const std::string& temporary, int world_size) {
+  json all_segments = json::array();
+  std::error_code error;
+  for (int r = 0; r < world_size; ++r) {
+    const std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);
+    std::ifstream in(sidecar);
+    if (!in) throw Error(ErrorKind::checkpoint, "rank " + std::to_string(r) + " did not write " + sidecar,
+                         "all ranks must share checkpoint.dir (a shared filesystem across nodes)");
+    const json rank_segments = json::parse(in, nullptr, false);
+    if (!rank_segments.is_array())
+      throw Error(ErrorKind::checkpoint, sidecar + " is damaged", "all ranks must share checkpoint.dir");
+    for (const auto& segment : rank_segments) all_segments.push_back(segment);
+    in.close();
+    fs::remove(sidecar, error);
+  }
+  json manifest = {{"format", "mxtrain-checkpoint"},
+                   {"version", kFormatVersion},
+                   {"step", meta.step},
+                   {"tokens", meta.tokens},
+                   {"seed", meta.seed},
+                   {"data_state", meta.data_state},
+                   {"config", meta.config},
+                   {"extra", meta.extra},
+                   {"world_size", meta.world_size},
+                   {"strategy", meta.strategy},
+                   {"segments", all_segments}};
+  manifest["manifest_crc32"] = manifest_checksum(manifest);
+  return manifest;
+}
+
+// Why the lowest failing rank failed, as this rank can say it: the text of its errno, its own
+// message when it is that rank, or where to look.
+std::string failure_reason(const RankFailures& failed, int rank, const std::string& own_message) {
+  if (failed.first_code > 0) return std::strerror(failed.first_code);
+  if (rank == failed.first_rank) return own_message;
+  return strf("rank %d's log says why", failed.first_rank);
+}
+
 }  // namespace
+
+void CheckpointStore::agree_on_stage(int64_t step, const std::string& temporary, const std::function<void()>& part,
+                                     const std::function<std::string(int)>& what) {
+  std::optional<int> failure;
+  std::string own_message;
+  try {
+    if (part) part();
+  } catch (const std::exception& error) {
+    const auto* write = dynamic_cast<const WriteFailure*>(&error);
+    failure = write ? write->error_number() : 0;
+    own_message = error.what();
+    log::error(own_message);  // this rank's own detail; the message every rank stops with follows
+  }
+  const RankFailures failed = ranks_.failures(rank_, world_size_, failure);
+  if (failed.count == 0) return;
+  std::error_code error;
+  if (rank_ == 0) fs::remove_all(temporary, error);
+  const std::vector<std::string> saved = list();
+  std::string message = strf("checkpoint step %lld was not saved: rank %d could not %s: %s",
+                             static_cast<long long>(step), failed.first_rank, what(failed.first_rank).c_str(),
+                             failure_reason(failed, rank_, own_message).c_str());
+  if (failed.count > 1) message += strf(" (and %d more ranks failed; their logs say why)", failed.count - 1);
+  message += saved.empty() ? "; no earlier checkpoint exists" : "; the previous checkpoint " + saved.front() + " is intact";
+  throw Error(ErrorKind::system, message,
+              strf("free space in checkpoint.dir's filesystem as rank %d sees it (or point checkpoint.dir elsewhere), "
+                   "then re-run the same command: %s",
+                   failed.first_rank, saved.empty() ? "it starts again" : "it resumes from the previous checkpoint"));
+}
 
 std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards,
                                   Backend& backend) {
   const std::string final_dir = directory() + "/" + step_directory_name(meta.step);
   const std::string temporary = final_dir + ".tmp";
   std::error_code error;
-  if (rank_ == 0) {
-    fs::create_directories(directory(), error);
-    fs::remove_all(temporary, error);
-    if (!fs::create_directories(temporary, error) && error)
-      throw Error(ErrorKind::system, "cannot create checkpoint directory " + temporary + ": " + error.message(),
-                  "check that checkpoint.dir is writable and has free space");
-  }
+  agree_on_stage(
+      meta.step, temporary,
+      [&] {
+        if (rank_ != 0) return;
+        fs::create_directories(directory(), error);
+        fs::remove_all(temporary, error);
+        if (!fs::create_directories(temporary, error) && error)
+          throw_write_failure("cannot create the checkpoint directory", temporary, error.value());
+      },
+      [&](int) { return "create the checkpoint directory " + temporary; });
   barrier();
 
   const std::string file_name = rank_file_name(rank_);
@@ -234,9 +322,18 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
                      kCheckpointProgressInterval_s);
     progress->quiet_for(kCheckpointQuiet_s);
   }
-  const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite, progress);
+  // Every rank learns whether each rank wrote its file (a full disk on one node stops them all).
+  agree_on_stage(
+      meta.step, temporary,
+      [&] {
+        const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite, progress);
+        write_save_file(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
+      },
+      [&](int rank) {
+        return strf("write its part of the checkpoint, %s/rank_%05d.bin and .json", temporary.c_str(), rank);
+      });
   // Nothing non-finite is saved: every rank learns whether any rank holds a NaN or an Inf.
-  if (!all_ranks_(finite)) {
+  if (!ranks_.all(finite)) {
     if (rank_ == 0) fs::remove_all(temporary, error);
     throw Error(ErrorKind::numerics,
                 strf("the weights or optimizer moments at step %lld are not finite (NaN or Inf%s); the checkpoint "
@@ -245,50 +342,25 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
                 "resume from the last checkpoint with a lower optimizer.lr or more schedule.warmup_steps, or set "
                 "train.nonfinite = skip");
   }
-  write_file_atomically(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump(),
-                        "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
   if (rank_ == 0) pause_for_crash_test(meta.step, "rank_files", temporary);
   barrier();
 
-  if (rank_ == 0) {
-    pause_for_crash_test(meta.step, "manifest", temporary);
-    json all_segments = json::array();
-    for (int r = 0; r < world_size_; ++r) {
-      const std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);
-      std::ifstream in(sidecar);
-      if (!in) throw Error(ErrorKind::checkpoint, "rank " + std::to_string(r) + " did not write " + sidecar,
-                           "all ranks must share checkpoint.dir (a shared filesystem across nodes)");
-      const json rank_segments = json::parse(in, nullptr, false);
-      if (!rank_segments.is_array())
-        throw Error(ErrorKind::checkpoint, sidecar + " is damaged", "all ranks must share checkpoint.dir");
-      for (const auto& segment : rank_segments) all_segments.push_back(segment);
-      in.close();
-      fs::remove(sidecar, error);
-    }
-    json manifest = {{"format", "mxtrain-checkpoint"},
-                     {"version", kFormatVersion},
-                     {"step", meta.step},
-                     {"tokens", meta.tokens},
-                     {"seed", meta.seed},
-                     {"data_state", meta.data_state},
-                     {"config", meta.config},
-                     {"extra", meta.extra},
-                     {"world_size", meta.world_size},
-                     {"strategy", meta.strategy},
-                     {"segments", all_segments}};
-    manifest["manifest_crc32"] = manifest_checksum(manifest);
-    write_file_atomically(temporary + "/manifest.json", manifest.dump(1, ' ', false, json::error_handler_t::replace),
-                          "free space in checkpoint.dir's filesystem (the previous checkpoint is intact)");
-    fsync_path(temporary, true);
-    pause_for_crash_test(meta.step, "rename", temporary);
-    fs::remove_all(final_dir, error);
-    fs::rename(temporary, final_dir, error);
-    if (error)
-      throw Error(ErrorKind::system, "cannot rename " + temporary + " to " + final_dir + ": " + error.message(),
-                  "check permissions of checkpoint.dir");
-    fsync_path(directory(), true);
-    pause_for_crash_test(meta.step, "prune", final_dir);
-  }
+  agree_on_stage(
+      meta.step, temporary,
+      [&] {
+        if (rank_ != 0) return;
+        pause_for_crash_test(meta.step, "manifest", temporary);
+        const json manifest = checkpoint_manifest(meta, temporary, world_size_);
+        write_save_file(temporary + "/manifest.json", manifest.dump(1, ' ', false, json::error_handler_t::replace));
+        fsync_path(temporary, true);
+        pause_for_crash_test(meta.step, "rename", temporary);
+        fs::remove_all(final_dir, error);
+        fs::rename(temporary, final_dir, error);
+        if (error) throw_write_failure(("cannot rename " + temporary + " to").c_str(), final_dir, error.value());
+        fsync_path(directory(), true);
+        pause_for_crash_test(meta.step, "prune", final_dir);
+      },
+      [&](int) { return "write the manifest of " + temporary + " and rename it to " + final_dir; });
   verdicts_.erase(final_dir);  // a step saved again is verified again
   barrier();
   return final_dir;
@@ -524,7 +596,7 @@ const std::string& CheckpointStore::verdict(const std::string& path) {
     if (error.kind() != ErrorKind::checkpoint) throw;
     reason = error.what();
   }
-  const bool verified = all_ranks_(reason.empty());
+  const bool verified = ranks_.all(reason.empty());
   if (!verified) {
     if (reason.empty()) reason = "another rank could not verify it";
     log::warn("checkpoint " + path + " does not verify (" + reason + "): pruning leaves it in place and does not "

@@ -26,6 +26,7 @@
 
 #include "mxtrain/backend/backend.hpp"
 #include "mxtrain/model/parameters.hpp"
+#include "mxtrain/train/rank_group.hpp"
 
 namespace mxtrain {
 
@@ -94,13 +95,16 @@ class CheckpointStore {
  public:
   // barrier: synchronises all ranks (no-op for one process). All ranks must share run_dir.
   CheckpointStore(std::string run_dir, int rank, int world_size, std::function<void()> barrier = {});
-  // Collective agreement on a flag (true only when every rank passes true); without it, each
-  // rank decides alone (one process, or ranks that are threads of a test).
-  void set_agreement(std::function<bool(bool)> all_ranks) { all_ranks_ = std::move(all_ranks); }
+  // The ranks that agree on each stage of a save and on each verdict of pruning; without them,
+  // each rank decides alone (one process, or ranks that are threads of a test).
+  void set_ranks(RankGroup ranks) { ranks_ = ranks; }
 
   std::string directory() const { return run_dir_ + "/checkpoints"; }
   // Collective: every rank calls it with its shards. Returns the final directory. Throws
-  // Error(numerics) without writing a checkpoint when any rank's values are not finite.
+  // Error(numerics) without writing a checkpoint when any rank's values are not finite. When any
+  // rank fails its part (a full disk on its node), every rank learns it at the end of that stage
+  // and throws the same Error(system) naming the lowest failing rank, what it could not write and
+  // why (its errno); the temporary directory is removed and the previous checkpoint is intact.
   std::string save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards, Backend& backend);
   // Complete checkpoints (step_N directories with a manifest), newest first by step.
   std::vector<std::string> list() const;
@@ -119,13 +123,17 @@ class CheckpointStore {
   void barrier() const {
     if (barrier_) barrier_();
   }
+  // One stage of a save, collective: this rank's part of it (empty where it has none), then the
+  // agreement described at save(). `what(rank)`: what that rank could not do, for the message.
+  void agree_on_stage(int64_t step, const std::string& temporary, const std::function<void()>& part,
+                      const std::function<std::string(int)>& what);
   // verify_checkpoint's verdict ("" = verified) per directory, remembered by this store (a
   // checkpoint is immutable once renamed into place; a re-save of a step clears its entry).
   const std::string& verdict(const std::string& path);
   std::string run_dir_;
   int rank_, world_size_;
   std::function<void()> barrier_;
-  std::function<bool(bool)> all_ranks_ = [](bool value) { return value; };
+  RankGroup ranks_{nullptr};
   std::map<std::string, std::string> verdicts_;
 };
 

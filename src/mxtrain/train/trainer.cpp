@@ -187,6 +187,7 @@ class TrainingRun {
   // RUN_DIR/report.html (rank 0); a failure is logged, never thrown: the checkpoint is what counts.
   void write_report();
   void report(int64_t step, const StepResult& result, double lr, double seconds);
+  void open_tensorboard();
   void write_tensorboard(const StepMetrics& metrics);
   TrainerSummary summary(int64_t step) const;
 
@@ -253,7 +254,7 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   const std::string description = session_->params().describe();
   if (!description.empty()) log::info(description);
   checkpoints_.emplace(run_dir_, rank_, world_, ranks_.barrier());
-  checkpoints_->set_agreement([this](bool value) { return ranks_.all(value); });
+  checkpoints_->set_ranks(ranks_);
   if (validation_ && config_.eval.batches == 0) log::info("eval.batches = 0: no held-out evaluation");
   const GpuSpec* gpu = device_ == "cuda" ? find_gpu(props.name) : nullptr;
   peak_flops_ = gpu ? peak_flops(*gpu, mfu_dtype(precision_)) : 0.0;
@@ -385,7 +386,7 @@ int64_t TrainingRun::start() {
                      static_cast<long long>(dropped), dropped == 1 ? "" : "s", static_cast<long long>(start_step_),
                      metrics_path.c_str()));
     metrics_ = MetricsFile(metrics_path);
-    if (config_.log.tensorboard) tensorboard_ = TensorBoardWriter(run_dir_ + "/tensorboard");
+    if (config_.log.tensorboard) open_tensorboard();
     record_start();
   }
   return start_step_;
@@ -446,6 +447,14 @@ void TrainingRun::report(int64_t step, const StepResult& result, double lr, doub
     metrics_.write(step_json(m));
     write_tensorboard(m);
   });
+}
+
+// A new event file whose first point is a SessionLog START at the first step this process writes:
+// TensorBoard then drops what a crashed run wrote after the checkpoint resumed from (as
+// keep_through_step does for metrics.jsonl), and the resumed run's points are each step's only one.
+void TrainingRun::open_tensorboard() {
+  tensorboard_ = TensorBoardWriter(run_dir_ + "/tensorboard");
+  tensorboard_.add_session_start(start_step_ + 1);
 }
 
 void TrainingRun::write_tensorboard(const StepMetrics& m) {
