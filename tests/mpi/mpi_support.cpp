@@ -40,19 +40,10 @@ SharedTempDir::~SharedTempDir() {
 
 RunConfig tiny_run(const std::string& corpus, const std::string& run_dir, int64_t micro_batch,
                    const std::string& strategy, int64_t steps) {
-  ConfigSources sources;
-  sources.read_environment = false;
-  sources.overrides = {{"model.hidden", "64"},          {"model.heads", "2"},
-                       {"model.kv_heads", "1"},         {"model.layers", "2"},
-                       {"model.ffn_hidden", "128"},     {"train.seq_len", "32"},
-                       {"train.micro_batch_size", std::to_string(micro_batch)},
-                       {"train.global_batch_size", "8"}, {"train.steps", std::to_string(steps)},
-                       {"train.device", "cpu"},         {"train.threads", "1"},
-                       {"schedule.warmup_steps", "2"},  {"eval.every", "3"},
-                       {"eval.batches", "2"},           {"checkpoint.every", "3"},
-                       {"checkpoint.dir", run_dir},     {"dist.strategy", strategy},
-                       {"data.train", corpus + "/train_*.bin"}, {"data.val", corpus + "/val_*.bin"}};
-  return load_config(sources);
+  return test::tiny_training_run(corpus, run_dir, steps,
+                                 {{"train.micro_batch_size", std::to_string(micro_batch)},
+                                  {"train.threads", "1"},
+                                  {"dist.strategy", strategy}});
 }
 
 std::map<int64_t, double> losses(const std::string& run_dir, const std::string& key) {

@@ -27,17 +27,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 RunConfig small_run(const std::string& corpus, const std::string& run_dir, int64_t steps) {
-  ConfigSources sources;
-  sources.read_environment = false;
-  sources.overrides = {{"model.hidden", "64"},          {"model.heads", "2"},          {"model.kv_heads", "1"},
-                       {"model.layers", "2"},           {"model.ffn_hidden", "128"},   {"train.seq_len", "32"},
-                       {"train.micro_batch_size", "4"}, {"train.global_batch_size", "8"},
-                       {"train.steps", std::to_string(steps)},
-                       {"train.device", "cpu"},         {"schedule.warmup_steps", "2"}, {"eval.every", "3"},
-                       {"eval.batches", "2"},           {"checkpoint.every", "3"},     {"checkpoint.dir", run_dir},
-                       {"log.sample_every", "4"},       {"log.sample_tokens", "12"},   {"log.sample_prompt", "The <b>"},
-                       {"data.train", corpus + "/train_*.bin"}, {"data.val", corpus + "/val_*.bin"}};
-  return load_config(sources);
+  return test::tiny_training_run(corpus, run_dir, steps,
+                                 {{"log.sample_every", "4"}, {"log.sample_tokens", "12"}, {"log.sample_prompt", "The <b>"}});
 }
 
 std::vector<json> metrics_records(const std::string& run_dir) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/data/prepare.hpp"
 
@@ -149,6 +150,21 @@ ModelConfig small_model(ModelFamily family, int64_t layers, int64_t max_seq_len)
   config.ffn_hidden = 96;
   config.max_seq_len = max_seq_len;
   return config;
+}
+
+RunConfig tiny_training_run(const std::string& corpus, const std::string& run_dir, int64_t steps,
+                            const std::vector<std::pair<std::string, std::string>>& extra) {
+  ConfigSources sources;
+  sources.read_environment = false;
+  sources.overrides = {{"model.hidden", "64"},          {"model.heads", "2"},           {"model.kv_heads", "1"},
+                       {"model.layers", "2"},           {"model.ffn_hidden", "128"},    {"train.seq_len", "32"},
+                       {"train.micro_batch_size", "4"}, {"train.global_batch_size", "8"},
+                       {"train.steps", std::to_string(steps)},
+                       {"train.device", "cpu"},         {"schedule.warmup_steps", "2"}, {"eval.every", "3"},
+                       {"eval.batches", "2"},           {"checkpoint.every", "3"},      {"checkpoint.dir", run_dir},
+                       {"data.train", corpus + "/train_*.bin"}, {"data.val", corpus + "/val_*.bin"}};
+  sources.overrides.insert(sources.overrides.end(), extra.begin(), extra.end());
+  return load_config(sources);
 }
 
 }  // namespace mxtrain::test

@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/config/run_config.hpp"
 #include "mxtrain/model/config.hpp"
 
 namespace mxtrain::test {
@@ -46,6 +48,13 @@ std::string make_test_corpus(const std::string& dir, size_t bytes = 160000);
 // A model of `family` small enough to step in milliseconds on the CPU: hidden 64, 4 heads (2
 // key/value heads for Llama), feed-forward 96, sequences up to `max_seq_len`.
 ModelConfig small_model(ModelFamily family, int64_t layers, int64_t max_seq_len = 32);
+
+// The config of a training run that takes a second on the CPU: a 2-layer, 64-wide Llama on
+// make_test_corpus's shards in `corpus`, 32 tokens a sequence, micro-batch 4 and global batch 8,
+// held-out loss (2 batches) and a checkpoint every 3 steps into `run_dir`; `extra` overrides
+// come after these (ConfigSources order: a later key wins).
+RunConfig tiny_training_run(const std::string& corpus, const std::string& run_dir, int64_t steps,
+                            const std::vector<std::pair<std::string, std::string>>& extra = {});
 
 // A whole file's bytes ("" when it cannot be read).
 std::string read_file(const std::string& path);

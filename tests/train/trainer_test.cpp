@@ -18,15 +18,7 @@ namespace mxtrain {
 namespace {
 
 RunConfig tiny_run(const std::string& corpus, const std::string& run_dir, int64_t steps) {
-  ConfigSources sources;
-  sources.read_environment = false;
-  sources.overrides = {{"model.hidden", "64"},        {"model.heads", "2"},          {"model.kv_heads", "1"},
-                       {"model.layers", "2"},         {"model.ffn_hidden", "128"},   {"train.seq_len", "32"},
-                       {"train.micro_batch_size", "4"}, {"train.global_batch_size", "8"}, {"train.steps", std::to_string(steps)},
-                       {"train.device", "cpu"},       {"schedule.warmup_steps", "2"}, {"eval.every", "3"},
-                       {"eval.batches", "2"},         {"checkpoint.every", "3"},     {"checkpoint.dir", run_dir},
-                       {"data.train", corpus + "/train_*.bin"}, {"data.val", corpus + "/val_*.bin"}};
-  return load_config(sources);
+  return test::tiny_training_run(corpus, run_dir, steps);
 }
 
 // step -> loss from the run's metrics.jsonl (the last line for a step wins).
@@ -73,6 +65,25 @@ TEST_F(TrainerTest, InterruptedRunResumesWithTheIdenticalLossSequence) {
   for (int64_t step = 1; step <= steps; ++step) EXPECT_EQ(expected[step], resumed[step]) << "step " << step;
   EXPECT_LT(expected[steps], expected[1]) << "the loss did not fall";
   EXPECT_EQ(full.final_val_loss, second.final_val_loss);
+}
+
+// A finished run run again resumes at its last step and trains nothing: it reports the held-out
+// loss again but records no line of metrics.jsonl twice (it used to repeat the final val_loss).
+TEST_F(TrainerTest, RunningAFinishedRunAgainRepeatsNoRecord) {
+  const std::string run_dir = dir_.file("run");
+  const TrainerSummary first = Trainer(tiny_run(corpus_, run_dir, 4), {}).run();
+  const TrainerSummary again = Trainer(tiny_run(corpus_, run_dir, 4), {}).run();
+  EXPECT_EQ(again.steps_done, 4);
+  EXPECT_EQ(again.final_val_loss, first.final_val_loss);
+  std::map<std::pair<int64_t, std::string>, int> counts;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    for (const char* key : {"loss", "val_loss", "sample"})
+      if (record.contains(key)) ++counts[{record["step"].get<int64_t>(), key}];
+  }
+  EXPECT_EQ((counts[{4, "val_loss"}]), 1);
+  for (const auto& [what, count] : counts) EXPECT_EQ(count, 1) << what.second << " at step " << what.first;
 }
 
 TEST_F(TrainerTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {

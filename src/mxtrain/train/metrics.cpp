@@ -124,4 +124,15 @@ int64_t MetricsFile::keep_through_step(const std::string& path, int64_t step) {
   return dropped;
 }
 
+bool MetricsFile::has_record(const std::string& path, int64_t step, const std::string& key) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_discarded() && record.is_object() && record.contains(key) && record.contains("step") &&
+        record["step"].is_number_integer() && record["step"].get<int64_t>() == step)
+      return true;
+  }
+  return false;
+}
+
 }  // namespace mxtrain

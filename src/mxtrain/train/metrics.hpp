@@ -52,6 +52,9 @@ class MetricsFile {
   // For a run resumed at `step`: keeps the records of steps <= step (and drops lines a kill cut
   // short), rewriting the file atomically when anything goes; returns the records dropped.
   static int64_t keep_through_step(const std::string& path, int64_t step);
+  // Whether the file holds a whole record of `step` with the key `key` (a resumed run's check
+  // that it would only repeat a record).
+  static bool has_record(const std::string& path, int64_t step, const std::string& key);
 
  private:
   std::string path_;

@@ -159,8 +159,8 @@ class TrainingRun {
   int64_t start();
   // One optimizer step on the next global batch, with its metrics line and record.
   void train_step(int64_t step);
-  // The held-out loss (logged and recorded); -1 without a validation set.
-  double evaluate(int64_t step);
+  // The held-out loss (logged, and recorded unless `record` is false); -1 without a validation set.
+  double evaluate(int64_t step, bool record = true);
   void save(int64_t step);
   // Text the model generates from log.sample_prompt (every rank computes it, as FSDP needs;
   // rank 0 prints it and records it in metrics.jsonl).
@@ -211,6 +211,7 @@ class TrainingRun {
   TensorBoardWriter tensorboard_;  // open on rank 0 with log.tensorboard
   double peak_flops_ = 0, flops_per_token_ = 0;
   int64_t start_step_ = 0, tokens_seen_ = 0;
+  bool final_val_loss_recorded_ = false;  // rank 0: metrics.jsonl has a held-out loss at start_step_
   double timed_seconds_ = 0;  // steps after the first of this process, for the mean throughput
   std::optional<Clock::time_point> first_step_started_;  // this process's first step: elapsed time
   int64_t timed_steps_ = 0;
@@ -385,6 +386,7 @@ int64_t TrainingRun::start() {
       log::info(strf("removed %lld record%s after step %lld from %s (written after the checkpoint resumed from)",
                      static_cast<long long>(dropped), dropped == 1 ? "" : "s", static_cast<long long>(start_step_),
                      metrics_path.c_str()));
+    final_val_loss_recorded_ = start_step_ > 0 && MetricsFile::has_record(metrics_path, start_step_, "val_loss");
     metrics_ = MetricsFile(metrics_path);
     if (config_.log.tensorboard) open_tensorboard();
     record_start();
@@ -473,7 +475,7 @@ void TrainingRun::write_tensorboard(const StepMetrics& m) {
   tensorboard_.add_scalar("memory/reserved_gib", m.step, static_cast<double>(m.reserved_bytes) / (1u << 30));
 }
 
-double TrainingRun::evaluate(int64_t step) {
+double TrainingRun::evaluate(int64_t step, bool record) {
   if (!validation_ || config_.eval.batches == 0) return -1;
   validation_->start(config_.eval.batches);
   std::vector<data::Batch> host;
@@ -481,6 +483,7 @@ double TrainingRun::evaluate(int64_t step) {
   const double val_loss = session_->evaluate(views(host));
   log::info(strf("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
                  static_cast<long long>(config_.train.steps), val_loss));
+  if (!record) return val_loss;
   checked_output([&] {
     metrics_.write({{"step", step}, {"val_loss", val_loss}});
     if (tensorboard_.is_open()) tensorboard_.add_scalar("eval/val_loss", step, val_loss);
@@ -574,7 +577,10 @@ TrainerSummary TrainingRun::stop(int64_t step) {
 }
 
 TrainerSummary TrainingRun::finish(int64_t step) {
-  const double val_loss = evaluate(step);
+  // A re-run of a finished run resumes at its last step, whose held-out loss the first run recorded
+  // before its final checkpoint: computed again for the summary line, not recorded twice.
+  const bool recorded_before = step == start_step_ && final_val_loss_recorded_;
+  const double val_loss = evaluate(step, !recorded_before);
   save(step);
   if (output_failure_) throw *output_failure_;
   TrainerSummary done = summary(step);
