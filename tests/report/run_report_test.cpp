@@ -19,6 +19,7 @@
 #include "mxtrain/train/stop_signal.hpp"
 #include "mxtrain/train/trainer.hpp"
 #include "support/test_support.hpp"
+#include "support/training_test.hpp"
 
 namespace mxtrain {
 namespace {
@@ -66,16 +67,7 @@ std::string escaped(const std::string& text) {
   return out;
 }
 
-class RunReportTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    clear_stop_request();
-    corpus_ = test::make_test_corpus(dir_.file("corpus"));
-  }
-  void TearDown() override { clear_stop_request(); }
-  test::TempDir dir_;
-  std::string corpus_;
-};
+class RunReportTest : public test::TrainingTest {};
 
 TEST_F(RunReportTest, AStoppedAndResumedRunsReportHoldsEverySectionWithTheMetricsFilesFigures) {
   const std::string run_dir = dir_.file("run");

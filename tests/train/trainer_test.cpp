@@ -13,6 +13,7 @@
 #include "mxtrain/train/stop_signal.hpp"
 #include "mxtrain/train/trainer.hpp"
 #include "support/test_support.hpp"
+#include "support/training_test.hpp"
 
 namespace mxtrain {
 namespace {
@@ -33,16 +34,7 @@ std::map<int64_t, double> losses(const std::string& run_dir) {
   return result;
 }
 
-class TrainerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    clear_stop_request();
-    corpus_ = test::make_test_corpus(dir_.file("corpus"));
-  }
-  void TearDown() override { clear_stop_request(); }
-  test::TempDir dir_;
-  std::string corpus_;
-};
+class TrainerTest : public test::TrainingTest {};
 
 TEST_F(TrainerTest, InterruptedRunResumesWithTheIdenticalLossSequence) {
   const int64_t steps = 7;
