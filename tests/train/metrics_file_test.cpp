@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -36,12 +37,14 @@ TEST(MetricsFile, AResumedRunKeepsTheRecordsThroughItsStep) {
     file.write({{"step", 4}, {"val_loss", 0.5}});
   }
   std::ofstream(path, std::ios::app) << R"({"step":7,"lo)";  // cut short by SIGKILL
-  EXPECT_EQ(MetricsFile::keep_through_step(path, 4), 3);  // steps 5, 6 and the cut line; step 4's val_loss stays
+  const MetricsFile::Kept kept = MetricsFile::keep_through_step(path, 4);
+  EXPECT_EQ(kept.dropped, 3);  // steps 5, 6 and the cut line; step 4's val_loss stays
+  EXPECT_EQ(kept.keys_at_step, (std::set<std::string>{"step", "loss", "val_loss"}));
   std::ifstream in(path);
   std::vector<int64_t> steps;
   for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 4}));
-  EXPECT_EQ(MetricsFile::keep_through_step(path, 4), 0);  // nothing more to drop
+  EXPECT_EQ(MetricsFile::keep_through_step(path, 4).dropped, 0);  // nothing more to drop
 }
 
 }  // namespace

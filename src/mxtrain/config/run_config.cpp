@@ -37,7 +37,6 @@ std::string join(const std::vector<std::string>& items) {
   return text;
 }
 
-// "1,048,576": ranges read at a glance.
 // Every integer key has an upper bound: sizes beyond it would only end in an allocation the
 // machine cannot make or in arithmetic that overflows (docs/config-reference.md).
 Field integer(const std::string& key, int64_t& value, const std::string& help, int64_t minimum, int64_t maximum) {

@@ -103,36 +103,27 @@ void MetricsFile::write(const nlohmann::json& record) {
   }
 }
 
-int64_t MetricsFile::keep_through_step(const std::string& path, int64_t step) {
+MetricsFile::Kept MetricsFile::keep_through_step(const std::string& path, int64_t step) {
+  Kept result;
   std::ifstream in(path);
-  if (!in) return 0;
+  if (!in) return result;
   std::string kept;
-  int64_t dropped = 0;
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
     const bool whole = !record.is_discarded() && record.is_object() && record.contains("step") &&
                        record["step"].is_number_integer() && !in.eof();  // the last line needs its newline
     if (whole && record["step"].get<int64_t>() <= step) {
       kept += line + "\n";
+      if (record["step"].get<int64_t>() == step)
+        for (const auto& item : record.items()) result.keys_at_step.insert(item.key());
     } else if (!line.empty()) {
-      ++dropped;
+      ++result.dropped;
     }
   }
   in.close();
-  if (dropped > 0)
+  if (result.dropped > 0)
     write_file_atomically(path, kept, "free space on the run directory's filesystem, then re-run the same command");
-  return dropped;
-}
-
-bool MetricsFile::has_record(const std::string& path, int64_t step, const std::string& key) {
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-    if (!record.is_discarded() && record.is_object() && record.contains(key) && record.contains("step") &&
-        record["step"].is_number_integer() && record["step"].get<int64_t>() == step)
-      return true;
-  }
-  return false;
+  return result;
 }
 
 }  // namespace mxtrain

@@ -4,6 +4,7 @@
 // cut back to its last whole record, so a reader never sees half of one.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -50,11 +51,12 @@ class MetricsFile {
   const std::string& path() const { return path_; }
 
   // For a run resumed at `step`: keeps the records of steps <= step (and drops lines a kill cut
-  // short), rewriting the file atomically when anything goes; returns the records dropped.
-  static int64_t keep_through_step(const std::string& path, int64_t step);
-  // Whether the file holds a whole record of `step` with the key `key` (a resumed run's check
-  // that it would only repeat a record).
-  static bool has_record(const std::string& path, int64_t step, const std::string& key);
+  // short), rewriting the file atomically when anything goes.
+  struct Kept {
+    int64_t dropped = 0;                 // records removed
+    std::set<std::string> keys_at_step;  // the keys of the kept records of `step` itself
+  };
+  static Kept keep_through_step(const std::string& path, int64_t step);
 
  private:
   std::string path_;

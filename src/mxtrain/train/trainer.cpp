@@ -381,12 +381,12 @@ int64_t TrainingRun::start() {
                           "set checkpoint.dir (-o) to a writable directory with free space");
     // Records a crashed run wrote after the checkpoint resumed from would appear twice.
     const std::string metrics_path = run_dir_ + "/" + config_.log.metrics;
-    const int64_t dropped = MetricsFile::keep_through_step(metrics_path, start_step_);
-    if (dropped > 0)
+    const MetricsFile::Kept kept = MetricsFile::keep_through_step(metrics_path, start_step_);
+    if (kept.dropped > 0)
       log::info(strf("removed %lld record%s after step %lld from %s (written after the checkpoint resumed from)",
-                     static_cast<long long>(dropped), dropped == 1 ? "" : "s", static_cast<long long>(start_step_),
+                     static_cast<long long>(kept.dropped), kept.dropped == 1 ? "" : "s", static_cast<long long>(start_step_),
                      metrics_path.c_str()));
-    final_val_loss_recorded_ = start_step_ > 0 && MetricsFile::has_record(metrics_path, start_step_, "val_loss");
+    final_val_loss_recorded_ = start_step_ > 0 && kept.keys_at_step.count("val_loss") > 0;
     metrics_ = MetricsFile(metrics_path);
     if (config_.log.tensorboard) open_tensorboard();
     record_start();
