@@ -46,6 +46,8 @@ constexpr int64_t kMaxGroups = int64_t{1} << 20;
 constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 
 std::string rank_file_name(int rank) { return strf("rank_%05d.bin", rank); }
+// A rank's list of the segments it wrote, which rank 0 gathers into the manifest.
+std::string rank_sidecar_name(int rank) { return strf("rank_%05d.json", rank); }
 
 // The rank a segment file name stands for, or -1 when the name is not rank_NNNNN.bin.
 int rank_of_file(const std::string& name) {
@@ -229,7 +231,7 @@ json checkpoint_manifest(const CheckpointMeta& meta, const std::string& temporar
   json all_segments = json::array();
   std::error_code error;
   for (int r = 0; r < world_size; ++r) {
-    const std::string sidecar = temporary + "/" + strf("rank_%05d.json", r);
+    const std::string sidecar = temporary + "/" + rank_sidecar_name(r);
     std::ifstream in(sidecar);
     if (!in) throw Error(ErrorKind::checkpoint, "rank " + std::to_string(r) + " did not write " + sidecar,
                          "all ranks must share checkpoint.dir (a shared filesystem across nodes)");
@@ -327,10 +329,10 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
       meta.step, temporary,
       [&] {
         const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite, progress);
-        write_save_file(temporary + "/" + strf("rank_%05d.json", rank_), segments.dump());
+        write_save_file(temporary + "/" + rank_sidecar_name(rank_), segments.dump());
       },
       [&](int rank) {
-        return strf("write its part of the checkpoint, %s/rank_%05d.bin and .json", temporary.c_str(), rank);
+        return "write its part of the checkpoint, " + temporary + "/" + rank_file_name(rank) + " and .json";
       });
   // Nothing non-finite is saved: every rank learns whether any rank holds a NaN or an Inf.
   if (!ranks_.all(finite)) {
