@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# memcheck over whole mxtrain processes on the GPU, as a user starts them (after
+# tests/cuda/run_on_device.sh built build/gpu/mxtrain): a CUDA run that saves checkpoints, its
+# resume, and `mxtrain launch` starting a rank that trains FSDP over NCCL and saves. This is what
+# the OneGpuProcesses tests do, run under the sanitizer directly instead of from inside the test
+# binary (under `--target-processes all`, those tests made no progress past their first child in
+# 420 s; docs/reliability.md).
+# Usage: tests/cuda/memcheck_processes_on_device.sh CORPUS_DIR LOG [SECONDS_EACH]
+# CORPUS_DIR holds prepared train_*.bin and val_*.bin shards (data/fortunes after scripts/setup.sh).
+set -o pipefail
+corpus=${1:?usage: memcheck_processes_on_device.sh CORPUS_DIR LOG [SECONDS_EACH]}
+log=${2:?}; seconds=${3:-100}
+cs=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
+binary=${BINARY:-build/gpu/mxtrain}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+options=(--tool memcheck --error-exitcode 9 --target-processes all)
+flags="--set model.hidden=64 --set model.heads=2 --set model.kv_heads=1 --set model.layers=2 --set model.ffn_hidden=128 \
+-s 32 -b 4 --global-batch 8 -d ${DEVICE:-cuda} --set train.threads=1 --set schedule.warmup_steps=2 --set schedule.decay=constant \
+--set eval.every=2 --set eval.batches=1 --set data.train=$corpus/train_*.bin --set data.val=$corpus/val_*.bin"
+echo "# compute-sanitizer $("$cs" --version | tail -1); each command below runs as: $cs ${options[*]} COMMAND" > "$log"
+memory_errors=0 failures=0
+run() {
+  local name=$1; shift
+  local start; start=$(date +%s)
+  echo "## $name: $*" >> "$log"
+  # shellcheck disable=SC2086
+  timeout "$seconds" "$cs" "${options[@]}" "$@" > "$work/out" 2>&1
+  local status=$?
+  # The sanitizer's findings and summary, and the run's last lines (the effective config is left out).
+  grep -E "^=========" "$work/out" | grep -v "Host Frame" >> "$log"
+  grep -vE "^=========" "$work/out" | grep -E "^\[rank|^mxtrain|error|saved|resumed|finished|step " | tail -12 >> "$log"
+  local invalid; invalid=$(grep -cE "^========= (Invalid|Misaligned|Out of range|Cuda API error.*illegal)" "$work/out")
+  memory_errors=$((memory_errors + invalid))
+  # Exit 9 with no memory-access error: CUDA API errors only (NCCL probes its kernel images); the
+  # run itself failed when the sanitizer says so or ends otherwise.
+  if grep -q "Target application returned an error" "$work/out" || (( status != 0 && status != 9 )); then
+    failures=$((failures + 1))
+  fi
+  echo "## $name: exit $status after $(( $(date +%s) - start )) s, memory-access errors $invalid" >> "$log"
+  echo "$name: exit $status, memory-access errors $invalid"
+}
+run "train on the GPU, checkpoints at steps 2 and 4" \
+  "$binary" train $flags -o "$work/local" --steps 4 --set checkpoint.every=2
+run "resume it from step 4 and train to step 6" \
+  "$binary" train $flags -o "$work/local" --steps 6 --set checkpoint.every=2
+run "launch one rank: FSDP full_shard over NCCL, checkpoints at steps 2 and 4" \
+  "$binary" launch --nproc-per-node 1 --log-dir "$work/logs" -- train $flags -o "$work/nccl" --steps 4 \
+  --set dist.backend=nccl --strategy full_shard --set checkpoint.every=2
+{
+  echo "## the launched rank's log, its last lines:"
+  tail -6 "$work/logs/"rank_*.log 2>/dev/null
+  echo "# memcheck over 3 processes: $failures failed, $memory_errors memory-access errors"
+} >> "$log"
+echo "memcheck over 3 processes: $failures failed, $memory_errors memory-access errors"
+(( failures == 0 && memory_errors == 0 ))
