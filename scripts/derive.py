@@ -508,6 +508,30 @@ def planning_table(planner):
                           text=True, check=True).stdout
 
 
+# ---- compute-sanitizer on the GPU (tests/cuda/*_on_device.sh) --------------------------------------
+
+def sanitizer_text(relative):
+    """The phrase docs/reliability.md quotes of a compute-sanitizer log: the summary line that
+    tests/cuda/racecheck_each_on_device.sh or memcheck_processes_on_device.sh ended it with."""
+    text = read(relative)
+    race = re.search(r"^# racecheck( \(every kernel instrumented\))?, one process a test: (\d+) passed with 0 hazards, "
+                     r"(\d+) skipped, (\d+) with hazards, (\d+) sanitizer faults, (\d+) failed otherwise, (\d+) not run; "
+                     r"(\d+) s$", text, re.M)
+    if race:
+        every = race.group(1)
+        clean, skipped, hazards, faults, failed, not_run, _ = (int(x) for x in race.groups()[1:])
+        total = clean + skipped + hazards + faults + failed + not_run
+        where = "in mxtrain's kernels" + (" (every kernel instrumented)" if every else "")
+        return (f"{clean} of {total} tests passed with 0 hazards {where}, {hazards} with hazards, {faults} stopped "
+                f"by the sanitizer's own fault in a cuBLASLt GEMM, {failed} failed otherwise, {skipped} skipped, "
+                f"{not_run} not run")
+    memcheck = re.search(r"^# memcheck over (\d+) processes: (\d+) failed, (\d+) memory-access errors$", text, re.M)
+    if memcheck:
+        processes, failed, errors = (int(x) for x in memcheck.groups())
+        return f"{processes - failed} of {processes} processes ran to the end, with {errors} memory-access errors"
+    raise SystemExit(f"derive.py: {relative} has no summary line of tests/cuda/*_on_device.sh")
+
+
 # ---- the documents ----------------------------------------------------------------------------------
 
 def generate(kind, args, planner):
@@ -528,6 +552,7 @@ def generate(kind, args, planner):
         "cpu-run-tail": lambda: cpu_run_tail(*args),
         "cpu-run-sample": lambda: cpu_run_sample(*args),
         "soak": lambda: soak_text(*args),
+        "sanitizer": lambda: sanitizer_text(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
