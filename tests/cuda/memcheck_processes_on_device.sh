@@ -17,9 +17,10 @@ backend=${DIST_BACKEND:-nccl}  # (gloo-less CPU machines: DIST_BACKEND=auto, DEV
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 options=(--tool memcheck --error-exitcode 9 --target-processes all)
-flags="--set model.hidden=64 --set model.heads=2 --set model.kv_heads=1 --set model.layers=2 --set model.ffn_hidden=128 \
--s 32 -b 4 --global-batch 8 -d ${DEVICE:-cuda} --set train.threads=1 --set schedule.warmup_steps=2 --set schedule.decay=constant \
---set eval.every=2 --set eval.batches=1 --set data.train=$corpus/train_*.bin --set data.val=$corpus/val_*.bin"
+flags=(--set model.hidden=64 --set model.heads=2 --set model.kv_heads=1 --set model.layers=2 --set model.ffn_hidden=128
+       -s 32 -b 4 --global-batch 8 -d "${DEVICE:-cuda}" --set train.threads=1 --set schedule.warmup_steps=2
+       --set schedule.decay=constant --set eval.every=2 --set eval.batches=1 --set "data.train=$corpus/train_*.bin"
+       --set "data.val=$corpus/val_*.bin")
 echo "# compute-sanitizer $("$cs" --version | tail -1); each command below runs as: $cs ${options[*]} COMMAND" > "$log"
 memory_errors=0 failures=0 processes=0
 # The verdict of the command whose output is in $work/out: NAME STATUS START_SECONDS.
@@ -47,18 +48,18 @@ run() {
   verdict "$name" $? "$start"
 }
 run "train on the GPU, checkpoints at steps 2 and 4" \
-  "$binary" train $flags -o "$work/local" --steps 4 --set checkpoint.every=2
+  "$binary" train "${flags[@]}" -o "$work/local" --steps 4 --set checkpoint.every=2
 run "resume it from step 4 and train to step 6" \
-  "$binary" train $flags -o "$work/local" --steps 6 --set checkpoint.every=2
+  "$binary" train "${flags[@]}" -o "$work/local" --steps 6 --set checkpoint.every=2
 run "launch one rank: FSDP full_shard over $backend, checkpoints at steps 2 and 4" \
-  "$binary" launch --nproc-per-node 1 --log-dir "$work/logs" -- train $flags -o "$work/nccl" --steps 4 \
-  --set dist.backend=$backend --strategy full_shard --set checkpoint.every=2
+  "$binary" launch --nproc-per-node 1 --log-dir "$work/logs" -- train "${flags[@]}" -o "$work/nccl" --steps 4 \
+  --set "dist.backend=$backend" --strategy full_shard --set checkpoint.every=2
 # SIGTERM through the launcher: the rank saves a checkpoint at its next step and exits 0; the
 # resume through the launcher goes on from it.
 name="launch one rank over $backend for a million steps, SIGTERM to the launcher once three steps are recorded"
 start=$(date +%s)
-launch=("$binary" launch --nproc-per-node 1 --log-dir "$work/term-logs" -- train $flags -o "$work/term"
-        --steps 1000000 --set dist.backend=$backend)
+launch=("$binary" launch --nproc-per-node 1 --log-dir "$work/term-logs" -- train "${flags[@]}" -o "$work/term"
+        --steps 1000000 --set "dist.backend=$backend")
 echo "## $name: ${launch[*]}" >> "$log"
 timeout "$seconds" "$cs" "${options[@]}" "${launch[@]}" > "$work/out" 2>&1 &
 sanitizer=$!
@@ -72,15 +73,18 @@ done
 pkill -TERM -f "^$binary launch --nproc-per-node 1 --log-dir $work/term-logs"
 wait "$sanitizer"
 verdict "$name" $? "$start"
-saved=$(ls -d "$work/term/checkpoints/step_"* 2>/dev/null | grep -v '\.tmp$' | tail -1)
+saved=""
+for checkpoint in "$work/term/checkpoints/step_"*; do
+  [[ -d $checkpoint && $checkpoint != *.tmp ]] && saved=$checkpoint
+done
 if [[ -z $saved ]]; then
   echo "## no checkpoint was saved on SIGTERM" >> "$log"
   failures=$((failures + 1))
 else
   stopped=$((10#${saved##*step_}))
   run "resume it through the launcher and train 2 steps more (from step $stopped)" \
-    "$binary" launch --nproc-per-node 1 --log-dir "$work/resume-logs" -- train $flags -o "$work/term" \
-    --steps $((stopped + 2)) --set dist.backend=$backend
+    "$binary" launch --nproc-per-node 1 --log-dir "$work/resume-logs" -- train "${flags[@]}" -o "$work/term" \
+    --steps $((stopped + 2)) --set "dist.backend=$backend"
 fi
 {
   echo "## the launched ranks' logs, their last lines:"
