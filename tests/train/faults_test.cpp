@@ -110,6 +110,26 @@ TEST_F(Faults, AFullDiskDuringACheckpointKeepsThePreviousOne) {
   for (const auto& [step, count] : step_record_counts(run)) EXPECT_EQ(count, 1) << "step " << step;
 }
 
+// A checkpoint directory that cannot be written (here a file stands where it goes) stops the run
+// before its first step, not at its first save: nothing is trained and nothing written there.
+TEST_F(Faults, ACheckpointDirectoryThatCannotBeWrittenStopsTheRunBeforeItsFirstStep) {
+  const std::string run = dir_.file("run");
+  fs::create_directories(run);
+  std::ofstream(run + "/checkpoints") << "a file where the checkpoint directory goes\n";
+  std::string output;
+  EXPECT_NE(test::run_command(train(run, 4), &output), 0) << output;
+  EXPECT_NE(output.find("rank 0 cannot write checkpoints to " + run + "/checkpoints"), std::string::npos) << output;
+  EXPECT_NE(output.find("nothing was trained or written"), std::string::npos) << output;
+  EXPECT_NE(output.find("a file is where a directory of " + run + "/checkpoints should be"), std::string::npos)
+      << output;
+  EXPECT_TRUE(test::step_losses(run).empty()) << output;
+  fs::remove(run + "/checkpoints");
+  ASSERT_EQ(test::run_command(train(run, 2), &output), 0) << output;
+  for (const auto& entry : fs::directory_iterator(run + "/checkpoints"))
+    EXPECT_EQ(entry.path().filename().string().rfind(".mxtrain-write-test", 0), std::string::npos)
+        << "the start-up probe was left behind: " << entry.path();
+}
+
 // SIGKILL after the rank files, before the manifest, before the rename, and after the rename
 // (before pruning): each time the newest checkpoint that loads is used, and the continuation equals
 // an uninterrupted run with every metric record once.

@@ -257,6 +257,33 @@ json checkpoint_manifest(const CheckpointMeta& meta, const std::string& temporar
   return manifest;
 }
 
+// What to do about a checkpoint write the lowest failing rank could not make, from its errno.
+std::string write_fix(const RankFailures& failed, const std::string& directory) {
+  switch (failed.first_code) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return strf("free space in the filesystem of %s as rank %d sees it (or point checkpoint.dir elsewhere)",
+                  directory.c_str(), failed.first_rank);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return strf("make %s writable for rank %d (it is read-only or belongs to another user), or point "
+                  "checkpoint.dir elsewhere",
+                  directory.c_str(), failed.first_rank);
+    case ENOTDIR:
+    case EISDIR:
+    case EEXIST:
+      return strf("a file is where a directory of %s should be, or the reverse, as rank %d sees it: move it away, "
+                  "or point checkpoint.dir elsewhere",
+                  directory.c_str(), failed.first_rank);
+    default:
+      return strf("check the filesystem of %s as rank %d sees it (free space, permissions, that it is mounted), "
+                  "or point checkpoint.dir elsewhere",
+                  directory.c_str(), failed.first_rank);
+  }
+}
+
 // Why the lowest failing rank failed, as this rank can say it: the text of its errno, its own
 // message when it is that rank, or where to look.
 std::string failure_reason(const RankFailures& failed, int rank, const std::string& own_message) {
@@ -290,9 +317,38 @@ void CheckpointStore::agree_on_stage(int64_t step, const std::string& temporary,
   if (failed.count > 1) message += strf(" (and %d more ranks failed; their logs say why)", failed.count - 1);
   message += saved.empty() ? "; no earlier checkpoint exists" : "; the previous checkpoint " + saved.front() + " is intact";
   throw Error(ErrorKind::system, message,
-              strf("free space in checkpoint.dir's filesystem as rank %d sees it (or point checkpoint.dir elsewhere), "
-                   "then re-run the same command: %s",
-                   failed.first_rank, saved.empty() ? "it starts again" : "it resumes from the previous checkpoint"));
+              write_fix(failed, directory()) + ", then re-run the same command: " +
+                  (saved.empty() ? "it starts again" : "it resumes from the previous checkpoint"));
+}
+
+void CheckpointStore::check_writable() {
+  const std::string dir = directory();
+  std::optional<int> failure;
+  std::string own_message;
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (!error && !fs::is_directory(dir, error)) error = std::make_error_code(std::errc::not_a_directory);
+  if (error) {
+    failure = error.value();
+    own_message = "cannot create the directory " + dir + ": " + error.message();
+  } else {
+    // A probe file, written and removed: a read-only or full filesystem shows now, not at step N.
+    const std::string probe = dir + strf("/.mxtrain-write-test-rank%05d", rank_);
+    const int written = try_write_file_atomically(probe, "mxtrain checks at start-up that it can write here\n");
+    if (written != 0) {
+      failure = written;
+      own_message = "cannot write " + probe + ": " + std::strerror(written);
+    }
+    fs::remove(probe, error);
+  }
+  if (failure) log::error(own_message);
+  const RankFailures failed = ranks_.failures(rank_, world_size_, failure);
+  if (failed.count == 0) return;
+  std::string message = strf("rank %d cannot write checkpoints to %s: %s", failed.first_rank, dir.c_str(),
+                             failure_reason(failed, rank_, own_message).c_str());
+  if (failed.count > 1) message += strf(" (and %d more ranks cannot; their logs say why)", failed.count - 1);
+  throw Error(ErrorKind::system, message + "; nothing was trained or written",
+              write_fix(failed, dir) + ", then re-run the same command");
 }
 
 std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards,

@@ -100,6 +100,11 @@ class CheckpointStore {
   void set_ranks(RankGroup ranks) { ranks_ = ranks; }
 
   std::string directory() const { return run_dir_ + "/checkpoints"; }
+  // Collective, before a run's first step: every rank creates the checkpoint directory (or finds
+  // it) and writes and removes a small file in it, so a path that cannot hold checkpoints stops
+  // the run now, not at its first save hours later. On any failure every rank throws the same
+  // Error(system) naming the lowest failing rank, why (its errno) and what to do about it.
+  void check_writable();
   // Collective: every rank calls it with its shards. Returns the final directory. Throws
   // Error(numerics) without writing a checkpoint when any rank's values are not finite. When any
   // rank fails its part (a full disk on its node), every rank learns it at the end of that stage

@@ -256,6 +256,7 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   if (!description.empty()) log::info(description);
   checkpoints_.emplace(run_dir_, rank_, world_, ranks_.barrier());
   checkpoints_->set_ranks(ranks_);
+  checkpoints_->check_writable();
   if (validation_ && config_.eval.batches == 0) log::info("eval.batches = 0: no held-out evaluation");
   const GpuSpec* gpu = device_ == "cuda" ? find_gpu(props.name) : nullptr;
   peak_flops_ = gpu ? peak_flops(*gpu, mfu_dtype(precision_)) : 0.0;
