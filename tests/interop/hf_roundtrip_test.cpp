@@ -52,6 +52,10 @@ void expect_round_trip(const std::string& preset) {
   // An export never overwrites: the same target again is refused and left as it was.
   EXPECT_NE(test::run_command(mxtrain + " export " + dir.file("run2") + " " + dir.file("export1"), &output), 0);
   EXPECT_NE(output.find("exists and is not empty"), std::string::npos) << output;
+  // A file where the export directory goes is named as one (it was called "not empty").
+  { std::ofstream(dir.file("a_file")) << "not a directory\n"; }
+  EXPECT_NE(test::run_command(mxtrain + " export " + dir.file("run2") + " " + dir.file("a_file"), &output), 0);
+  EXPECT_NE(output.find(dir.file("a_file") + " is a file, not a directory"), std::string::npos) << output;
 }
 
 TEST(HfRoundTrip, LlamaExportImportExportIsBitIdentical) { expect_round_trip("tiny"); }

@@ -103,7 +103,10 @@ HfExportResult export_hf(const ModelConfig& config, const ParameterValues& value
                 "use --dtype bf16 (the default) or --dtype f32");
   const fs::path out(out_dir);
   std::error_code error;
-  if (fs::exists(out, error) && !(fs::is_directory(out, error) && fs::is_empty(out, error)))
+  if (fs::exists(out, error) && !fs::is_directory(out, error))
+    throw Error(ErrorKind::config, "export directory " + out_dir + " is a file, not a directory",
+                "choose a new directory for the export");
+  if (fs::exists(out, error) && !fs::is_empty(out, error))
     throw Error(ErrorKind::config, "export directory " + out_dir + " exists and is not empty",
                 "choose a new directory, or remove the old export first");
   const fs::path partial = out.string() + ".partial";
