@@ -2,7 +2,8 @@
 // SageMaker deliver it) stops every rank at the same step with a checkpoint and exit 0, and the
 // continuation equals an uninterrupted run; SIGKILL of rank 0 while a checkpoint is half written
 // leaves the previous checkpoint as the one that loads; a checkpoint write that fails on rank 1
-// alone (its file size limit, as a full disk on its node) stops every rank, each naming rank 1.
+// alone (its file size limit, as a full disk on its node) stops every rank, each naming rank 1,
+// and so does a checkpoint directory rank 1 cannot write at start-up, before the first step.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -122,6 +123,27 @@ TEST_F(MpiStopSafety, AFailedCheckpointWriteOnRankOneStopsEveryRankNamingIt) {
   EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000002 at step 2"), std::string::npos) << output;
   ASSERT_EQ(test::run_command(job(dir_.file("reference"), 6) + " --set checkpoint.every=2", &output), 0) << output;
   test::expect_same_losses(run, dir_.file("reference"), 6);
+}
+
+TEST_F(MpiStopSafety, ACheckpointDirectoryRankOneCannotWriteStopsEveryRankBeforeTheFirstStep) {
+  const std::string run = dir_.file("run");
+  const std::string train = test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) + " --steps 4";
+  // Rank 1 may write 16 bytes a file: less than its start-up probe of the checkpoint directory.
+  const std::string mpmd = std::string(MXTRAIN_MPIRUN) +
+                           " --tag-output --mca orte_abort_on_non_zero_status 0 --mca btl self,tcp -np 1 " + train +
+                           " : -np 1 sh -c \"trap '' XFSZ; exec prlimit --fsize=16 " + train + "\"";
+  test::BackgroundProcess mpirun(mpmd, dir_.file("job.txt"));
+  const std::optional<int> status = mpirun.wait(120);
+  if (!status)
+    for (const auto& [rank, pid] : ranks_of(mpirun.pid())) ::kill(pid, SIGKILL);
+  ASSERT_TRUE(status.has_value()) << "the ranks did not stop:\n" << mpirun.output();
+  for (int rank : {0, 1})
+    EXPECT_NE(mpirun.output().find(strf("[1,%d]<stderr>:mxtrain: system error: rank 1 cannot write checkpoints to "
+                                        "%s/checkpoints: File too large; nothing was trained or written",
+                                        rank, run.c_str())),
+              std::string::npos)
+        << "rank " << rank << " did not name rank 1:\n" << mpirun.output();
+  EXPECT_TRUE(test::step_losses(run).empty()) << mpirun.output();
 }
 
 }  // namespace
