@@ -1,6 +1,7 @@
 // Checkpoint directories through their public entry (train/checkpoint: CheckpointReader, what
 // resume and export open): the input is manifest.json, then a NUL byte, then rank_00000.bin.
-// Every group of an accepted checkpoint's model is read in full (models up to 2^22 elements).
+// Every group of an accepted checkpoint's model is read in full (models up to 2^22 elements), and
+// every resume state buffer.
 #include <filesystem>
 #include <vector>
 
@@ -32,5 +33,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (CheckpointKind kind : {CheckpointKind::master, CheckpointKind::adam_m, CheckpointKind::adam_v})
         reader.read(static_cast<int>(g), kind, 0, layout.groups[g].numel, values.data());
     }
+    // Rank 0's resume state, every buffer the manifest names, at the size its segment says.
+    for (const CheckpointReader::Segment& segment : reader.segments())
+      if (segment.kind == CheckpointKind::state && segment.count <= (int64_t{1} << 22)) {
+        values.resize(static_cast<size_t>(segment.count));
+        reader.read_state(0, segment.group, segment.count, values.data());
+      }
   });
 }

@@ -71,3 +71,21 @@ with tempfile.TemporaryDirectory() as work:
             open(os.path.join(step, "rank_00000.bin"), "rb").read())
     else:
         print("no checkpoint seed: the training run failed", file=sys.stderr)
+
+# checkpoint with resume state: FP8 delayed scaling saves each rank's amax histories and scales
+# as segments of kind "state" (format version 3).
+with tempfile.TemporaryDirectory() as work:
+    subprocess.run([binary, "train", "-d", "cpu", "-p", "fp8", "--steps", "1", "-b", "1", "-s", "16", "-o", work,
+                    "--set", "model.hidden=16", "--set", "model.layers=1", "--set", "model.heads=2",
+                    "--set", "model.kv_heads=1", "--set", "model.ffn_hidden=32", "--set", "model.vocab_size=256",
+                    "--set", "model.padded_vocab=256", "--set", "precision.amax_history_len=4",
+                    "--set", "eval.batches=1", "--set", "log.tensorboard=false",
+                    "--set", "data.train=" + os.path.join(root, "data/fortunes/train_*.bin"),
+                    "--set", "data.val=", "--set", "train.threads=1"], check=False, capture_output=True)
+    steps = sorted(os.listdir(os.path.join(work, "checkpoints"))) if os.path.isdir(os.path.join(work, "checkpoints")) else []
+    if steps:
+        step = os.path.join(work, "checkpoints", steps[-1])
+        put("checkpoint", "tiny_fp8_state.bin", open(os.path.join(step, "manifest.json"), "rb").read() + b"\0" +
+            open(os.path.join(step, "rank_00000.bin"), "rb").read())
+    else:
+        print("no FP8 checkpoint seed: the training run failed", file=sys.stderr)

@@ -221,9 +221,73 @@ TEST_F(CheckpointIntegrity, AVersionOneCheckpointStillLoads) {
   Shards target = make_shards(*backend_, 256, 500.0f);
   EXPECT_EQ(store_.load(newest, target.shards, *backend_).step, 2);
   EXPECT_EQ(test::download(*backend_, target.shards[0].master), test::download(*backend_, second_.shards[0].master));
-  manifest["version"] = 3;
+  manifest["version"] = 4;
   write_manifest(newest, manifest);
-  expect_rejected(newest, "format version 3");
+  expect_rejected(newest, "format version 4");
+}
+
+// Each rank's resume state (FP8 delayed scaling's histories and scales) is saved in its own file
+// as segments of kind "state", named in extra.state_buffers, and loads back bit for bit; a
+// checkpoint without it leaves the buffers as they were; its fields are checked like the others'.
+TEST_F(CheckpointIntegrity, ResumeStateRoundTripsAndIsCheckedLikeTheRest) {
+  Buffer history = test::upload(*backend_, {0.5f, 2.0f, 0.25f, 8.0f}, Shape{2, 2});
+  Buffer scale = test::upload(*backend_, {3.0f, 7.0f}, Shape{2});
+  const NamedBuffers state = {{"fp8.forward.amax_history", history.tensor()}, {"fp8.forward.scale", scale.tensor()}};
+  meta_.step = 1;
+  store_.save(meta_, first_.shards, *backend_);  // no state
+  meta_.step = 2;
+  const std::string newest = store_.save(meta_, second_.shards, *backend_, state);
+  const nlohmann::json original = read_manifest(newest);
+  EXPECT_EQ(original["version"], 3);
+  EXPECT_EQ(original["extra"]["state_buffers"], nlohmann::json({"fp8.forward.amax_history", "fp8.forward.scale"}));
+
+  Shards target = make_shards(*backend_, 256, 500.0f);
+  Buffer history_back = test::upload(*backend_, {0, 0, 0, 0}, Shape{2, 2});
+  Buffer scale_back = test::upload(*backend_, {1, 1}, Shape{2});
+  const NamedBuffers into = {{"fp8.forward.amax_history", history_back.tensor()},
+                             {"fp8.forward.scale", scale_back.tensor()}};
+  EXPECT_EQ(store_.load(newest, target.shards, *backend_, into).step, 2);
+  EXPECT_EQ(test::download(*backend_, history_back), test::download(*backend_, history));
+  EXPECT_EQ(test::download(*backend_, scale_back), test::download(*backend_, scale));
+  // Step 1 has no state: the buffers keep what they hold. A name that differs is not restored.
+  Buffer kept = test::upload(*backend_, {9, 9}, Shape{2});
+  const NamedBuffers renamed = {{"fp8.forward.amax_history", history_back.tensor()}, {"other.scale", kept.tensor()}};
+  store_.load(newest, target.shards, *backend_, renamed);
+  EXPECT_EQ(test::download(*backend_, kept), (std::vector<float>{9, 9}));
+  store_.load(dir_.path() + "/checkpoints/step_00000001", target.shards, *backend_, into);
+  EXPECT_EQ(test::download(*backend_, scale_back), test::download(*backend_, scale));
+  EXPECT_NO_THROW(verify_checkpoint(newest));
+
+  auto state_segment = [](nlohmann::json& m) -> nlohmann::json& {
+    for (nlohmann::json& segment : m["segments"])
+      if (segment["kind"] == "state") return segment;
+    throw std::runtime_error("no state segment");
+  };
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+      {"(format version 2)", [](nlohmann::json& m) { m["version"] = 2; }},
+      {"has no name in extra.state_buffers", [](nlohmann::json& m) { m["extra"]["state_buffers"].erase(1); }},
+      {"'extra.state_buffers' is not an array", [](nlohmann::json& m) { m["extra"]["state_buffers"] = "all"; }},
+      {"is not a string", [](nlohmann::json& m) { m["extra"]["state_buffers"][0] = 5; }},
+      {"'begin' = 1", [&](nlohmann::json& m) { state_segment(m)["begin"] = 1; }},
+      {"overlap", [&](nlohmann::json& m) { m["segments"].push_back(state_segment(m)); }},
+  };
+  for (const auto& [reason, edit] : edits) {
+    nlohmann::json manifest = original;
+    edit(manifest);
+    reseal(manifest);
+    write_manifest(newest, manifest);
+    expect_rejected(newest, reason);
+  }
+  // A damaged state segment fails its checksum.
+  write_manifest(newest, original);
+  nlohmann::json unchanged = original;
+  const nlohmann::json& segment = state_segment(unchanged);
+  {
+    std::fstream file(newest + "/" + segment["file"].get<std::string>(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(segment["offset"].get<std::streamoff>());
+    file.put('\x7f');
+  }
+  EXPECT_THROW(verify_checkpoint(newest), Error);
 }
 
 // Random damage to a manifest (bytes flipped, cut short, or values replaced and the checksum

@@ -110,6 +110,29 @@ TEST_F(Faults, AFullDiskDuringACheckpointKeepsThePreviousOne) {
   for (const auto& [step, count] : step_record_counts(run)) EXPECT_EQ(count, 1) << "step " << step;
 }
 
+// A run stopped at a checkpoint and started again continues bit-identically in every precision
+// the CPU runs: FP8 delayed scaling's amax histories and scales and NVFP4's stochastic-rounding
+// streams are saved with the weights (before, both started afresh: the losses differed from step 5
+// and step 6 on); and a held-out evaluation changes no training step (its FP8 amax records once
+// raised the next step's delayed scales, so a run's losses depended on eval.every).
+TEST_F(Faults, EveryPrecisionResumesBitIdenticallyAndEvaluationChangesNoStep) {
+  for (const std::string precision : {"fp32", "fp8", "fp8-current", "mxfp8", "nvfp4"}) {
+    SCOPED_TRACE(precision);
+    const std::string flags = "-p " + precision + " --set checkpoint.every=4";
+    const std::string reference = dir_.file(precision + "_reference"), stopped = dir_.file(precision + "_stopped");
+    const std::string evaluated = dir_.file(precision + "_evaluated");
+    std::string output;
+    ASSERT_EQ(test::run_command(train(reference, 8, flags), &output), 0) << output;
+    ASSERT_EQ(test::run_command(train(stopped, 4, flags), &output), 0) << output;
+    ASSERT_EQ(test::run_command(train(stopped, 8, flags), &output), 0) << output;
+    EXPECT_NE(output.find("resumed from"), std::string::npos) << output;
+    EXPECT_EQ(output.find("start afresh"), std::string::npos) << output;
+    test::expect_same_losses(stopped, reference, 8);
+    ASSERT_EQ(test::run_command(train(evaluated, 8, flags + " --set eval.every=1"), &output), 0) << output;
+    test::expect_same_losses(evaluated, reference, 8);
+  }
+}
+
 // A checkpoint directory that cannot be written (here a file stands where it goes) stops the run
 // before its first step, not at its first save: nothing is trained and nothing written there.
 TEST_F(Faults, ACheckpointDirectoryThatCannotBeWrittenStopsTheRunBeforeItsFirstStep) {

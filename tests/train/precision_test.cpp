@@ -5,6 +5,8 @@
 // `mxtrain compare-precision` writing its CSV, JSON and SVG.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -47,6 +49,32 @@ TEST(LossScaler, BacksOffAndSkipsOnOverflowAndGrowsAfterTheInterval) {
   EXPECT_EQ(scaler.scale(), 1024.0f);  // only two clean steps since the backoff
   EXPECT_TRUE(scaler.update(false, 8));
   EXPECT_EQ(scaler.scale(), 2048.0f);
+}
+
+// A resumed fp16 run continues with the saved scale and clean-step count (checkpoints keep them).
+TEST(LossScaler, ARestoredScalerContinuesAsTheSavedOne) {
+  LossScalerOptions options;
+  options.initial_scale = 1024;
+  options.growth_interval = 3;
+  LossScaler saved(options), restored(options);
+  EXPECT_FALSE(saved.update(true, 1));  // 512
+  EXPECT_TRUE(saved.update(false, 2));
+  EXPECT_TRUE(saved.update(false, 3));
+  restored.restore(saved.scale_value(), saved.clean_steps());
+  EXPECT_EQ(restored.scale(), 512.0f);
+  EXPECT_TRUE(saved.update(false, 4));
+  EXPECT_TRUE(restored.update(false, 4));  // the third clean step for both: x2
+  EXPECT_EQ(restored.scale(), saved.scale());
+  EXPECT_EQ(restored.scale(), 1024.0f);
+  // A shorter growth interval than the saved run's grows at the next clean step.
+  options.growth_interval = 2;
+  LossScaler shorter(options);
+  shorter.restore(4096, 5);
+  EXPECT_TRUE(shorter.update(false, 6));
+  EXPECT_EQ(shorter.scale(), 8192.0f);
+  // A scale no run reaches is a damaged checkpoint.
+  EXPECT_THROW(restored.restore(0.0, 0), Error);
+  EXPECT_THROW(restored.restore(std::nan(""), 0), Error);
 }
 
 TEST(LossScaler, DefaultsArePytorchsAndDivergenceEndsTheRun) {

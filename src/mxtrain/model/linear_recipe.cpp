@@ -453,6 +453,10 @@ const Tensor& LinearRecipe::backward_scale() const {
   return delayed ? delayed->backward_scale() : kUndefined;
 }
 
+std::vector<std::pair<std::string, Tensor>> LinearRecipe::resume_state() const {
+  return quantizer_ ? quantizer_->resume_state() : std::vector<std::pair<std::string, Tensor>>{};
+}
+
 const Tensor& LinearRecipe::current_amax() const {
   const auto* current = as<Fp8CurrentQuantizer>(quantizer_);
   return current ? current->amaxes() : kUndefined;

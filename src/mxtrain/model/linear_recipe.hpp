@@ -145,6 +145,22 @@ class LinearRecipe {
   // 3i+2. Undefined for other formats.
   const Tensor& current_amax() const;
 
+  // What a bit-identical resume needs of the recipe besides the weights (checkpoints save it):
+  // named device buffers (delayed scaling's histories and scales) and the random streams drawn
+  // so far (NVFP4's stochastic rounding). None for the other formats.
+  std::vector<std::pair<std::string, Tensor>> resume_state() const;
+  // Around a held-out evaluation (Quantizer::begin_evaluation).
+  void begin_evaluation() {
+    if (quantizer_) quantizer_->begin_evaluation();
+  }
+  void end_evaluation() {
+    if (quantizer_) quantizer_->end_evaluation();
+  }
+  uint64_t rounding_streams() const { return quantizer_ ? quantizer_->rounding_streams() : 0; }
+  void set_rounding_streams(uint64_t streams) {
+    if (quantizer_) quantizer_->set_rounding_streams(streams);
+  }
+
  private:
   using Operand = QuantizedOperand;
 

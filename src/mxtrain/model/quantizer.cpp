@@ -99,6 +99,29 @@ void Fp8DelayedQuantizer::cast_scale(const Tensor&, const QuantizeRequest& reque
   *amax_out = (forward ? forward_history_ : backward_history_).tensor().slice_flat(index, Shape{1});
 }
 
+std::vector<std::pair<std::string, Tensor>> Fp8DelayedQuantizer::resume_state() const {
+  return {{"fp8.forward.amax_history", forward_history_.tensor()},
+          {"fp8.forward.scale", forward_scale_.tensor()},
+          {"fp8.forward.scale_inverse", forward_scale_inverse_.tensor()},
+          {"fp8.backward.amax_history", backward_history_.tensor()},
+          {"fp8.backward.scale", backward_scale_.tensor()},
+          {"fp8.backward.scale_inverse", backward_scale_inverse_.tensor()}};
+}
+
+void Fp8DelayedQuantizer::begin_evaluation() {
+  // Slot 0 is the first row of the slot-major history: the records of the step under way.
+  const Tensor newest = forward_history_.tensor().slice_flat(0, Shape{forward_history_.tensor().shape[1]});
+  held_slot_.resize(static_cast<size_t>(newest.numel()));
+  backend_.copy_to_host(newest, held_slot_.data());
+}
+
+void Fp8DelayedQuantizer::end_evaluation() {
+  if (held_slot_.empty()) return;
+  const Tensor newest = forward_history_.tensor().slice_flat(0, Shape{forward_history_.tensor().shape[1]});
+  backend_.copy_from_host(held_slot_.data(), newest);
+  held_slot_.clear();
+}
+
 void Fp8DelayedQuantizer::finish_step() {
   ScaleUpdateArgs args;
   args.rule = ScaleUpdateArgs::Rule::delayed;

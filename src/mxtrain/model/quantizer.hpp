@@ -13,6 +13,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxtrain/backend/backend.hpp"
@@ -81,6 +82,18 @@ class Quantizer {
   // After the optimizer step.
   virtual void finish_step() {}
 
+  // What a bit-identical resume needs besides the parameters, saved in checkpoints: device
+  // buffers, each by a stable name (delayed scaling's histories and scales), and the count of
+  // random streams drawn (NVFP4's stochastic rounding takes a new stream per gradient cast).
+  virtual std::vector<std::pair<std::string, Tensor>> resume_state() const { return {}; }
+  // Around a held-out evaluation's forward passes: what they record must not reach the training
+  // state (delayed scaling's amax records, which are maxima, would raise the next step's scales
+  // and make a run's trajectory depend on its evaluation schedule).
+  virtual void begin_evaluation() {}
+  virtual void end_evaluation() {}
+  virtual uint64_t rounding_streams() const { return 0; }
+  virtual void set_rounding_streams(uint64_t streams) { (void)streams; }
+
  protected:
   Quantizer(Backend& backend, DType forward_element, DType gradient_element);
   DType element(QuantizedRole role) const {
@@ -115,6 +128,9 @@ class Fp8DelayedQuantizer final : public Quantizer {
   const Tensor& backward_history() const { return backward_history_.tensor(); }
   const Tensor& forward_scale() const { return forward_scale_.tensor(); }
   const Tensor& backward_scale() const { return backward_scale_.tensor(); }
+  std::vector<std::pair<std::string, Tensor>> resume_state() const override;
+  void begin_evaluation() override;  // holds the newest history slot on the host
+  void end_evaluation() override;    // and puts it back
 
  protected:
   QuantizeSpec spec(QuantizedRole role, bool columnwise) override;
@@ -126,6 +142,7 @@ class Fp8DelayedQuantizer final : public Quantizer {
   int margin_;
   Buffer forward_history_, forward_scale_, forward_scale_inverse_;
   Buffer backward_history_, backward_scale_, backward_scale_inverse_;
+  std::vector<float> held_slot_;  // the forward history's slot 0 during an evaluation
 };
 
 // Per-tensor FP8, current scaling (§2.2): each cast forms its scale from the tensor's amax
@@ -188,6 +205,8 @@ class Nvfp4Quantizer final : public Quantizer {
   Nvfp4Quantizer(Backend& backend, const Options& options);
   DType format_dtype() const override { return DType::e2m1; }
   int64_t block_multiple() const override { return 16; }
+  uint64_t rounding_streams() const override { return stochastic_streams_; }
+  void set_rounding_streams(uint64_t streams) override { stochastic_streams_ = streams; }
 
  protected:
   QuantizeSpec spec(QuantizedRole role, bool columnwise) override;

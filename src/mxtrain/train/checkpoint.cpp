@@ -30,15 +30,18 @@ using nlohmann::json;
 namespace mxtrain {
 namespace {
 
+// 3: segments of kind "state" (a rank's resume state, e.g. FP8 delayed scaling's histories).
 // 2: the manifest carries manifest_crc32. 1 (no checksum) is still read.
-constexpr int kFormatVersion = 2;
+constexpr int kFormatVersion = 3;
 constexpr int kOldestReadableVersion = 1;
 // A checkpoint write shows a progress line only when it runs longer than this (a small model's
 // write takes milliseconds, a 1B model's about a second on a local disk), then every few seconds
 // in a log (several times a second on a terminal).
 constexpr double kCheckpointQuiet_s = 3.0;
 constexpr double kCheckpointProgressInterval_s = 5.0;
-const char* const kKinds[] = {"master", "adam_m", "adam_v"};
+const char* const kKinds[] = {"master", "adam_m", "adam_v", "state"};
+// A rank's resume state: at most this many buffers (the FP8 delayed recipe has six).
+constexpr int64_t kMaxStateBuffers = 64;
 // Bounds no real checkpoint comes near; they keep every size computed from a manifest exact.
 constexpr int64_t kMaxElements = int64_t{1} << 44;  // of one segment (64 TiB of f32)
 constexpr int64_t kMaxStep = int64_t{1} << 52;
@@ -190,7 +193,7 @@ void write_save_file(const std::string& path, const std::string& contents) {
 // This rank's file: master, m and v of each shard, one segment each. Returns its segments, and
 // in *finite whether every value written was finite. Every write, flush and sync is checked.
 json write_rank_file(const std::string& path, const std::string& file_name, const std::vector<ParamShard>& shards,
-                     Backend& backend, bool* finite, std::optional<Progress>& progress) {
+                     const NamedBuffers& state, Backend& backend, bool* finite, std::optional<Progress>& progress) {
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (!file) throw_write_failure("cannot create", path, errno);
   json segments = json::array();
@@ -218,6 +221,17 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
       offset += bytes;
       if (progress) progress->update(static_cast<double>(offset));
     }
+  }
+  // This rank's resume state, buffer i as segment "state" of group i.
+  for (size_t i = 0; i < state.size(); ++i) {
+    host.resize(static_cast<size_t>(state[i].second.numel()));
+    backend.copy_to_host(state[i].second, host.data());
+    const size_t bytes = host.size() * sizeof(float);
+    if (std::fwrite(host.data(), 1, bytes, file) != bytes) fail("short write to");
+    segments.push_back({{"file", file_name}, {"group", static_cast<int64_t>(i)}, {"kind", "state"}, {"begin", 0},
+                        {"count", static_cast<int64_t>(host.size())}, {"offset", offset}, {"bytes", bytes},
+                        {"crc32", crc32(host.data(), bytes)}});
+    offset += bytes;
   }
   if (std::fflush(file) != 0) fail("cannot write");
   if (::fsync(::fileno(file)) != 0) fail("cannot sync");
@@ -352,7 +366,7 @@ void CheckpointStore::check_writable() {
 }
 
 std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards,
-                                  Backend& backend) {
+                                  Backend& backend, const NamedBuffers& state) {
   const std::string final_dir = directory() + "/" + step_directory_name(meta.step);
   const std::string temporary = final_dir + ".tmp";
   std::error_code error;
@@ -384,7 +398,8 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
   agree_on_stage(
       meta.step, temporary,
       [&] {
-        const json segments = write_rank_file(temporary + "/" + file_name, file_name, shards, backend, &finite, progress);
+        const json segments =
+            write_rank_file(temporary + "/" + file_name, file_name, shards, state, backend, &finite, progress);
         write_save_file(temporary + "/" + rank_sidecar_name(rank_), segments.dump());
       },
       [&](int rank) {
@@ -408,7 +423,13 @@ std::string CheckpointStore::save(const CheckpointMeta& meta, const std::vector<
       [&] {
         if (rank_ != 0) return;
         pause_for_crash_test(meta.step, "manifest", temporary);
-        const json manifest = checkpoint_manifest(meta, temporary, world_size_);
+        CheckpointMeta described = meta;
+        if (!state.empty()) {
+          json names = json::array();
+          for (const auto& [name, tensor] : state) names.push_back(name);
+          described.extra["state_buffers"] = names;  // what each rank's "state" segment i holds
+        }
+        const json manifest = checkpoint_manifest(described, temporary, world_size_);
         write_save_file(temporary + "/manifest.json", manifest.dump(1, ' ', false, json::error_handler_t::replace));
         fsync_path(temporary, true);
         pause_for_crash_test(meta.step, "rename", temporary);
@@ -482,6 +503,16 @@ CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
     for (const auto& [key, value] : meta_.config.items())
       if (!value.is_string()) fields.fail("config key '" + key + "' is not a string");
     meta_.extra = version_ >= 2 || manifest.contains("extra") ? fields.object(manifest, "extra") : json::object();
+    size_t state_buffers = 0;
+    if (meta_.extra.contains("state_buffers")) {
+      const json& names = meta_.extra["state_buffers"];
+      if (!names.is_array() || names.size() > static_cast<size_t>(kMaxStateBuffers))
+        fields.fail(strf("'extra.state_buffers' is not an array of at most %lld names",
+                         static_cast<long long>(kMaxStateBuffers)));
+      for (const json& name : names)
+        if (!name.is_string()) fields.fail("'extra.state_buffers' holds a name that is not a string");
+      state_buffers = names.size();
+    }
     meta_.world_size = static_cast<int>(fields.integer(manifest, "world_size", 1, kMaxWorldSize));
     meta_.strategy = fields.text(manifest, "strategy");
 
@@ -498,9 +529,16 @@ CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
       segment.group = static_cast<int>(fields.integer(entry, "group", 0, kMaxGroups));
       const std::string& kind = fields.text(entry, "kind");
       const auto known = std::find(std::begin(kKinds), std::end(kKinds), kind);
-      if (known == std::end(kKinds)) fields.fail("segment kind '" + kind + "' is not master, adam_m or adam_v");
+      const bool state = known != std::end(kKinds) && kind == "state";
+      if (known == std::end(kKinds) || (state && version_ < 3))
+        fields.fail("segment kind '" + kind + "' is not master, adam_m or adam_v" +
+                    (version_ >= 3 ? " or state" : " (format version " + std::to_string(version_) + ")"));
       segment.kind = static_cast<CheckpointKind>(known - std::begin(kKinds));
-      segment.begin = fields.integer(entry, "begin", 0, kMaxElements);
+      // A state segment is buffer `group` of extra.state_buffers, whole.
+      if (state && static_cast<size_t>(segment.group) >= state_buffers)
+        fields.fail(strf("state segment %d has no name in extra.state_buffers (%zu names)", segment.group,
+                         state_buffers));
+      segment.begin = fields.integer(entry, "begin", 0, state ? 0 : kMaxElements);
       segment.count = fields.integer(entry, "count", 0, kMaxElements);
       segment.offset = static_cast<uint64_t>(fields.integer(entry, "offset", 0, kMaxElements * 64));
       segment.bytes = static_cast<uint64_t>(fields.integer(entry, "bytes", 0, kMaxElements * 4));
@@ -531,13 +569,19 @@ CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
     // No element is held twice: then "every element covered" is a count (read()).
     std::vector<const Segment*> ordered;
     for (const Segment& segment : segments_) ordered.push_back(&segment);
-    std::sort(ordered.begin(), ordered.end(), [](const Segment* a, const Segment* b) {
-      return std::tie(a->group, a->kind, a->begin) < std::tie(b->group, b->kind, b->begin);
+    // (A state segment belongs to its rank: those of one buffer on two ranks do not overlap.)
+    auto owner = [](const Segment* segment) {
+      return segment->kind == CheckpointKind::state ? rank_of_file(segment->file) : -1;
+    };
+    std::sort(ordered.begin(), ordered.end(), [&](const Segment* a, const Segment* b) {
+      return std::make_tuple(a->group, a->kind, owner(a), a->begin) <
+             std::make_tuple(b->group, b->kind, owner(b), b->begin);
     });
     for (size_t i = 1; i < ordered.size(); ++i) {
       const Segment& before = *ordered[i - 1];
       const Segment& after = *ordered[i];
-      if (before.group == after.group && before.kind == after.kind && before.begin + before.count > after.begin)
+      if (before.group == after.group && before.kind == after.kind && owner(&before) == owner(&after) &&
+          before.begin + before.count > after.begin)
         fields.fail(strf("segments of group %d (%s) overlap at element %lld", after.group,
                          kKinds[static_cast<int>(after.kind)], static_cast<long long>(after.begin)));
     }
@@ -591,6 +635,18 @@ void CheckpointReader::read(int group, CheckpointKind kind, int64_t begin, int64
                 "the checkpoint belongs to a different model shape; check model.* against its manifest");
 }
 
+bool CheckpointReader::read_state(int rank, int index, int64_t count, float* out) const {
+  for (const Segment& segment : segments_) {
+    if (segment.kind != CheckpointKind::state || segment.group != index || rank_of_file(segment.file) != rank)
+      continue;
+    if (segment.count != count) return false;
+    const std::vector<float> data = read_segment(segment);
+    std::copy(data.begin(), data.end(), out);
+    return true;
+  }
+  return false;
+}
+
 void CheckpointReader::verify_segments(int part, int parts) const {
   for (const Segment& segment : segments_)
     if (rank_of_file(segment.file) % parts == part) read_segment(segment);
@@ -611,7 +667,7 @@ CheckpointMeta verify_checkpoint(const std::string& path) {
 }
 
 CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<ParamShard>& shards,
-                                     Backend& backend) {
+                                     Backend& backend, const NamedBuffers& state) {
   const CheckpointReader reader(path);
   std::vector<float> local;
   for (const ParamShard& shard : shards) {
@@ -625,14 +681,38 @@ CheckpointMeta CheckpointStore::load(const std::string& path, const std::vector<
     }
     if (shard.grad.defined()) backend.fill(shard.grad, 0.0f);
   }
+  restore_state(reader, state, backend);
   return reader.meta();
 }
 
+void CheckpointStore::restore_state(const CheckpointReader& reader, const NamedBuffers& state, Backend& backend) {
+  if (state.empty()) return;
+  const json& names = reader.meta().extra.contains("state_buffers") ? reader.meta().extra["state_buffers"]
+                                                                     : json::array();
+  // This rank's own state; a rank the saving run did not have takes rank 0's.
+  const int source = rank_ < reader.meta().world_size ? rank_ : 0;
+  std::vector<float> host;
+  std::string missing;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const auto& [name, tensor] = state[i];
+    host.resize(static_cast<size_t>(tensor.numel()));
+    const bool named = i < names.size() && names[i] == name;
+    if (named && reader.read_state(source, static_cast<int>(i), tensor.numel(), host.data()))
+      backend.copy_from_host(host.data(), tensor);
+    else
+      missing += (missing.empty() ? "" : ", ") + name;
+  }
+  if (!missing.empty())
+    log::warn("checkpoint " + reader.path() + " does not hold " + missing +
+              " as this run has them (it was written by an mxtrain before format version 3, or with another "
+              "precision): they start afresh, so the continuation differs from an uninterrupted run");
+}
+
 std::string CheckpointStore::load_latest(const std::vector<ParamShard>& shards, Backend& backend,
-                                         CheckpointMeta* meta) {
+                                         CheckpointMeta* meta, const NamedBuffers& state) {
   for (const std::string& path : list()) {
     try {
-      *meta = load(path, shards, backend);
+      *meta = load(path, shards, backend, state);
       return path;
     } catch (const Error& error) {
       if (error.kind() != ErrorKind::checkpoint) throw;

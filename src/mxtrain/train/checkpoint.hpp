@@ -13,6 +13,9 @@
 // `bytes` = 4 x `count`, segments inside their files, no two overlapping, the directory's step =
 // the manifest's); any failure is an Error(checkpoint) naming the reason, so the caller skips to
 // the previous checkpoint. Version 1 manifests (no checksum) still load, checked the same way.
+// Version 3 adds each rank's resume state (FP8 delayed scaling's amax histories and scales) as
+// segments of kind "state" in its own file, named in the manifest's extra.state_buffers;
+// checkpoints of versions 1 and 2 load without it.
 // Nothing non-finite is saved: a NaN or Inf in any master or moment stops the save (all ranks
 // agree) before a manifest exists. Pruning deletes only checkpoints it verified (every segment
 // read and its CRC checked) and older than the newest verified one, which it always keeps.
@@ -20,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,8 +45,13 @@ struct CheckpointMeta {
   std::string strategy = "local";
 };
 
-// What a checkpoint holds for each element of each group.
-enum class CheckpointKind { master = 0, adam_m = 1, adam_v = 2 };
+// What a checkpoint holds for each element of each group; `state`: a rank's resume state buffer
+// (group = its index in the manifest's extra.state_buffers, one segment per rank that has it).
+enum class CheckpointKind { master = 0, adam_m = 1, adam_v = 2, state = 3 };
+
+// Named device buffers (f32) a resume restores besides the parameters: FP8 delayed scaling's amax
+// histories and scales (TrainingSession::resume_buffers), each rank's own.
+using NamedBuffers = std::vector<std::pair<std::string, Tensor>>;
 
 // One checkpoint directory, read: the manifest on construction, then any element range of any
 // group's masters or Adam moments, each segment's CRC-32 checked (load() and `mxtrain export`
@@ -67,6 +76,9 @@ class CheckpointReader {
   const std::vector<Segment>& segments() const { return segments_; }
   // Elements [begin, begin + count) of `group` into out; every element must be covered.
   void read(int group, CheckpointKind kind, int64_t begin, int64_t count, float* out) const;
+  // Resume state buffer `index` of `rank` (its CRC checked) into out, when the checkpoint has it
+  // with `count` elements; false when it does not (an older format, another precision).
+  bool read_state(int rank, int index, int64_t count, float* out) const;
   // Reads every segment and checks its CRC-32; throws Error(checkpoint) at the first mismatch.
   // part/parts: only the files of ranks r with r % parts == part (a collective verification).
   void verify_segments(int part = 0, int parts = 1) const;
@@ -110,15 +122,22 @@ class CheckpointStore {
   // rank fails its part (a full disk on its node), every rank learns it at the end of that stage
   // and throws the same Error(system) naming the lowest failing rank, what it could not write and
   // why (its errno); the temporary directory is removed and the previous checkpoint is intact.
-  std::string save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards, Backend& backend);
+  // state: this rank's resume state buffers, saved in its file (every rank passes the same names).
+  std::string save(const CheckpointMeta& meta, const std::vector<ParamShard>& shards, Backend& backend,
+                   const NamedBuffers& state = {});
   // Complete checkpoints (step_N directories with a manifest), newest first by step.
   std::vector<std::string> list() const;
   // Loads into this rank's shards (compute copies refreshed from the masters); verifies sizes and
-  // checksums. Throws Error(checkpoint) naming the file and what is wrong.
-  CheckpointMeta load(const std::string& path, const std::vector<ParamShard>& shards, Backend& backend);
+  // checksums. Throws Error(checkpoint) naming the file and what is wrong. state: the resume
+  // state buffers to restore, this rank's own (rank 0's when the checkpoint had fewer ranks);
+  // those the checkpoint lacks, or holds under another name or size, keep their values, with a
+  // warning that the continuation will differ from an uninterrupted run.
+  CheckpointMeta load(const std::string& path, const std::vector<ParamShard>& shards, Backend& backend,
+                      const NamedBuffers& state = {});
   // Newest valid checkpoint: a corrupt one is reported and the previous tried. Returns the path
   // loaded, or "" when the run directory has none.
-  std::string load_latest(const std::vector<ParamShard>& shards, Backend& backend, CheckpointMeta* meta);
+  std::string load_latest(const std::vector<ParamShard>& shards, Backend& backend, CheckpointMeta* meta,
+                          const NamedBuffers& state = {});
   // Rank 0: keeps the newest `keep` verified checkpoints (and always `protect`, the one just
   // saved, when it verifies) and deletes the older verified ones and stale temporaries. A
   // checkpoint that fails verification is never deleted, never counted, and reported once.
@@ -135,6 +154,8 @@ class CheckpointStore {
   // verify_checkpoint's verdict ("" = verified) per directory, remembered by this store (a
   // checkpoint is immutable once renamed into place; a re-save of a step clears its entry).
   const std::string& verdict(const std::string& path);
+  // load()'s restore of the resume state buffers from `reader`.
+  void restore_state(const CheckpointReader& reader, const NamedBuffers& state, Backend& backend);
   std::string run_dir_;
   int rank_, world_size_;
   std::function<void()> barrier_;

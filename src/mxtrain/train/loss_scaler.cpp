@@ -27,6 +27,18 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), sc
                   "fix precision.loss_scale_init / _growth_interval / _backoff / _growth");
 }
 
+void LossScaler::restore(double scale, int64_t clean_steps) {
+  if (!(scale >= kMinScale && scale <= kMaxScale) || clean_steps < 0)
+    throw Error(ErrorKind::checkpoint,
+                strf("the checkpoint's fp16 loss scale %g (after %lld clean steps) is not one a run reaches "
+                     "(%g to %g)",
+                     scale, static_cast<long long>(clean_steps), kMinScale, kMaxScale),
+                "the checkpoint was edited by hand; resume from an earlier one, or start the run again");
+  scale_ = scale;
+  // A shorter precision.loss_scale_growth_interval than the saved run's: grow at the next clean step.
+  clean_ = std::min(clean_steps, options_.growth_interval - 1);
+}
+
 bool LossScaler::update(bool overflow, int64_t step) {
   if (overflow) {
     const double previous = scale_;

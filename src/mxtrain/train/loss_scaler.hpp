@@ -30,6 +30,7 @@ class LossScaler {
   explicit LossScaler(const LossScalerOptions& options);
 
   float scale() const { return static_cast<float>(scale_); }
+  double scale_value() const { return scale_; }  // unrounded (checkpoints keep it)
   // After the backward of step `step`: returns whether the optimizer may apply the update. On
   // overflow, logs the skip and backs off; throws Error(numerics) once the scale falls below
   // kMinScale.
@@ -37,6 +38,10 @@ class LossScaler {
 
   int64_t skipped_steps() const { return skipped_; }
   int64_t clean_steps() const { return clean_; }  // since the last change of the scale
+
+  // A resumed run continues with the saved scale and count of clean steps (checkpoints keep
+  // them), as an uninterrupted one would; throws Error(checkpoint) on a scale no run reaches.
+  void restore(double scale, int64_t clean_steps);
 
  private:
   LossScalerOptions options_;

@@ -14,15 +14,15 @@ namespace {
 // The newest checkpoint every rank could load (a damaged segment may be read by one rank only,
 // so the ranks agree on each candidate before using it). Returns "" when none loads.
 std::string load_agreed_checkpoint(CheckpointStore& checkpoints, const std::vector<std::string>& candidates,
-                                   ParameterStore& params, Backend& backend, const RankGroup& ranks,
-                                   CheckpointMeta* meta) {
+                                   ParameterStore& params, const NamedBuffers& state, Backend& backend,
+                                   const RankGroup& ranks, CheckpointMeta* meta) {
   const int64_t count = static_cast<int64_t>(ranks.max(static_cast<double>(candidates.size())));
   for (int64_t i = 0; i < count; ++i) {
     const std::string path = i < static_cast<int64_t>(candidates.size()) ? candidates[static_cast<size_t>(i)] : "";
     bool loaded = false;
     if (!path.empty()) {
       try {
-        *meta = checkpoints.load(path, params.shards(), backend);
+        *meta = checkpoints.load(path, params.shards(), backend, state);
         config_from_json(meta->config);  // a config this mxtrain cannot read is a damaged checkpoint too
         loaded = true;
       } catch (const Error& error) {
@@ -68,7 +68,8 @@ void check_saved_config(RunConfig saved, int saved_world_size, RunConfig config,
 }  // namespace
 
 ResumePoint resume_run(const RunConfig& config, int world_size, CheckpointStore& checkpoints, ParameterStore& params,
-                       Backend& backend, data::TrainLoader& loader, const RankGroup& ranks) {
+                       const NamedBuffers& state, Backend& backend, data::TrainLoader& loader,
+                       const RankGroup& ranks) {
   const std::string& resume = config.checkpoint.resume;
   const std::string run_dir = run_directory(config);
   const std::vector<std::string> existing = checkpoints.list();
@@ -83,7 +84,7 @@ ResumePoint resume_run(const RunConfig& config, int world_size, CheckpointStore&
     return {};
   }
   CheckpointMeta meta;
-  const std::string loaded = load_agreed_checkpoint(checkpoints, existing, params, backend, ranks, &meta);
+  const std::string loaded = load_agreed_checkpoint(checkpoints, existing, params, state, backend, ranks, &meta);
   if (loaded.empty())
     throw Error(ErrorKind::checkpoint, "no checkpoint in " + run_dir + " could be loaded",
                 "all are damaged; move the directory away to start fresh, or point -o elsewhere");
@@ -94,7 +95,7 @@ ResumePoint resume_run(const RunConfig& config, int world_size, CheckpointStore&
   if (meta.world_size != world_size || meta.strategy != strategy)
     log::info(strf("resharded: saved by %d rank%s with %s, loaded by %d with %s", meta.world_size,
                    meta.world_size == 1 ? "" : "s", meta.strategy.c_str(), world_size, strategy.c_str()));
-  return ResumePoint{meta.step, meta.tokens};
+  return ResumePoint{meta.step, meta.tokens, meta.extra};
 }
 
 }  // namespace mxtrain

@@ -19,12 +19,15 @@ namespace mxtrain {
 struct ResumePoint {
   int64_t step = 0;    // the last step done; the run continues with step + 1
   int64_t tokens = 0;  // tokens trained on so far
+  nlohmann::json extra = nlohmann::json::object();  // the checkpoint's precision state (CheckpointMeta::extra)
 };
 
-// Collective: every rank calls it. Loads the checkpoint into `params` and the sampler position
-// into `loader`; throws Error(checkpoint) with advice when checkpoint.resume forbids what the
-// directory holds, when no checkpoint loads, or when the model differs.
+// Collective: every rank calls it. Loads the checkpoint into `params`, this rank's resume state
+// into `state` (CheckpointStore::load) and the sampler position into `loader`; throws
+// Error(checkpoint) with advice when checkpoint.resume forbids what the directory holds, when no
+// checkpoint loads, or when the model differs.
 ResumePoint resume_run(const RunConfig& config, int world_size, CheckpointStore& checkpoints, ParameterStore& params,
-                       Backend& backend, data::TrainLoader& loader, const RankGroup& ranks);
+                       const NamedBuffers& state, Backend& backend, data::TrainLoader& loader,
+                       const RankGroup& ranks);
 
 }  // namespace mxtrain

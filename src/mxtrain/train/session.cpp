@@ -311,13 +311,30 @@ StepResult TrainingSession::last_result() {
 double TrainingSession::evaluate(const std::vector<TokenBatch>& batches) {
   backend_.fill(loss_sum_, 0.0f);
   int64_t tokens = 0;
+  model_->linears().begin_evaluation();  // the forward passes leave the FP8 scaling state as it was
   for (const TokenBatch& batch : batches) {
     upload(batch);
     model_->forward_loss(tokens_, targets_, batch.batch, batch.seq, loss_sum_);
     tokens += batch.batch * batch.seq;
   }
+  model_->linears().end_evaluation();
   const double total_tokens = all_reduce_sum(static_cast<double>(tokens));
   return all_reduce_sum(backend_.read_scalar(loss_sum_)) / total_tokens;
+}
+
+PrecisionResumeValues TrainingSession::resume_values() const {
+  PrecisionResumeValues values;
+  if (loss_scaler_) {
+    values.loss_scale = loss_scaler_->scale_value();
+    values.loss_scale_clean_steps = loss_scaler_->clean_steps();
+  }
+  values.rounding_streams = model_->linears().rounding_streams();
+  return values;
+}
+
+void TrainingSession::restore_resume_values(const PrecisionResumeValues& values) {
+  if (loss_scaler_ && values.loss_scale > 0) loss_scaler_->restore(values.loss_scale, values.loss_scale_clean_steps);
+  model_->linears().set_rounding_streams(values.rounding_streams);
 }
 
 }  // namespace mxtrain

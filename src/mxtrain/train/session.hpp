@@ -50,6 +50,15 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
                                                      const PrecisionPlan& precision, Communicator* world,
                                                      int local_world_size);
 
+// The host values a bit-identical resume needs besides the parameters and the recipe's device
+// buffers: fp16's loss scale and its clean steps, and the random streams NVFP4's stochastic
+// rounding has drawn.
+struct PrecisionResumeValues {
+  double loss_scale = 0;  // 0: no loss scaling
+  int64_t loss_scale_clean_steps = 0;
+  uint64_t rounding_streams = 0;
+};
+
 class TrainingSession {
  public:
   // params: the store to train (a LocalParameterStore or an FSDP store built on `backend`).
@@ -82,6 +91,13 @@ class TrainingSession {
   double evaluate(const std::vector<TokenBatch>& batches);
   // Whether the last step replayed a captured step graph (train.cuda_graph).
   bool replayed_graph() const { return replayed_; }
+
+  // What checkpoints keep so that a resumed run continues bit-identically: the recipe's device
+  // buffers by name (FP8 delayed scaling's amax histories and scales; this rank's own), and the
+  // host values. restore_resume_values() is for a resumed run, before its first step.
+  std::vector<std::pair<std::string, Tensor>> resume_buffers() { return model_->linears().resume_state(); }
+  PrecisionResumeValues resume_values() const;
+  void restore_resume_values(const PrecisionResumeValues& values);
 
   // Sum over ranks of a host value (identity for one process); set by the distributed layer.
   std::function<double(double)> all_reduce_sum = [](double value) { return value; };

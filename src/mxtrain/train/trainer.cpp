@@ -48,6 +48,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The precision state a checkpoint's manifest keeps (CheckpointMeta::extra), and back: fp16's
+// loss scale, NVFP4's stochastic-rounding streams. Keys a checkpoint lacks keep the fresh values.
+nlohmann::json resume_values_to_json(const PrecisionResumeValues& values) {
+  nlohmann::json extra = nlohmann::json::object();
+  if (values.loss_scale > 0) {
+    extra["loss_scale"] = values.loss_scale;
+    extra["loss_scale_clean_steps"] = values.loss_scale_clean_steps;
+  }
+  if (values.rounding_streams > 0) extra["rounding_streams"] = values.rounding_streams;
+  return extra;
+}
+
+PrecisionResumeValues resume_values_from(const nlohmann::json& extra) {
+  PrecisionResumeValues values;
+  const auto number = [&](const char* key) { return extra.contains(key) && extra[key].is_number(); };
+  if (number("loss_scale") && number("loss_scale_clean_steps")) {
+    values.loss_scale = extra["loss_scale"].get<double>();
+    values.loss_scale_clean_steps = extra["loss_scale_clean_steps"].get<int64_t>();
+  }
+  if (extra.contains("rounding_streams") && extra["rounding_streams"].is_number_unsigned())
+    values.rounding_streams = extra["rounding_streams"].get<uint64_t>();
+  return values;
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -373,10 +397,11 @@ void TrainingRun::open_data(const std::string& source_dir) {
 }
 
 int64_t TrainingRun::start() {
-  const ResumePoint resumed =
-      resume_run(config_, world_, *checkpoints_, session_->params(), *backend_, *loader_, ranks_);
+  const ResumePoint resumed = resume_run(config_, world_, *checkpoints_, session_->params(),
+                                        session_->resume_buffers(), *backend_, *loader_, ranks_);
   start_step_ = resumed.step;
   tokens_seen_ = resumed.tokens;
+  if (start_step_ > 0) session_->restore_resume_values(resume_values_from(resumed.extra));
   if (rank_ == 0) {
     write_file_atomically(run_dir_ + "/config.toml", effective_config_,
                           "set checkpoint.dir (-o) to a writable directory with free space");
@@ -523,7 +548,8 @@ void TrainingRun::save(int64_t step) {
   // Replicas (no_shard, hybrid_shard) hold the same slices: only the first one writes them.
   const std::vector<ParamShard> shards = params.writes_checkpoint_shards() ? params.shards() : std::vector<ParamShard>{};
   const Clock::time_point started = Clock::now();
-  last_checkpoint_ = checkpoints_->save(meta, shards, *backend_);
+  meta.extra = resume_values_to_json(session_->resume_values());
+  last_checkpoint_ = checkpoints_->save(meta, shards, *backend_, session_->resume_buffers());
   const double seconds = seconds_since(started);
   if (rank_ == 0) {
     uint64_t bytes = 0;
