@@ -125,6 +125,19 @@ TEST_F(MpiStopSafety, AFailedCheckpointWriteOnRankOneStopsEveryRankNamingIt) {
   test::expect_same_losses(run, dir_.file("reference"), 6);
 }
 
+// Each rank's FP8 delayed-scaling histories and scales are its own (its data's amaxes): each
+// saves and restores its own, and two ranks stopped and restarted match an uninterrupted job.
+TEST_F(MpiStopSafety, TwoRanksOfAnFp8DelayedRunResumeBitIdentically) {
+  const std::string flags = " -p fp8 --set checkpoint.every=4 --set eval.every=2";
+  const std::string run = dir_.file("run"), reference = dir_.file("reference");
+  std::string output;
+  ASSERT_EQ(test::run_command(job(reference, 8) + flags, &output), 0) << output;
+  ASSERT_EQ(test::run_command(job(run, 4) + flags, &output), 0) << output;
+  ASSERT_EQ(test::run_command(job(run, 8) + flags, &output), 0) << output;
+  EXPECT_NE(output.find("resumed from " + run + "/checkpoints/step_00000004 at step 4"), std::string::npos) << output;
+  test::expect_same_losses(run, reference, 8);
+}
+
 TEST_F(MpiStopSafety, ACheckpointDirectoryRankOneCannotWriteStopsEveryRankBeforeTheFirstStep) {
   const std::string run = dir_.file("run");
   const std::string train = test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) + " --steps 4";
