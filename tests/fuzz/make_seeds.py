@@ -56,36 +56,26 @@ tokenizer.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, initial_
                                                          special_tokens=["<|endoftext|>"]))
 put("tokenizer", "bpe300.json", tokenizer.to_str())
 
-# checkpoint: a real one of a very small model: manifest.json, NUL, rank_00000.bin.
-with tempfile.TemporaryDirectory() as work:
-    subprocess.run([binary, "train", "-d", "cpu", "-p", "fp32", "--steps", "1", "-b", "1", "-s", "8", "-o", work,
-                    "--set", "model.hidden=8", "--set", "model.layers=1", "--set", "model.heads=2",
-                    "--set", "model.kv_heads=1", "--set", "model.ffn_hidden=16", "--set", "model.vocab_size=256",
-                    "--set", "model.padded_vocab=256", "--set", "eval.batches=1", "--set", "log.tensorboard=false",
-                    "--set", "data.train=" + os.path.join(root, "data/fortunes/train_*.bin"),
-                    "--set", "data.val=", "--set", "train.threads=1"], check=False, capture_output=True)
-    steps = sorted(os.listdir(os.path.join(work, "checkpoints"))) if os.path.isdir(os.path.join(work, "checkpoints")) else []
-    if steps:
-        step = os.path.join(work, "checkpoints", steps[-1])
-        put("checkpoint", "tiny.bin", open(os.path.join(step, "manifest.json"), "rb").read() + b"\0" +
+# checkpoint: real ones of a very small model (manifest.json, NUL, rank_00000.bin), one step each.
+def checkpoint_seed(name, precision, hidden, seq, extra):
+    with tempfile.TemporaryDirectory() as work:
+        sets = ["model.hidden=%d" % hidden, "model.layers=1", "model.heads=2", "model.kv_heads=1",
+                "model.ffn_hidden=%d" % (2 * hidden), "model.vocab_size=256", "model.padded_vocab=256"] + extra + \
+               ["eval.batches=1", "log.tensorboard=false", "data.train=" + os.path.join(root, "data/fortunes/train_*.bin"),
+                "data.val=", "train.threads=1"]
+        subprocess.run([binary, "train", "-d", "cpu", "-p", precision, "--steps", "1", "-b", "1", "-s", str(seq), "-o", work]
+                       + [arg for key in sets for arg in ("--set", key)], check=False, capture_output=True)
+        checkpoints = os.path.join(work, "checkpoints")
+        steps = sorted(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else []
+        if not steps:
+            print("no checkpoint seed %s: the training run failed" % name, file=sys.stderr)
+            return
+        step = os.path.join(checkpoints, steps[-1])
+        put("checkpoint", name, open(os.path.join(step, "manifest.json"), "rb").read() + b"\0" +
             open(os.path.join(step, "rank_00000.bin"), "rb").read())
-    else:
-        print("no checkpoint seed: the training run failed", file=sys.stderr)
 
-# checkpoint with resume state: FP8 delayed scaling saves each rank's amax histories and scales
-# as segments of kind "state" (format version 3).
-with tempfile.TemporaryDirectory() as work:
-    subprocess.run([binary, "train", "-d", "cpu", "-p", "fp8", "--steps", "1", "-b", "1", "-s", "16", "-o", work,
-                    "--set", "model.hidden=16", "--set", "model.layers=1", "--set", "model.heads=2",
-                    "--set", "model.kv_heads=1", "--set", "model.ffn_hidden=32", "--set", "model.vocab_size=256",
-                    "--set", "model.padded_vocab=256", "--set", "precision.amax_history_len=4",
-                    "--set", "eval.batches=1", "--set", "log.tensorboard=false",
-                    "--set", "data.train=" + os.path.join(root, "data/fortunes/train_*.bin"),
-                    "--set", "data.val=", "--set", "train.threads=1"], check=False, capture_output=True)
-    steps = sorted(os.listdir(os.path.join(work, "checkpoints"))) if os.path.isdir(os.path.join(work, "checkpoints")) else []
-    if steps:
-        step = os.path.join(work, "checkpoints", steps[-1])
-        put("checkpoint", "tiny_fp8_state.bin", open(os.path.join(step, "manifest.json"), "rb").read() + b"\0" +
-            open(os.path.join(step, "rank_00000.bin"), "rb").read())
-    else:
-        print("no FP8 checkpoint seed: the training run failed", file=sys.stderr)
+
+checkpoint_seed("tiny.bin", "fp32", 8, 8, [])
+# With resume state: FP8 delayed scaling saves each rank's amax histories and scales as segments
+# of kind "state" (format version 3).
+checkpoint_seed("tiny_fp8_state.bin", "fp8", 16, 16, ["precision.amax_history_len=4"])
