@@ -53,6 +53,12 @@ void write_manifest(const std::string& checkpoint, const nlohmann::json& manifes
   std::ofstream(checkpoint + "/manifest.json") << manifest.dump(1);
 }
 
+// A manifest's checksum recomputed after an edit (the edit itself is then what must be caught).
+void reseal(nlohmann::json& manifest) { manifest["manifest_crc32"] = manifest_checksum(manifest); }
+
+// Edits of a manifest, each with the reason its rejection must give.
+using ManifestEdits = std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>>;
+
 class CheckpointIntegrity : public ::testing::Test {
  protected:
   // Checkpoints of steps 1 and 2 (different contents); returns step 2's directory.
@@ -81,6 +87,20 @@ class CheckpointIntegrity : public ::testing::Test {
     } catch (const Error& error) {
       EXPECT_EQ(error.kind(), ErrorKind::checkpoint);
       EXPECT_NE(error.full_message().find(reason), std::string::npos) << error.full_message();
+    }
+  }
+
+  // Each edit of `original`, resealed (checksum recomputed) and written to `checkpoint`, is
+  // rejected with its reason; then `after` (the fallback to check), if any.
+  void expect_each_rejected(const std::string& checkpoint, const nlohmann::json& original, const ManifestEdits& edits,
+                            const std::function<void()>& after = {}) {
+    for (const auto& [reason, edit] : edits) {
+      nlohmann::json manifest = original;
+      edit(manifest);
+      reseal(manifest);
+      write_manifest(checkpoint, manifest);
+      expect_rejected(checkpoint, reason);
+      if (after) after();
     }
   }
 
@@ -183,12 +203,11 @@ TEST_F(CheckpointIntegrity, NonFiniteWeightsAreNeverSaved) {
 
 // A manifest whose checksum was recomputed after the edit (a forged or buggy one) is still
 // validated field by field before any buffer is sized from it.
-void reseal(nlohmann::json& manifest) { manifest["manifest_crc32"] = manifest_checksum(manifest); }
 
 TEST_F(CheckpointIntegrity, AResealedManifestIsStillCheckedFieldByField) {
   const std::string newest = save_two();
   const nlohmann::json original = read_manifest(newest);
-  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+  const ManifestEdits edits = {
       {"bytes for", [](nlohmann::json& m) { m["segments"][0]["bytes"] = 4 * 256 * 64; }},
       {"is truncated", [](nlohmann::json& m) {
          m["segments"][0]["count"] = 256 * 64;
@@ -202,14 +221,7 @@ TEST_F(CheckpointIntegrity, AResealedManifestIsStillCheckedFieldByField) {
       {"outside", [](nlohmann::json& m) { m["segments"][1]["begin"] = -4; }},
       {"not master, adam_m or adam_v", [](nlohmann::json& m) { m["segments"][1]["kind"] = "adam_w"; }},
   };
-  for (const auto& [reason, edit] : edits) {
-    nlohmann::json manifest = original;
-    edit(manifest);
-    reseal(manifest);
-    write_manifest(newest, manifest);
-    expect_rejected(newest, reason);
-    expect_falls_back_to_step_one();
-  }
+  expect_each_rejected(newest, original, edits, [&] { expect_falls_back_to_step_one(); });
 }
 
 TEST_F(CheckpointIntegrity, AVersionOneCheckpointStillLoads) {
@@ -263,7 +275,7 @@ TEST_F(CheckpointIntegrity, ResumeStateRoundTripsAndIsCheckedLikeTheRest) {
       if (segment["kind"] == "state") return segment;
     throw std::runtime_error("no state segment");
   };
-  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+  const ManifestEdits edits = {
       {"(format version 2)", [](nlohmann::json& m) { m["version"] = 2; }},
       {"has no name in extra.state_buffers", [](nlohmann::json& m) { m["extra"]["state_buffers"].erase(1); }},
       {"'extra.state_buffers' is not an array", [](nlohmann::json& m) { m["extra"]["state_buffers"] = "all"; }},
@@ -271,13 +283,7 @@ TEST_F(CheckpointIntegrity, ResumeStateRoundTripsAndIsCheckedLikeTheRest) {
       {"'begin' = 1", [&](nlohmann::json& m) { state_segment(m)["begin"] = 1; }},
       {"overlap", [&](nlohmann::json& m) { m["segments"].push_back(state_segment(m)); }},
   };
-  for (const auto& [reason, edit] : edits) {
-    nlohmann::json manifest = original;
-    edit(manifest);
-    reseal(manifest);
-    write_manifest(newest, manifest);
-    expect_rejected(newest, reason);
-  }
+  expect_each_rejected(newest, original, edits);
   // A damaged state segment fails its checksum.
   write_manifest(newest, original);
   nlohmann::json unchanged = original;
