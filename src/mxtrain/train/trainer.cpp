@@ -62,8 +62,10 @@ nlohmann::json resume_values_to_json(const PrecisionResumeValues& values) {
 
 PrecisionResumeValues resume_values_from(const nlohmann::json& extra) {
   PrecisionResumeValues values;
+  // (Integers as integers: a float out of int64's range would not convert.)
   const auto number = [&](const char* key) { return extra.contains(key) && extra[key].is_number(); };
-  if (number("loss_scale") && number("loss_scale_clean_steps")) {
+  const auto integer = [&](const char* key) { return extra.contains(key) && extra[key].is_number_integer(); };
+  if (number("loss_scale") && integer("loss_scale_clean_steps")) {
     values.loss_scale = extra["loss_scale"].get<double>();
     values.loss_scale_clean_steps = extra["loss_scale_clean_steps"].get<int64_t>();
   }
