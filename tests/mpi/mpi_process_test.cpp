@@ -39,6 +39,23 @@ class MpiStopSafety : public ::testing::Test {
     return std::string(MXTRAIN_MPIRUN) + " -np 2 " + extra + " " + test::binary_path() + " train " +
            test::tiny_train_flags(corpus_, run_dir) + " --steps " + std::to_string(steps);
   }
+  // `train` on two ranks (an MPMD job, `-np 1 A : -np 1 B`) in which rank 1 alone may write only
+  // `bytes` a file, SIGXFSZ ignored: a write past that fails with EFBIG, as on a node whose own
+  // disk is full. TCP between the ranks (the limit would also fail Open MPI's shared-memory segment
+  // of rank 1), and mpirun told not to end the job when a rank exits with an error (srun's
+  // default), so the ranks must stop on their own. Returns the job's output, or nothing (a test
+  // failure, the ranks killed) when they have not stopped within 120 s.
+  std::optional<std::string> job_with_rank_one_file_limit(const std::string& train, int64_t bytes) const {
+    const std::string mpmd = std::string(MXTRAIN_MPIRUN) +
+                             " --tag-output --mca orte_abort_on_non_zero_status 0 --mca btl self,tcp -np 1 " + train +
+                             " : -np 1 sh -c \"trap '' XFSZ; exec prlimit --fsize=" + std::to_string(bytes) + " " +
+                             train + "\"";
+    test::BackgroundProcess mpirun(mpmd, dir_.file("job.txt"));
+    if (mpirun.wait(120)) return mpirun.output();
+    for (const auto& [rank, pid] : ranks_of(mpirun.pid())) ::kill(pid, SIGKILL);
+    ADD_FAILURE() << "the ranks did not stop after rank 1's write failed:\n" << mpirun.output();
+    return std::nullopt;
+  }
   test::TempDir dir_;
   std::string corpus_;
 };
@@ -86,34 +103,24 @@ TEST_F(MpiStopSafety, SigkillOfRankZeroDuringACheckpointKeepsThePreviousOne) {
   test::expect_same_losses(run, dir_.file("reference"), 6);
 }
 
-// Rank 1 alone runs under a file size limit (an MPMD job, `-np 1 A : -np 1 B`) with SIGXFSZ
-// ignored: its checkpoint file (640 KB) fails with EFBIG, as on a node whose own disk is full.
-// mpirun is told not to end the job when a rank exits with an error (srun's default), so the ranks
-// must stop on their own: before, rank 0 waited in the next collective for ever.
+// Rank 1 alone cannot write its checkpoint file (640 KB, past its 64 KB limit): before, rank 0
+// waited in the next collective for ever.
 TEST_F(MpiStopSafety, AFailedCheckpointWriteOnRankOneStopsEveryRankNamingIt) {
   const std::string run = dir_.file("run");
   std::string output;
   ASSERT_EQ(test::run_command(job(run, 2) + " --set checkpoint.every=2", &output), 0) << output;
-  const std::string train = test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) +
-                            " --steps 6 --set checkpoint.every=2";
-  // TCP between the ranks: the limit would also fail Open MPI's shared-memory segment of rank 1.
-  const std::string mpmd = std::string(MXTRAIN_MPIRUN) +
-                           " --tag-output --mca orte_abort_on_non_zero_status 0 --mca btl self,tcp -np 1 " + train +
-                           " : -np 1 sh -c \"trap '' XFSZ; exec prlimit --fsize=65536 " + train + "\"";
-  test::BackgroundProcess mpirun(mpmd, dir_.file("job.txt"));
-  const std::optional<int> status = mpirun.wait(120);
-  if (!status)
-    for (const auto& [rank, pid] : ranks_of(mpirun.pid())) ::kill(pid, SIGKILL);
-  ASSERT_TRUE(status.has_value()) << "the ranks did not stop after rank 1's checkpoint write failed:\n"
-                                  << mpirun.output();
+  const std::optional<std::string> stopped = job_with_rank_one_file_limit(
+      test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) + " --steps 6 --set checkpoint.every=2",
+      65536);
+  ASSERT_TRUE(stopped.has_value());
   for (int rank : {0, 1})
-    EXPECT_NE(mpirun.output().find(strf("[1,%d]<stderr>:mxtrain: system error: checkpoint step 4 was not saved: rank 1 "
+    EXPECT_NE(stopped->find(strf("[1,%d]<stderr>:mxtrain: system error: checkpoint step 4 was not saved: rank 1 "
                                         "could not write its part of the checkpoint, %s/checkpoints/step_00000004.tmp/"
                                         "rank_00001.bin and .json: File too large; the previous checkpoint %s/"
                                         "checkpoints/step_00000002 is intact",
                                         rank, run.c_str(), run.c_str())),
               std::string::npos)
-        << "rank " << rank << " did not name rank 1:\n" << mpirun.output();
+        << "rank " << rank << " did not name rank 1:\n" << *stopped;
   EXPECT_FALSE(std::filesystem::exists(run + "/checkpoints/step_00000004.tmp"));
   std::vector<std::string> saved = test::complete_checkpoints(run);
   ASSERT_EQ(saved.size(), 1u);
@@ -140,23 +147,17 @@ TEST_F(MpiStopSafety, TwoRanksOfAnFp8DelayedRunResumeBitIdentically) {
 
 TEST_F(MpiStopSafety, ACheckpointDirectoryRankOneCannotWriteStopsEveryRankBeforeTheFirstStep) {
   const std::string run = dir_.file("run");
-  const std::string train = test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) + " --steps 4";
   // Rank 1 may write 16 bytes a file: less than its start-up probe of the checkpoint directory.
-  const std::string mpmd = std::string(MXTRAIN_MPIRUN) +
-                           " --tag-output --mca orte_abort_on_non_zero_status 0 --mca btl self,tcp -np 1 " + train +
-                           " : -np 1 sh -c \"trap '' XFSZ; exec prlimit --fsize=16 " + train + "\"";
-  test::BackgroundProcess mpirun(mpmd, dir_.file("job.txt"));
-  const std::optional<int> status = mpirun.wait(120);
-  if (!status)
-    for (const auto& [rank, pid] : ranks_of(mpirun.pid())) ::kill(pid, SIGKILL);
-  ASSERT_TRUE(status.has_value()) << "the ranks did not stop:\n" << mpirun.output();
+  const std::optional<std::string> stopped = job_with_rank_one_file_limit(
+      test::binary_path() + " train " + test::tiny_train_flags(corpus_, run) + " --steps 4", 16);
+  ASSERT_TRUE(stopped.has_value());
   for (int rank : {0, 1})
-    EXPECT_NE(mpirun.output().find(strf("[1,%d]<stderr>:mxtrain: system error: rank 1 cannot write checkpoints to "
+    EXPECT_NE(stopped->find(strf("[1,%d]<stderr>:mxtrain: system error: rank 1 cannot write checkpoints to "
                                         "%s/checkpoints: File too large; nothing was trained or written",
                                         rank, run.c_str())),
               std::string::npos)
-        << "rank " << rank << " did not name rank 1:\n" << mpirun.output();
-  EXPECT_TRUE(test::step_losses(run).empty()) << mpirun.output();
+        << "rank " << rank << " did not name rank 1:\n" << *stopped;
+  EXPECT_TRUE(test::step_losses(run).empty()) << *stopped;
 }
 
 }  // namespace
