@@ -308,19 +308,23 @@ std::string failure_reason(const RankFailures& failed, int rank, const std::stri
 
 }  // namespace
 
-void CheckpointStore::agree_on_stage(int64_t step, const std::string& temporary, const std::function<void()>& part,
-                                     const std::function<std::string(int)>& what) {
+RankFailures CheckpointStore::agree_on(const std::function<void()>& part, std::string* own_message) {
   std::optional<int> failure;
-  std::string own_message;
   try {
     if (part) part();
   } catch (const std::exception& error) {
     const auto* write = dynamic_cast<const WriteFailure*>(&error);
     failure = write ? write->error_number() : 0;
-    own_message = error.what();
-    log::error(own_message);  // this rank's own detail; the message every rank stops with follows
+    *own_message = error.what();
+    log::error(*own_message);  // this rank's own detail; the message every rank stops with follows
   }
-  const RankFailures failed = ranks_.failures(rank_, world_size_, failure);
+  return ranks_.failures(rank_, world_size_, failure);
+}
+
+void CheckpointStore::agree_on_stage(int64_t step, const std::string& temporary, const std::function<void()>& part,
+                                     const std::function<std::string(int)>& what) {
+  std::string own_message;
+  const RankFailures failed = agree_on(part, &own_message);
   if (failed.count == 0) return;
   std::error_code error;
   if (rank_ == 0) fs::remove_all(temporary, error);
@@ -337,26 +341,19 @@ void CheckpointStore::agree_on_stage(int64_t step, const std::string& temporary,
 
 void CheckpointStore::check_writable() {
   const std::string dir = directory();
-  std::optional<int> failure;
   std::string own_message;
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (!error && !fs::is_directory(dir, error)) error = std::make_error_code(std::errc::not_a_directory);
-  if (error) {
-    failure = error.value();
-    own_message = "cannot create the directory " + dir + ": " + error.message();
-  } else {
-    // A probe file, written and removed: a read-only or full filesystem shows now, not at step N.
-    const std::string probe = dir + strf("/.mxtrain-write-test-rank%05d", rank_);
-    const int written = try_write_file_atomically(probe, "mxtrain checks at start-up that it can write here\n");
-    if (written != 0) {
-      failure = written;
-      own_message = "cannot write " + probe + ": " + std::strerror(written);
-    }
-    fs::remove(probe, error);
-  }
-  if (failure) log::error(own_message);
-  const RankFailures failed = ranks_.failures(rank_, world_size_, failure);
+  const RankFailures failed = agree_on(
+      [&] {
+        std::error_code error;
+        fs::create_directories(dir, error);
+        if (!error && !fs::is_directory(dir, error)) error = std::make_error_code(std::errc::not_a_directory);
+        if (error) throw_write_failure("cannot create the directory", dir, error.value());
+        // A probe file, written and removed: a read-only or full filesystem shows now, not at step N.
+        const std::string probe = dir + strf("/.mxtrain-write-test-rank%05d", rank_);
+        write_save_file(probe, "mxtrain checks at start-up that it can write here\n");
+        fs::remove(probe, error);
+      },
+      &own_message);
   if (failed.count == 0) return;
   std::string message = strf("rank %d cannot write checkpoints to %s: %s", failed.first_rank, dir.c_str(),
                              failure_reason(failed, rank_, own_message).c_str());

@@ -147,6 +147,10 @@ class CheckpointStore {
   void barrier() const {
     if (barrier_) barrier_();
   }
+  // Collective: runs this rank's `part` (empty where it has none) and has every rank learn which
+  // ranks failed it (a WriteFailure's errno travels; any other failure's text stays in
+  // *own_message and this rank's log).
+  RankFailures agree_on(const std::function<void()>& part, std::string* own_message);
   // One stage of a save, collective: this rank's part of it (empty where it has none), then the
   // agreement described at save(). `what(rank)`: what that rank could not do, for the message.
   void agree_on_stage(int64_t step, const std::string& temporary, const std::function<void()>& part,
