@@ -13,7 +13,8 @@
 # and cuBLAS's Hopper kernels order shared memory with asynchronous copies and barriers racecheck
 # cannot follow, so they report hazards; a test passes when no hazard is in an mxtrain kernel.
 # SECONDS bounds the whole loop (default 300): tests not started by then are listed as not run;
-# PER_TEST_SECONDS (default 120) bounds each test.
+# PER_TEST_SECONDS (default 120) bounds each test. JOBS (default 1) runs that many tests at once;
+# the log keeps the tests' order.
 set -o pipefail
 filter=${1:?usage: racecheck_each_on_device.sh FILTER LOG [SECONDS]}
 log=${2:?}; seconds=${3:-300}
@@ -21,6 +22,7 @@ cs=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 binary=${TEST_BINARY:-build/gpu/tests/mxtrain_cuda_tests}
 options=(--tool racecheck --error-exitcode 9 --target-processes all)
 all_kernels=${ALL_KERNELS:-0}
+jobs=${JOBS:-1}
 if [[ $all_kernels == 1 ]]; then options+=(--print-limit 100000000); else options+=(--kernel-name kns=mxtrain); fi
 tests=$("$binary" --gtest_list_tests --gtest_filter="$filter" | awk '
   /^[^ ]/ { suite = $1; next }
@@ -28,15 +30,14 @@ tests=$("$binary" --gtest_list_tests --gtest_filter="$filter" | awk '
 start=$(date +%s)
 {
   echo "# compute-sanitizer $("$cs" --version | tail -1)"
-  echo "# command, for each TEST: $cs ${options[*]} $binary --gtest_filter=TEST   (one process each; filter '$filter')"
+  echo "# command, for each TEST: $cs ${options[*]} $binary --gtest_filter=TEST   (one process each, $jobs at a time; filter '$filter')"
 } > "$log"
-clean=0 skipped=0 hazards=0 sanitizer_faults=0 failed=0 not_run=0
-for test in $tests; do
-  if (( $(date +%s) - start >= seconds )); then
-    echo "## $test: not run (the loop's $seconds s were spent)" >> "$log"
-    not_run=$((not_run + 1))
-    continue
-  fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Runs TEST under the sanitizer; writes its section of the log to $work/N.section and its verdict
+# class (clean, skipped, hazards, fault, failed) to $work/N.class.
+check() {
+  local test=$1 n=$2 output status summary ours theirs verdict class
   output=$(timeout "${PER_TEST_SECONDS:-120}" "$cs" "${options[@]}" "$binary" --gtest_filter="$test" 2>&1)
   status=$?
   summary=$(grep -E "RACECHECK SUMMARY" <<< "$output" | tail -1)
@@ -45,26 +46,19 @@ for test in $tests; do
   ours=$(grep -E "Race reported between|^=========     and .* access at" <<< "$output" | grep -c "mxtrain")
   theirs=$(grep -cE "Race reported between" <<< "$output")
   if grep -q "Internal Sanitizer Error" <<< "$output"; then
-    verdict="sanitizer fault (Internal Sanitizer Error in an uninstrumented kernel)"
-    sanitizer_faults=$((sanitizer_faults + 1))
+    verdict="sanitizer fault (Internal Sanitizer Error in an uninstrumented kernel)" class=fault
   elif grep -q "^\[  SKIPPED \]" <<< "$output" && (( status == 0 )); then
-    verdict="skipped (no GPU, or a feature this GPU lacks)"
-    skipped=$((skipped + 1))
+    verdict="skipped (no GPU, or a feature this GPU lacks)" class=skipped
   elif (( ours > 0 )); then
-    verdict="HAZARDS in mxtrain kernels: $ours access lines, ${summary#========= }"
-    hazards=$((hazards + 1))
+    verdict="HAZARDS in mxtrain kernels: $ours access lines, ${summary#========= }" class=hazards
   elif [[ $all_kernels == 1 ]] && (( status == 0 || status == 9 )) && grep -q "^\[  PASSED  \] 1 test" <<< "$output"; then
-    verdict="passed, 0 hazards in mxtrain kernels (reports in NVIDIA's kernels: $theirs; ${summary#========= })"
-    clean=$((clean + 1))
+    verdict="passed, 0 hazards in mxtrain kernels (reports in NVIDIA's kernels: $theirs; ${summary#========= })" class=clean
   elif (( status == 0 )) && grep -q "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" <<< "$output"; then
-    verdict="passed, 0 hazards"
-    clean=$((clean + 1))
+    verdict="passed, 0 hazards" class=clean
   elif (( status == 9 )); then
-    verdict="HAZARDS: ${summary#========= }"
-    hazards=$((hazards + 1))
+    verdict="HAZARDS: ${summary#========= }" class=hazards
   else
-    verdict="test failed (exit $status; 124: its ${PER_TEST_SECONDS:-120} s ran out), ${summary#========= }"
-    failed=$((failed + 1))
+    verdict="test failed (exit $status; 124: its ${PER_TEST_SECONDS:-120} s ran out), ${summary#========= }" class=failed
   fi
   {
     echo "## $test: $verdict"
@@ -76,7 +70,33 @@ for test in $tests; do
     else
       grep -E "^=========|^\[ +(FAILED|OK|SKIPPED) +\]|Failure|exception" <<< "$output" | head -40
     fi
-  } >> "$log"
+  } > "$work/$n.section"
+  echo "$class" > "$work/$n.class"
+}
+n=0
+for test in $tests; do
+  n=$((n + 1))
+  # At most $jobs sanitized processes at once (the GPU holds them; the sanitizer is host-bound).
+  while (( $(jobs -rp | wc -l) >= jobs )); do wait -n; done
+  if (( $(date +%s) - start >= seconds )); then
+    echo "## $test: not run (the loop's $seconds s were spent)" > "$work/$n.section"
+    echo not_run > "$work/$n.class"
+    continue
+  fi
+  check "$test" "$n" &
+done
+wait
+clean=0 skipped=0 hazards=0 sanitizer_faults=0 failed=0 not_run=0
+for (( i = 1; i <= n; i++ )); do
+  cat "$work/$i.section" >> "$log"
+  case $(cat "$work/$i.class" 2>/dev/null || echo failed) in
+    clean) clean=$((clean + 1)) ;;
+    skipped) skipped=$((skipped + 1)) ;;
+    hazards) hazards=$((hazards + 1)) ;;
+    fault) sanitizer_faults=$((sanitizer_faults + 1)) ;;
+    not_run) not_run=$((not_run + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+  esac
 done
 line="racecheck$([[ $all_kernels == 1 ]] && echo " (every kernel instrumented)"), one process a test: ${clean} passed with 0 hazards, ${skipped} skipped, ${hazards} with hazards, ${sanitizer_faults} sanitizer faults, ${failed} failed otherwise, ${not_run} not run; $(( $(date +%s) - start )) s"
 echo "# $line" >> "$log"
