@@ -315,20 +315,8 @@ void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, con
   if (rows == 0 || features == 0) return;
   // Row-major out[N, M] is column-major [M, N] = op(A)[M, K] · op(B)[K, N] with A = b's data
   // (row-major [M, K] read transposed: the T of TN) and B = a's data.
-  Call call;
+  Call call = product(features, rows, k, b.data, k, a.data, k, out, features);
   call.transpose_a = true;
-  call.m = features;
-  call.n = rows;
-  call.k = k;
-  call.a = b.data.data;
-  call.a_type = b.data.dtype;
-  call.lda = k;
-  call.b = a.data.data;
-  call.b_type = a.data.dtype;
-  call.ldb = k;
-  call.d = out.data;
-  call.d_type = out.dtype;
-  call.ldd = features;
   call.beta = accumulate ? 1.0f : 0.0f;
   call.scaled = true;
   call.scaling = a.spec.mode;
@@ -344,6 +332,24 @@ void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, con
   run(call, stream, false);
 }
 
+CublasLtGemm::Call CublasLtGemm::product(int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
+                                         const Tensor& b, int64_t ldb, const Tensor& d, int64_t ldd) {
+  Call call;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.a = a.data;
+  call.a_type = a.dtype;
+  call.lda = lda;
+  call.b = b.data;
+  call.b_type = b.dtype;
+  call.ldb = ldb;
+  call.d = d.data;
+  call.d_type = d.dtype;
+  call.ldd = ldd;
+  return call;
+}
+
 CublasLtGemm::Call CublasLtGemm::forward_call(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                               const Tensor& out) {
   require_contiguous(x, "linear_forward");
@@ -351,20 +357,8 @@ CublasLtGemm::Call CublasLtGemm::forward_call(const Tensor& x, const Tensor& wei
   require_contiguous(out, "linear_forward");
   // Row-major out[N, M] is column-major [M, N] = weight[M, K] (read transposed) · x.
   const int64_t rows = x.rows(), in = x.cols(), features = weight.size(0);
-  Call call;
+  Call call = product(features, rows, in, weight, in, x, in, out, features);
   call.transpose_a = true;
-  call.m = features;
-  call.n = rows;
-  call.k = in;
-  call.a = weight.data;
-  call.a_type = weight.dtype;
-  call.lda = in;
-  call.b = x.data;
-  call.b_type = x.dtype;
-  call.ldb = in;
-  call.d = out.data;
-  call.d_type = out.dtype;
-  call.ldd = features;
   if (bias.defined()) {
     call.epilogue = Epilogue::bias;
     call.bias = bias.data;
@@ -379,19 +373,7 @@ CublasLtGemm::Call CublasLtGemm::backward_input_call(const Tensor& dout, const T
   require_contiguous(weight, "linear_backward_input");
   require_contiguous(dx, "linear_backward_input");
   const int64_t rows = dout.rows(), features = weight.size(0), in = weight.size(1);
-  Call call;
-  call.m = in;
-  call.n = rows;
-  call.k = features;
-  call.a = weight.data;
-  call.a_type = weight.dtype;
-  call.lda = in;
-  call.b = dout.data;
-  call.b_type = dout.dtype;
-  call.ldb = features;
-  call.d = dx.data;
-  call.d_type = dx.dtype;
-  call.ldd = in;
+  Call call = product(in, rows, features, weight, in, dout, features, dx, in);
   call.beta = accumulate ? 1.0f : 0.0f;
   return call;
 }
@@ -425,20 +407,8 @@ bool CublasLtGemm::linear_backward_weight(const Tensor& dout, const Tensor& x, c
   require_contiguous(dweight, "linear_backward_weight");
   const int64_t rows = x.rows(), in = x.cols(), features = dout.cols();
   if (rows == 0) return true;
-  Call call;
+  Call call = product(in, features, rows, x, in, dout, features, dweight, in);
   call.transpose_b = true;
-  call.m = in;
-  call.n = features;
-  call.k = rows;
-  call.a = x.data;
-  call.a_type = x.dtype;
-  call.lda = in;
-  call.b = dout.data;
-  call.b_type = dout.dtype;
-  call.ldb = features;
-  call.d = dweight.data;
-  call.d_type = dweight.dtype;
-  call.ldd = in;
   call.beta = accumulate ? 1.0f : 0.0f;
   if (bias_sum != nullptr) {
     call.epilogue = Epilogue::bias_gradient_b;

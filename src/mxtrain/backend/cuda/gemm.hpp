@@ -101,6 +101,10 @@ class CublasLtGemm {
 
   // Runs the call; returns false only when `optional` and no algorithm exists for it.
   bool run(const Call& call, cudaStream_t stream, bool optional);
+  // Column-major D[m, n] = op(A)[m, k] · op(B)[k, n]: the shape, and A, B and D (the tensors'
+  // data and types) with their leading dimensions; the rest of the call at its defaults.
+  static Call product(int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda, const Tensor& b, int64_t ldb,
+                      const Tensor& d, int64_t ldd);
   // The row-major mappings: out = x · weightᵀ and dx = dout · weight.
   static Call forward_call(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
   static Call backward_input_call(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
