@@ -37,7 +37,7 @@ trap 'rm -rf "$work"' EXIT
 # Runs TEST under the sanitizer; writes its section of the log to $work/N.section and its verdict
 # class (clean, skipped, hazards, fault, failed) to $work/N.class.
 check() {
-  local test=$1 n=$2 output status summary ours theirs verdict class
+  local test=$1 n=$2 output status summary ours theirs verdict class passed
   output=$(timeout "${PER_TEST_SECONDS:-120}" "$cs" "${options[@]}" "$binary" --gtest_filter="$test" 2>&1)
   status=$?
   summary=$(grep -E "RACECHECK SUMMARY" <<< "$output" | tail -1)
@@ -45,20 +45,23 @@ check() {
   # KERNEL+0xOFFSET"); an mxtrain kernel's name holds "mxtrain".
   ours=$(grep -E "Race reported between|^=========     and .* access at" <<< "$output" | grep -c "mxtrain")
   theirs=$(grep -cE "Race reported between" <<< "$output")
+  passed=0
+  grep -q "^\[  PASSED  \] 1 test" <<< "$output" && passed=1
   if grep -q "Internal Sanitizer Error" <<< "$output"; then
     verdict="sanitizer fault (Internal Sanitizer Error in an uninstrumented kernel)" class=fault
   elif grep -q "^\[  SKIPPED \]" <<< "$output" && (( status == 0 )); then
     verdict="skipped (no GPU, or a feature this GPU lacks)" class=skipped
   elif (( ours > 0 )); then
     verdict="HAZARDS in mxtrain kernels: $ours access lines, ${summary#========= }" class=hazards
-  elif [[ $all_kernels == 1 ]] && (( status == 0 || status == 9 )) && grep -q "^\[  PASSED  \] 1 test" <<< "$output"; then
+  elif [[ $all_kernels == 1 ]] && (( passed && (status == 0 || status == 9) )); then
     verdict="passed, 0 hazards in mxtrain kernels (reports in NVIDIA's kernels: $theirs; ${summary#========= })" class=clean
-  elif (( status == 0 )) && grep -q "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" <<< "$output"; then
+  elif (( passed && status == 0 )) && grep -q "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" <<< "$output"; then
     verdict="passed, 0 hazards" class=clean
-  elif (( status == 9 )); then
+  elif (( status == 9 )) && [[ $all_kernels != 1 ]] && ! grep -q "RACECHECK SUMMARY: 0 hazards displayed (0 errors" <<< "$output"; then
     verdict="HAZARDS: ${summary#========= }" class=hazards
   else
-    verdict="test failed (exit $status; 124: its ${PER_TEST_SECONDS:-120} s ran out), ${summary#========= }" class=failed
+    # No verdict of the test's own (it failed, or its process ended early): the last lines say how.
+    verdict="test did not pass (exit $status; 124: its ${PER_TEST_SECONDS:-120} s ran out), ${summary#========= }" class=failed
   fi
   {
     echo "## $test: $verdict"
@@ -69,6 +72,10 @@ check() {
       grep -E "SUMMARY|^\[ +(FAILED|OK|SKIPPED) +\]|Failure|exception" <<< "$output" | head -10
     else
       grep -E "^=========|^\[ +(FAILED|OK|SKIPPED) +\]|Failure|exception" <<< "$output" | head -40
+    fi
+    if [[ $class == failed ]]; then
+      echo "#   the process's last lines:"
+      grep -vE "Host Frame|^=========     (Saved host|in )|^========= *$" <<< "$output" | tail -25 | sed 's/^/#   /'
     fi
   } > "$work/$n.section"
   echo "$class" > "$work/$n.class"
@@ -101,5 +108,5 @@ done
 line="racecheck$([[ $all_kernels == 1 ]] && echo " (every kernel instrumented)"), one process a test: ${clean} passed with 0 hazards, ${skipped} skipped, ${hazards} with hazards, ${sanitizer_faults} sanitizer faults, ${failed} failed otherwise, ${not_run} not run; $(( $(date +%s) - start )) s"
 echo "# $line" >> "$log"
 echo "$line"
-grep -E "^## .*(HAZARDS|fault|failed|not run)" "$log" | head -20
+grep -E "^## [^:]+: (HAZARDS|sanitizer fault|test did not pass|not run)" "$log" | head -20
 (( hazards == 0 && failed == 0 ))
