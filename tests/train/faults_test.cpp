@@ -197,6 +197,21 @@ TEST_F(Faults, ANonFiniteGradientStopsTheRunBeforeAnythingIsSaved) {
   test::expect_same_losses(run, dir_.file("reference"), 8);
 }
 
+TEST_F(Faults, ARunThatStopsBeforeItsFirstSaveLeavesNoCheckpointDirectory) {
+  // The start-up write check makes the checkpoint directory to probe it; a run that stops before
+  // it saves anything (here a non-finite gradient at step 1; on the GPU, an out-of-memory) must
+  // not leave it behind, empty, for the next run or the user to take for a checkpoint.
+  const std::string run = dir_.file("run");
+  std::string output;
+  EXPECT_NE(test::run_command("MXT_TEST_NAN_GRADIENT_STEPS=1 " + train(run, 4, "--set checkpoint.every=2"), &output),
+            0);
+  EXPECT_NE(output.find("not finite at step 1"), std::string::npos) << output;
+  EXPECT_FALSE(fs::exists(run + "/checkpoints")) << output;
+  // The same run without the fault saves where the check looked.
+  ASSERT_EQ(test::run_command(train(run, 4, "--set checkpoint.every=2"), &output), 0) << output;
+  EXPECT_EQ(test::complete_checkpoints(run).size(), 2u) << output;
+}
+
 TEST_F(Faults, SkipDropsANonFiniteStepsUpdateAndCountsIt) {
   const std::string run = dir_.file("run");
   std::string output;

@@ -342,10 +342,11 @@ void CheckpointStore::agree_on_stage(int64_t step, const std::string& temporary,
 void CheckpointStore::check_writable() {
   const std::string dir = directory();
   std::string own_message;
+  bool created = false;
   const RankFailures failed = agree_on(
       [&] {
         std::error_code error;
-        fs::create_directories(dir, error);
+        created = fs::create_directories(dir, error);
         if (!error && !fs::is_directory(dir, error)) error = std::make_error_code(std::errc::not_a_directory);
         if (error) throw_write_failure("cannot create the directory", dir, error.value());
         // A probe file, written and removed: a read-only or full filesystem shows now, not at step N.
@@ -354,6 +355,14 @@ void CheckpointStore::check_writable() {
         fs::remove(probe, error);
       },
       &own_message);
+  // The rank that made the directory takes it away again once every rank has probed it (the
+  // agreement above is collective): a run that stops before its first save leaves no empty
+  // checkpoint directory behind; the first save makes it again. (fs::remove takes only an empty
+  // directory: one another rank still writes in is left.)
+  if (created) {
+    std::error_code error;
+    fs::remove(dir, error);
+  }
   if (failed.count == 0) return;
   std::string message = strf("rank %d cannot write checkpoints to %s: %s", failed.first_rank, dir.c_str(),
                              failure_reason(failed, rank_, own_message).c_str());
