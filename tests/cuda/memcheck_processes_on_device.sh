@@ -69,8 +69,17 @@ for ((i = 0; i < seconds; i++)); do
   kill -0 "$sanitizer" 2>/dev/null || break
   sleep 1
 done
-# The launcher itself (its command line starts with the binary; the sanitizer's does not).
-pkill -TERM -f "^$binary launch --nproc-per-node 1 --log-dir $work/term-logs"
+# The launcher itself: of the processes whose command line holds the launch (the sanitizer's
+# does too), the one running the binary, whatever path its command line shows. (On the GPU
+# machine a pattern anchored at the binary's path as given, or the wait above, failed once: the
+# signal came only from the time limit. The log line below says which part ran.)
+signalled=0
+for pid in $(pgrep -f -- "launch --nproc-per-node 1 --log-dir $work/term-logs"); do
+  if [[ $(readlink -f "/proc/$pid/exe") == "$(readlink -f "$binary")" ]]; then
+    kill -TERM "$pid" && signalled=$((signalled + 1))
+  fi
+done
+echo "## SIGTERM sent to $signalled launcher process(es) after $(( $(date +%s) - start )) s" >> "$log"
 wait "$sanitizer"
 verdict "$name" $? "$start"
 saved=""
