@@ -510,26 +510,43 @@ def planning_table(planner):
 
 # ---- compute-sanitizer on the GPU (tests/cuda/*_on_device.sh) --------------------------------------
 
-def sanitizer_text(relative):
-    """The phrase docs/reliability.md quotes of a compute-sanitizer log: the summary line that
-    tests/cuda/racecheck_each_on_device.sh or memcheck_processes_on_device.sh ended it with."""
-    text = read(relative)
-    race = re.search(r"^# racecheck( \(every kernel instrumented\))?, one process a test: (\d+) passed with 0 hazards, "
-                     r"(\d+) skipped, (\d+) with hazards, (\d+) sanitizer faults, (\d+) failed otherwise, (\d+) not run; "
-                     r"(\d+) s$", text, re.M)
-    if race:
-        every = race.group(1)
-        clean, skipped, hazards, faults, failed, not_run, _ = (int(x) for x in race.groups()[1:])
-        total = clean + skipped + hazards + faults + failed + not_run
-        where = "in mxtrain's kernels" + (" (every kernel instrumented)" if every else "")
-        return (f"{clean} of {total} tests passed with 0 hazards {where}, {hazards} with hazards, {faults} stopped "
-                f"by the sanitizer's own fault in a cuBLASLt GEMM, {failed} failed otherwise, {skipped} skipped, "
-                f"{not_run} not run")
-    memcheck = re.search(r"^# memcheck over (\d+) processes: (\d+) failed, (\d+) memory-access errors$", text, re.M)
+def sanitizer_text(*relatives):
+    """The phrase docs/reliability.md quotes of compute-sanitizer logs. Racecheck logs of
+    tests/cuda/racecheck_each_on_device.sh: each test's verdict line ("## TEST: VERDICT"), the
+    last one across the logs in the order given counting (a later log re-runs what an earlier one
+    could not finish); the tests that passed in a log with every kernel instrumented (ALL_KERNELS=1)
+    are counted apart. A memcheck log of memcheck_processes_on_device.sh (one file): its summary
+    line."""
+    texts = [read(relative) for relative in relatives]
+    if any(re.search(r"^# racecheck", text, re.M) for text in texts):
+        verdicts, every = {}, {}
+        for text in texts:
+            all_kernels = "--print-limit" in text  # ALL_KERNELS=1 lifts the print limit; the command says so
+            for name, verdict in re.findall(r"^## ([^:\n]+): (.*)$", text, re.M):
+                verdicts[name] = verdict
+                every[name] = all_kernels
+        counts = dict(clean=0, skipped=0, hazards=0, faults=0, failed=0, not_run=0)
+        for verdict in verdicts.values():
+            kind = ("clean" if verdict.startswith("passed") else "skipped" if verdict.startswith("skipped")
+                    else "hazards" if verdict.startswith("HAZARDS") else "faults" if verdict.startswith("sanitizer fault")
+                    else "not_run" if verdict.startswith("not run") else "failed")
+            counts[kind] += 1
+        clean_every = sum(1 for name, verdict in verdicts.items() if every[name] and verdict.startswith("passed"))
+        where = "in mxtrain's kernels"
+        if clean_every and clean_every == counts["clean"]:
+            where += " (every kernel instrumented)"
+        elif clean_every:
+            where += f" ({clean_every} of them with every kernel instrumented)"
+        return (f"{counts['clean']} of {len(verdicts)} tests passed with 0 hazards {where}, {counts['hazards']} with "
+                f"hazards, {counts['faults']} stopped by the sanitizer's own fault in a cuBLASLt GEMM, "
+                f"{counts['failed']} did not pass otherwise, {counts['skipped']} skipped, {counts['not_run']} not run")
+    if len(texts) != 1:
+        raise SystemExit(f"derive.py: sanitizer takes one memcheck log, not {len(texts)}")
+    memcheck = re.search(r"^# memcheck over (\d+) processes: (\d+) failed, (\d+) memory-access errors$", texts[0], re.M)
     if memcheck:
         processes, failed, errors = (int(x) for x in memcheck.groups())
         return f"{processes - failed} of {processes} processes ran to the end, with {errors} memory-access errors"
-    raise SystemExit(f"derive.py: {relative} has no summary line of tests/cuda/*_on_device.sh")
+    raise SystemExit(f"derive.py: {relatives[0]} has no summary line of tests/cuda/*_on_device.sh")
 
 
 # ---- the documents ----------------------------------------------------------------------------------
