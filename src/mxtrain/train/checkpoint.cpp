@@ -205,6 +205,15 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
     std::fclose(file);
     throw_write_failure(what, path, saved);
   };
+  // Writes `host` as the file's next segment.
+  auto append = [&](int64_t group, const char* kind, int64_t begin) {
+    const size_t bytes = host.size() * sizeof(float);
+    if (std::fwrite(host.data(), 1, bytes, file) != bytes) fail("short write to");
+    segments.push_back({{"file", file_name}, {"group", group}, {"kind", kind}, {"begin", begin},
+                        {"count", static_cast<int64_t>(host.size())}, {"offset", offset}, {"bytes", bytes},
+                        {"crc32", crc32(host.data(), bytes)}});
+    offset += bytes;
+  };
   for (const ParamShard& shard : shards) {
     host.resize(static_cast<size_t>(shard.count));
     for (int kind = 0; kind < 3; ++kind) {
@@ -213,12 +222,7 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
       else
         backend.copy_to_host(shard_tensor(shard, kind), host.data());
       *finite = *finite && all_finite(host);
-      const size_t bytes = host.size() * sizeof(float);
-      if (std::fwrite(host.data(), 1, bytes, file) != bytes) fail("short write to");
-      segments.push_back({{"file", file_name}, {"group", shard.group}, {"kind", kKinds[kind]},
-                          {"begin", shard.begin}, {"count", shard.count}, {"offset", offset}, {"bytes", bytes},
-                          {"crc32", crc32(host.data(), bytes)}});
-      offset += bytes;
+      append(shard.group, kKinds[kind], shard.begin);
       if (progress) progress->update(static_cast<double>(offset));
     }
   }
@@ -226,12 +230,7 @@ json write_rank_file(const std::string& path, const std::string& file_name, cons
   for (size_t i = 0; i < state.size(); ++i) {
     host.resize(static_cast<size_t>(state[i].second.numel()));
     backend.copy_to_host(state[i].second, host.data());
-    const size_t bytes = host.size() * sizeof(float);
-    if (std::fwrite(host.data(), 1, bytes, file) != bytes) fail("short write to");
-    segments.push_back({{"file", file_name}, {"group", static_cast<int64_t>(i)}, {"kind", "state"}, {"begin", 0},
-                        {"count", static_cast<int64_t>(host.size())}, {"offset", offset}, {"bytes", bytes},
-                        {"crc32", crc32(host.data(), bytes)}});
-    offset += bytes;
+    append(static_cast<int64_t>(i), "state", 0);
   }
   if (std::fflush(file) != 0) fail("cannot write");
   if (::fsync(::fileno(file)) != 0) fail("cannot sync");
