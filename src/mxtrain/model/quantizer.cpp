@@ -108,17 +108,20 @@ std::vector<std::pair<std::string, Tensor>> Fp8DelayedQuantizer::resume_state() 
           {"fp8.backward.scale_inverse", backward_scale_inverse_.tensor()}};
 }
 
+// Slot 0 is the first row of the slot-major history: the records of the step under way.
+Tensor Fp8DelayedQuantizer::newest_forward_slot() const {
+  return forward_history_.tensor().slice_flat(0, Shape{forward_history_.tensor().shape[1]});
+}
+
 void Fp8DelayedQuantizer::begin_evaluation() {
-  // Slot 0 is the first row of the slot-major history: the records of the step under way.
-  const Tensor newest = forward_history_.tensor().slice_flat(0, Shape{forward_history_.tensor().shape[1]});
+  const Tensor newest = newest_forward_slot();
   held_slot_.resize(static_cast<size_t>(newest.numel()));
   backend_.copy_to_host(newest, held_slot_.data());
 }
 
 void Fp8DelayedQuantizer::end_evaluation() {
   if (held_slot_.empty()) return;
-  const Tensor newest = forward_history_.tensor().slice_flat(0, Shape{forward_history_.tensor().shape[1]});
-  backend_.copy_from_host(held_slot_.data(), newest);
+  backend_.copy_from_host(held_slot_.data(), newest_forward_slot());
   held_slot_.clear();
 }
 

@@ -138,6 +138,8 @@ class Fp8DelayedQuantizer final : public Quantizer {
                   ScaleFromAmax* from) override;
 
  private:
+  Tensor newest_forward_slot() const;  // the forward history's slot 0, every linear's entry
+
   numerics::AmaxAlgorithm algorithm_;
   int margin_;
   Buffer forward_history_, forward_scale_, forward_scale_inverse_;
