@@ -16,6 +16,7 @@
 // the per-element ones. Loss: the forward alone, small.
 //   fp8 (second pass), fp8-current, mxfp8: loss 2e-2, every gradient 0.25; nvfp4: loss 5e-2,
 //   gradients 0.6
+#include <algorithm>
 #include <cstring>
 
 #include "cuda/cuda_test_support.hpp"
@@ -241,6 +242,55 @@ TEST_F(CudaQuantize, CastTransposeWritesBothCopiesInOnePass) {
   EXPECT_TRUE(numerics::is_nan(download(cuda(), amax_gpu)[0]));
 }
 
+// A cast with SwiGLU fused in (CastProducer) writes the codes, decode scales and amax of
+// SwiGLU's kernel followed by the cast, bit for bit: forward (E4M3) and backward (E5M2, both
+// halves), both copies, on a shape off the 128x64 tiles and the 8-wide vectors (scalar loads
+// and stores) and on a model-like one (the vector path), with non-finite inputs mixed in.
+TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
+  struct Shape2 {
+    int64_t rows, ffn;
+  };
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (const Shape2 shape : {Shape2{1000, 132}, Shape2{256, 704}}) {
+      const int64_t rows = shape.rows, ffn = shape.ffn;
+      const std::string label = std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" + std::to_string(ffn);
+      Buffer gate_up = upload(cuda(), inputs(rows, 2 * ffn, 7, true), Shape{rows, 2 * ffn}, dtype);
+      Buffer dout = upload(cuda(), inputs(rows, ffn, 8, false), Shape{rows, ffn}, dtype);
+      Buffer scale = upload(cuda(), {0.37f}, Shape{1});
+      for (const bool backward : {false, true}) {
+        const int64_t cols = backward ? 2 * ffn : ffn;
+        const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, backward ? DType::e5m2 : DType::e4m3);
+        Copy r[2] = {allocate_copy(cuda(), spec, false, rows, cols), allocate_copy(cuda(), spec, false, rows, cols)};
+        Copy c[2] = {allocate_copy(cuda(), spec, true, rows, cols), allocate_copy(cuda(), spec, true, rows, cols)};
+        Buffer amax[2] = {upload(cuda(), {0.5f}, Shape{1}), upload(cuda(), {0.5f}, Shape{1})};
+        // The ops apart.
+        Buffer x = cuda().allocate("x", Shape{rows, cols}, dtype, Lifetime::scratch);
+        if (backward) cuda().swiglu_backward(dout, gate_up, x);
+        else cuda().swiglu_forward(gate_up, x);
+        cuda().quantize(x, scale, r[0].q, c[0].q, amax[0]);
+        // Fused: x is never written.
+        CastProducer producer;
+        producer.op = backward ? CastProducer::Op::swiglu_backward : CastProducer::Op::swiglu_forward;
+        producer.gate_up = gate_up;
+        if (backward) producer.dout = dout;
+        const Tensor shape_only(nullptr, Shape{rows, cols}, dtype, Device::cuda);
+        cuda().quantize(shape_only, scale, r[1].q, c[1].q, amax[1], ScaleFromAmax{}, producer);
+        const std::string what = label + (backward ? " backward" : " forward");
+        EXPECT_EQ(raw_bytes(cuda(), r[0].data), raw_bytes(cuda(), r[1].data)) << what;
+        EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), c[1].data)) << what;
+        EXPECT_EQ(raw_bytes(cuda(), r[0].scales), raw_bytes(cuda(), r[1].scales)) << what;
+        EXPECT_EQ(raw_bytes(cuda(), c[0].scales), raw_bytes(cuda(), c[1].scales)) << what;
+        EXPECT_EQ(raw_bytes(cuda(), amax[0]), raw_bytes(cuda(), amax[1])) << what;
+        // Not all zeros or NaN: the codes carry the op's values.
+        const std::vector<uint8_t> codes = raw_bytes(cuda(), r[1].data);
+        EXPECT_GT(std::count_if(codes.begin(), codes.end(), [](uint8_t b) { return (b & 0x7f) != 0; }),
+                  static_cast<std::ptrdiff_t>(codes.size() / 2))
+            << what;
+      }
+    }
+  }
+}
+
 TEST_F(CudaQuantize, ScaleUpdatesMatchTheReference) {
   const int64_t length = 16, tensors = 300;
   std::vector<float> history = random_vector(static_cast<size_t>(length * tensors), 5, 0.0f, 100.0f);
@@ -401,6 +451,24 @@ TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
     }
     std::printf("[ error ] step %s: worst gradient rel L2 %.3e\n", linear_format_name(c.format), worst);
   }
+}
+
+// A delayed-scaling step of a Llama with SwiGLU fused into the casts gives the bits of the step
+// that runs SwiGLU apart (the scales are known: the second pass after a scale update).
+TEST_F(CudaQuantize, FusedProducersGiveTheStepsBits) {
+  const ModelConfig config = model_preset("tiny");
+  ASSERT_EQ(config.family, ModelFamily::llama);
+  LinearRecipeOptions linear;
+  linear.format = LinearFormat::fp8_delayed;
+  linear.fuse_producers = false;
+  const Gradients apart = step(cuda(), config, linear);
+  linear.fuse_producers = true;
+  const Gradients fused = step(cuda(), config, linear);
+  EXPECT_EQ(apart.loss, fused.loss);
+  ASSERT_EQ(apart.values.size(), fused.values.size());
+  for (size_t i = 0; i < apart.values.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
+        << apart.names[i];
 }
 
 TEST_F(CudaQuantize, StartupLinesSayHowTheGpuRunsEachRecipe) {

@@ -146,6 +146,49 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
   }
 }
 
+// Delayed FP8 scaling: llama's SwiGLU runs inside the casts of the down projection's input and
+// the up projection's output gradient, so neither op runs apart and neither BF16 tensor is
+// written; the step's bits are those of the separate ops, under every recompute policy. GPT-2
+// (GELU) and current scaling keep their ops.
+TEST(Transformer, FusedProducersDropTheSwigluOpsAndChangeNoBits) {
+  struct SwigluCounter : TraceObserver {
+    int64_t forward = 0, backward = 0;
+    void on_op(const OpRecord& record) override {
+      forward += record.kind == OpKind::swiglu_forward;
+      backward += record.kind == OpKind::swiglu_backward;
+    }
+  };
+  for (const char* policy : {"none", "selective", "full"}) {
+    for (LinearFormat format : {LinearFormat::fp8_delayed, LinearFormat::fp8_current}) {
+      const ModelConfig config = test::small_model(ModelFamily::llama, 3);
+      Gradients result[2];
+      SwigluCounter counters[2];
+      for (int fuse = 0; fuse < 2; ++fuse) {
+        TransformerOptions options;
+        options.recompute = RecomputePolicy::parse(policy);
+        options.linear.format = format;
+        options.linear.fuse_producers = fuse == 1;
+        result[fuse] = run_step(config, options, &counters[fuse]);
+      }
+      const std::string label = std::string(policy) + " " + linear_format_name(format);
+      const bool fused = format == LinearFormat::fp8_delayed;
+      // Unfused: one forward a layer (two where backward recomputes the activation), one backward.
+      const int64_t forwards = std::string(policy) == "none" ? 1 : 2;
+      EXPECT_EQ(counters[0].forward, forwards * config.layers) << label;
+      EXPECT_EQ(counters[0].backward, config.layers) << label;
+      // Fused: the forward's op goes into the cast; a recompute before the down projection's
+      // weight gradient (no saved input) still runs it; the backward's always goes.
+      EXPECT_EQ(counters[1].forward, fused ? (forwards - 1) * config.layers : counters[0].forward) << label;
+      EXPECT_EQ(counters[1].backward, fused ? 0 : config.layers) << label;
+      EXPECT_EQ(result[0].loss, result[1].loss) << label;
+      for (size_t g = 0; g < result[0].groups.size(); ++g)
+        EXPECT_EQ(0, std::memcmp(result[0].groups[g].data(), result[1].groups[g].data(),
+                                 result[0].groups[g].size() * sizeof(float)))
+            << label << " group " << g;
+    }
+  }
+}
+
 // Gradients exist from their first use in backward to zero_grads (set_to_none): none before
 // the step, every group's after it (what the optimizer reads), none again after zero_grads; a
 // second step gives the first step's gradients again (they start from zero each time).

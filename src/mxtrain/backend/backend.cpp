@@ -642,15 +642,40 @@ static DType format_key(const QuantizeSpec& spec) {
 }
 
 void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                       const QuantizedTensor& columnwise, const Tensor& amax_out, const ScaleFromAmax& from) {
-  require_contiguous(x, "quantize");
+                       const QuantizedTensor& columnwise, const Tensor& amax_out, const ScaleFromAmax& from,
+                       const CastProducer& producer) {
   MXTRAIN_ASSERT(x.rank() == 2, "quantize: x %s must be a matrix", x.describe().c_str());
+  if (!producer.defined()) require_contiguous(x, "quantize");
   MXTRAIN_ASSERT(rowwise.data.defined() || columnwise.data.defined(), "quantize: no copy requested");
   MXTRAIN_ASSERT(!from.defined() || (from.amax.dtype == DType::f32 && from.amax.numel() >= 1 &&
                                      from.args.rule == ScaleUpdateArgs::Rule::current),
                  "quantize: the scale comes from an f32 amax by the current rule");
-  double bytes = b(x) + b(amax_out) * 2 + (from.defined() ? b(from.amax) + b(scale) : 0);
+  // A fused producer reads the op's inputs instead of x.
+  double bytes = b(amax_out) * 2 + (from.defined() ? b(from.amax) + b(scale) : 0);
   double flops = 0;
+  switch (producer.op) {
+    case CastProducer::Op::none: bytes += b(x); break;
+    case CastProducer::Op::swiglu_forward:
+      require_contiguous(producer.gate_up, "quantize (swiglu_forward producer)");
+      MXTRAIN_ASSERT(producer.gate_up.dtype == x.dtype && producer.gate_up.rows() == x.rows() &&
+                         producer.gate_up.cols() == 2 * x.cols(),
+                     "quantize: swiglu_forward of %s into x %s", producer.gate_up.describe().c_str(),
+                     x.describe().c_str());
+      bytes += b(producer.gate_up);
+      flops += 6 * n(x);
+      break;
+    case CastProducer::Op::swiglu_backward:
+      require_contiguous(producer.gate_up, "quantize (swiglu_backward producer)");
+      require_contiguous(producer.dout, "quantize (swiglu_backward producer)");
+      require_same_shape(producer.gate_up, x, "quantize (swiglu_backward producer)");
+      MXTRAIN_ASSERT(producer.gate_up.dtype == x.dtype && producer.dout.dtype == x.dtype &&
+                         producer.dout.rows() == x.rows() && 2 * producer.dout.cols() == x.cols(),
+                     "quantize: swiglu_backward of %s and %s into x %s", producer.dout.describe().c_str(),
+                     producer.gate_up.describe().c_str(), x.describe().c_str());
+      bytes += b(producer.gate_up) + b(producer.dout);
+      flops += 12 * n(producer.dout);
+      break;
+  }
   for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
     if (!copy->data.defined()) continue;
     check_quantized(*copy, "quantize");
@@ -670,6 +695,12 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
   record(op);
   MXTRAIN_ASSERT(!from.defined() || (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
                  "quantize: a scale from an amax is per-tensor FP8's");
+  if (producer.defined()) {
+    MXTRAIN_ASSERT(!from.defined() && (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
+                   "quantize: a fused producer needs per-tensor FP8 with a known scale");
+    impl_quantize_produced(x, scale, rowwise, columnwise, amax_out, producer);
+    return;
+  }
   impl_quantize(x, scale, rowwise, columnwise, amax_out, from);
 }
 

@@ -224,6 +224,23 @@ struct ScaleFromAmax {
   bool defined() const { return amax.defined(); }
 };
 
+// The op that writes a cast's input, fused into the cast (quantize's producer): the cast
+// computes x from the op's inputs instead of reading it, so x is never written (its Tensor gives
+// only shape and dtype; data may be null). Each value is the op's output rounded to x's dtype,
+// as the op's own kernel rounds it, so the codes and the recorded amax are those of the op
+// followed by the cast, bit for bit. Per-tensor FP8 with a known scale only (delayed scaling):
+// current scaling needs the amax before the pass, and the block formats cast from x itself.
+struct CastProducer {
+  enum class Op : uint8_t {
+    none,
+    swiglu_forward,   // x [R, F] = swiglu_forward(gate_up [R, 2F])
+    swiglu_backward,  // x [R, 2F] = swiglu_backward(dout [R, F], gate_up [R, 2F])
+  };
+  Op op = Op::none;
+  Tensor gate_up{}, dout{};
+  bool defined() const { return op != Op::none; }
+};
+
 // A weight inside an optimizer shard, elements [begin, end), whose amax the optimizer step
 // records as it writes the new values (current scaling's weight amax: the cast that follows the
 // step then skips its own pass over the weight).
@@ -404,8 +421,9 @@ class Backend {
   // set from from.amax first (ScaleFromAmax).
   // mxfp8: block scales computed here. nvfp4: each copy's amax must already hold its matrix's
   // amax (the amax op). Both copies use one read of x where the backend can.
+  // producer (optional; per-tensor FP8 without from): x is computed in the cast (CastProducer).
   void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
-                const Tensor& amax, const ScaleFromAmax& from = {});
+                const Tensor& amax, const ScaleFromAmax& from = {}, const CastProducer& producer = {});
   // out (f32/bf16/f16) = the values q encodes, in x's layout [R, C] (a columnwise copy is
   // transposed back; an RHT copy stays in the Hadamard domain).
   void dequantize(const QuantizedTensor& q, const Tensor& out);
@@ -484,6 +502,11 @@ class Backend {
   virtual void impl_amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) = 0;
   virtual void impl_quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                              const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from) = 0;
+  // quantize with a producer: the CUDA backend runs one fused kernel; the CPU backend runs the
+  // op into a temporary and casts it (the same values by construction).
+  virtual void impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                                      const QuantizedTensor& columnwise, const Tensor& amax,
+                                      const CastProducer& producer) = 0;
   virtual void impl_dequantize(const QuantizedTensor& q, const Tensor& out) = 0;
   virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                                      const ScaleUpdateArgs& args) = 0;

@@ -210,14 +210,15 @@ void LinearRecipe::check_shapes(int64_t rows, int64_t in_features, int64_t out_f
 
 LinearRecipe::Operand LinearRecipe::quantize(const Tensor& x, int64_t linear, QuantizedRole role, bool rowwise,
                                              bool columnwise, const std::string& name, bool reuse_scale,
-                                             Lifetime columnwise_lifetime) {
+                                             Lifetime columnwise_lifetime, const CastProducer& producer) {
   return quantizer_->quantize(x, {.linear = linear,
                                   .role = role,
                                   .rowwise = rowwise,
                                   .columnwise = columnwise,
                                   .name = name,
                                   .reuse_scale = reuse_scale,
-                                  .columnwise_lifetime = columnwise_lifetime});
+                                  .columnwise_lifetime = columnwise_lifetime,
+                                  .producer = producer});
 }
 
 Buffer LinearRecipe::dequantized(const QuantizedTensor& q, DType dtype, const std::string& name) {
@@ -256,6 +257,21 @@ bool LinearRecipe::has_saved_input(int64_t layer, LinearKind kind) const {
   return linear < saved_inputs_.size() && saved_inputs_[linear] != nullptr;
 }
 
+bool LinearRecipe::fuses_producers(int64_t layer) const {
+  return options_.fuse_producers && quantized(layer) && quantizer_->fuses_producers();
+}
+
+namespace {
+
+// What identifies the tensor a gradient stash was cast from: a produced gradient has no data of
+// its own, so its producer's inputs name it.
+const void* source_of(const Tensor& x, const CastProducer& producer) {
+  if (!producer.defined()) return x.data;
+  return producer.dout.defined() ? producer.dout.data : producer.gate_up.data;
+}
+
+}  // namespace
+
 void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, const LinearGemmOptions& options) {
   MXTRAIN_ASSERT(!args.a.is_quantized() && !args.b.is_quantized(),
                  "LinearRecipe::gemm takes high-precision operands; it quantizes them itself");
@@ -263,6 +279,10 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
                  "LinearRecipe::gemm: only a forward without GELU saves its input");
   MXTRAIN_ASSERT(!options.out_amax.defined() || args.epilogue != GemmEpilogue::none,
                  "LinearRecipe::gemm: an out_amax is recorded by a GELU epilogue");
+  const CastProducer& producer = options.producer;
+  MXTRAIN_ASSERT(!producer.defined() || (fuses_producers(layer) && args.epilogue == GemmEpilogue::none &&
+                                         !args.bias_gradient.defined()),
+                 "LinearRecipe::gemm: layer %lld's casts take no fused producer here", static_cast<long long>(layer));
   const Tensor &a = args.a.tensor, &b = args.b.tensor;
   switch (args.role) {
     case GemmRole::forward:
@@ -270,26 +290,26 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
       if (args.epilogue == GemmEpilogue::gelu_aux_bias) {
         forward_gelu(layer, kind, a, b, args.bias, args.aux, args.out, options.out_amax);
       } else if (args.residual.defined()) {
-        forward_residual(layer, kind, a, b, args.bias, args.residual, args.out, options.save_input);
+        forward_residual(layer, kind, a, b, args.bias, args.residual, args.out, options.save_input, producer);
       } else {
-        forward(layer, kind, a, b, args.bias, args.out, options.save_input);
+        forward(layer, kind, a, b, args.bias, args.out, options.save_input, producer);
       }
       return;
     case GemmRole::backward_input:
       if (args.epilogue == GemmEpilogue::dgelu) {
         backward_input_gelu(layer, kind, a, b, args.aux, args.out, options.out_amax);
       } else {
-        backward_input(layer, kind, a, b, args.out, args.accumulate);
+        backward_input(layer, kind, a, b, args.out, args.accumulate, producer);
       }
       return;
     case GemmRole::backward_weight:
-      backward_weight(layer, kind, a, b, args.out, args.bias_gradient, args.accumulate);
+      backward_weight(layer, kind, a, b, args.out, args.bias_gradient, args.accumulate, producer);
       return;
   }
 }
 
 void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const Tensor& out, bool save_input) {
+                           const Tensor& out, bool save_input, const CastProducer& producer) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward: layer %lld keeps no quantized input", static_cast<long long>(layer));
     backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias});
@@ -301,8 +321,8 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
   const Tensor b = bias_as(bias, out.dtype, bias_storage);
   MXTRAIN_ASSERT(!save_input || saves_inputs(layer), "forward: layer %lld keeps no quantized input",
                  static_cast<long long>(layer));
-  Operand xq =
-      quantize(x, linear, QuantizedRole::input, true, save_input, name + ".input", false, Lifetime::activation);
+  Operand xq = quantize(x, linear, QuantizedRole::input, true, save_input, name + ".input", false,
+                        Lifetime::activation, producer);
   if (save_input) saved_inputs_[static_cast<size_t>(linear)] = std::make_unique<Operand>(xq.take_columnwise());
   Operand wq = quantize(weight, linear, QuantizedRole::weight, true, false, name + ".weight", true);
   if (native_) {
@@ -317,7 +337,8 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
 }
 
 void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x,
-                                   const Tensor& dweight, const Tensor& dbias, bool accumulate) {
+                                   const Tensor& dweight, const Tensor& dbias, bool accumulate,
+                                   const CastProducer& producer) {
   if (!quantized(layer)) {
     backend_.gemm({.role = GemmRole::backward_weight, .a = dout, .b = x, .out = dweight, .accumulate = accumulate,
                    .bias_gradient = dbias});
@@ -326,7 +347,8 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
   const std::string name = name_of(layer, kind);
   // Both copies of the gradient in one pass; the rowwise one waits for backward_input.
-  Operand dq = quantize(dout, linear, QuantizedRole::gradient, true, true, name + ".grad");
+  Operand dq = quantize(dout, linear, QuantizedRole::gradient, true, true, name + ".grad", false, Lifetime::scratch,
+                        producer);
   {
     Operand xq;
     if (has_saved_input(layer, kind)) {
@@ -354,12 +376,12 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   dq.columnwise = QuantizedTensor{};
   stash_ = std::make_unique<GradientStash>();
   stash_->linear = linear;
-  stash_->source = dout.data;
+  stash_->source = source_of(dout, producer);
   stash_->operand = std::move(dq);
 }
 
 void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
-                                  const Tensor& dx, bool accumulate) {
+                                  const Tensor& dx, bool accumulate, const CastProducer& producer) {
   if (!quantized(layer)) {
     backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx, .accumulate = accumulate});
     return;
@@ -367,8 +389,12 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
   const std::string name = name_of(layer, kind);
   Operand dq;
-  if (stash_ && stash_->linear == linear && stash_->source == dout.data) dq = std::move(stash_->operand);
-  else dq = quantize(dout, linear, QuantizedRole::gradient, true, false, name + ".grad");
+  if (stash_ && stash_->linear == linear && stash_->source == source_of(dout, producer)) {
+    dq = std::move(stash_->operand);
+  } else {
+    dq = quantize(dout, linear, QuantizedRole::gradient, true, false, name + ".grad", false, Lifetime::scratch,
+                  producer);
+  }
   stash_.reset();
   Operand wq = quantize(weight, linear, QuantizedRole::weight, false, true, name + ".weight", true);
   if (native_) {
@@ -384,13 +410,14 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
 }
 
 void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, const Tensor& residual, const Tensor& out, bool save_input) {
+                                    const Tensor& bias, const Tensor& residual, const Tensor& out, bool save_input,
+                                    const CastProducer& producer) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward_residual: layer %lld keeps no quantized input", static_cast<long long>(layer));
     backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias, .residual = residual});
     return;
   }
-  forward(layer, kind, x, weight, bias, out, save_input);
+  forward(layer, kind, x, weight, bias, out, save_input, producer);
   backend_.add(out, residual, out);
 }
 

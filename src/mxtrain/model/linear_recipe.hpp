@@ -59,6 +59,10 @@ struct LinearRecipeOptions {
   // Current scaling: the kernels that write a cast's input record its amax (amax_record);
   // false: every cast runs its own amax pass (the same values; tests compare the two).
   bool producer_amaxes = true;
+  // Delayed scaling: the casts compute their input from the op that writes it where the model
+  // hands one over (LinearGemmOptions::producer); false: the model runs the op apart (the same
+  // bits; tests compare the two).
+  bool fuse_producers = true;
 
   // Whether block `layer` of `layers` runs its linear GEMMs quantized.
   bool quantized(int64_t layer, int64_t layers) const;
@@ -80,6 +84,12 @@ struct LinearGemmOptions {
   bool save_input = false;
   // gelu_aux_bias / dgelu: f32 [1] that receives the amax of out (the GELU op's out_amax).
   Tensor out_amax{};
+  // Where fuses_producers(layer): the op that writes a (the forward's input or the output
+  // gradient) — a is then shape and dtype only — run inside a's casts, so a is never written
+  // and read back (TransformerEngine's activation kernels with an FP8 output). A backward_weight
+  // and the backward_input after it take the same producer; the second reuses the first's
+  // rowwise copy. No bias gradient (it sums the written gradient).
+  CastProducer producer{};
 };
 
 class LinearRecipe {
@@ -120,6 +130,9 @@ class LinearRecipe {
   // whether it holds one for this linear now.
   bool saves_inputs(int64_t layer) const;
   bool has_saved_input(int64_t layer, LinearKind kind) const;
+  // Whether block `layer`'s casts take a fused producer (LinearGemmOptions::producer): delayed
+  // scaling, whose scale is known before the pass.
+  bool fuses_producers(int64_t layer) const;
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1); the stochastic-rounding streams move on.
@@ -166,13 +179,13 @@ class LinearRecipe {
 
   // gemm by role and epilogue.
   void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-               const Tensor& out, bool save_input);
+               const Tensor& out, bool save_input, const CastProducer& producer = {});
   void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                       const Tensor& dbias, bool accumulate);
+                       const Tensor& dbias, bool accumulate, const CastProducer& producer);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                      bool accumulate);
+                      bool accumulate, const CastProducer& producer = {});
   void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const Tensor& residual, const Tensor& out, bool save_input);
+                        const Tensor& residual, const Tensor& out, bool save_input, const CastProducer& producer);
   void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Tensor& pre, const Tensor& out, const Tensor& out_amax);
   void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
@@ -180,7 +193,7 @@ class LinearRecipe {
 
   Operand quantize(const Tensor& x, int64_t linear, QuantizedRole role, bool rowwise, bool columnwise,
                    const std::string& name, bool reuse_scale = false,
-                   Lifetime columnwise_lifetime = Lifetime::scratch);
+                   Lifetime columnwise_lifetime = Lifetime::scratch, const CastProducer& producer = {});
   Buffer dequantized(const QuantizedTensor& q, DType dtype, const std::string& name);
   Tensor bias_as(const Tensor& bias, DType dtype, Buffer& storage);
   std::string name_of(int64_t layer, LinearKind kind) const;

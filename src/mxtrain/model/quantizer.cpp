@@ -32,6 +32,8 @@ void Quantizer::cast_scale(const Tensor&, const QuantizeRequest&, Tensor*, Tenso
 void Quantizer::copy_amax(const Tensor&, const std::string&, bool, QuantizedOperand&, Buffer&, QuantizedTensor&) {}
 
 QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& request) {
+  MXTRAIN_ASSERT(!request.producer.defined() || fuses_producers(), "quantize: %s casts no fused producer",
+                 std::string(dtype_name(format_dtype())).c_str());
   QuantizedOperand operand;
   Tensor scale, amax_out;
   ScaleFromAmax from;
@@ -51,7 +53,7 @@ QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& req
   };
   if (request.rowwise) make(false, operand.row_data, operand.row_scales, operand.row_amax, operand.rowwise);
   if (request.columnwise) make(true, operand.col_data, operand.col_scales, operand.col_amax, operand.columnwise);
-  backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_out, from);
+  backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_out, from, request.producer);
   return operand;
 }
 

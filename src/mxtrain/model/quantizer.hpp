@@ -45,6 +45,8 @@ struct QuantizeRequest {
   // instead of another amax pass; the values are the same, so is the scale.
   bool reuse_scale = false;
   Lifetime columnwise_lifetime = Lifetime::scratch;
+  // The op that writes x, fused into the cast (fuses_producers() only): x is shape and dtype.
+  CastProducer producer{};
 };
 
 // A weight cast this step with the amax slot where the optimizer may record its new amax
@@ -69,6 +71,9 @@ class Quantizer {
   virtual bool per_tensor() const { return false; }
   // The multiple of the block every contracted dimension must be (0: none).
   virtual int64_t block_multiple() const { return 0; }
+  // Whether a cast can compute its input from the producing op (QuantizeRequest::producer): the
+  // scale must be known before the pass (delayed scaling).
+  virtual bool fuses_producers() const { return false; }
 
   QuantizedOperand quantize(const Tensor& x, const QuantizeRequest& request);
 
@@ -123,6 +128,7 @@ class Fp8DelayedQuantizer final : public Quantizer {
                       numerics::AmaxAlgorithm algorithm, int margin);
   DType format_dtype() const override { return DType::e4m3; }
   bool per_tensor() const override { return true; }
+  bool fuses_producers() const override { return true; }
   void finish_step() override;
   const Tensor& forward_history() const { return forward_history_.tensor(); }
   const Tensor& backward_history() const { return backward_history_.tensor(); }

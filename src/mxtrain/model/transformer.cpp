@@ -180,7 +180,16 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
     if (!keep_most) s = Saved{};
     return;
   }
-  if (!gelu_on_gemm) {
+  // Under delayed FP8 scaling SwiGLU runs inside the down projection's input cast
+  // (LinearRecipe::fuses_producers) where nothing else reads the activation: it is never
+  // written in BF16 and read back.
+  const bool fused_act = config_.family == ModelFamily::llama && !keep_inputs && x_out.defined() &&
+                         linears_.fuses_producers(l);
+  Tensor act = Tensor(nullptr, Shape{rows_, config_.ffn_hidden}, options_.activation_dtype, backend_.device());
+  CastProducer act_producer;
+  if (fused_act) {
+    act_producer = {.op = CastProducer::Op::swiglu_forward, .gate_up = s.up};
+  } else if (!gelu_on_gemm) {
     s.act = activation("mlp_act", l, config_.ffn_hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
     const Tensor act_amax = linears_.amax_record(l, LinearKind::down, false, s.act);
     if (config_.family == ModelFamily::llama) {
@@ -189,10 +198,12 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
       backend_.gelu_forward(s.up, s.act, act_amax);
     }
   }
+  if (s.act.defined()) act = s.act;
   // The second residual add rides on the down GEMM (out = act · Wᵀ + b + mid).
   if (x_out.defined()) {
-    linears_.gemm(l, LinearKind::down, {.role = GemmRole::forward, .a = s.act, .b = w(l, p.down_weight), .out = x_out,
-                                        .bias = w(l, p.down_bias), .residual = s.mid}, {.save_input = save_inputs});
+    linears_.gemm(l, LinearKind::down, {.role = GemmRole::forward, .a = act, .b = w(l, p.down_weight), .out = x_out,
+                                        .bias = w(l, p.down_bias), .residual = s.mid},
+                  {.save_input = save_inputs, .producer = act_producer});
   }
   if (!keep_inputs) s.act.reset();
   if (!keep_most) s = Saved{};
@@ -228,13 +239,29 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   }
   s.act.reset();
   {
-    Buffer dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);
-    const Tensor dup_amax = linears_.amax_record(l, LinearKind::up, true, dup);
+    // Under delayed FP8 scaling SwiGLU's backward runs inside the up projection's gradient cast
+    // (both copies, one pass; LinearRecipe::fuses_producers): the gradient of gate_up is never
+    // written in BF16 and read back, and gate_up and dact live until that cast instead.
+    const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
+    const bool fused_dup = llama && linears_.fuses_producers(l) && !dup_params.bias.defined();
+    Buffer dup, dact;
+    Tensor dup_operand = Tensor(nullptr, Shape{rows_, config_.up_cols()}, options_.activation_dtype, backend_.device());
+    CastProducer dup_producer;
+    if (!fused_dup) {
+      dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);
+      dup_operand = dup;
+    }
+    const Tensor dup_amax = fused_dup ? Tensor() : linears_.amax_record(l, LinearKind::up, true, dup);
     if (llama) {
-      Buffer dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
+      dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
       linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.down_weight),
                                           .out = dact});
-      backend_.swiglu_backward(dact, s.up, dup, dup_amax);
+      if (fused_dup) {
+        dup_producer = {.op = CastProducer::Op::swiglu_backward, .gate_up = s.up, .dout = dact};
+      } else {
+        backend_.swiglu_backward(dact, s.up, dup, dup_amax);
+        dact.reset();
+      }
     } else {
       // GELU's backward rides on the down projection's input-gradient GEMM (the DGELU epilogue,
       // on the f32 product: 0.52 ms for GEMM and GELU against 0.44 + 0.18 apart in a GPT-2 1.5B
@@ -245,21 +272,23 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                                           .out = dup, .epilogue = GemmEpilogue::dgelu,
                                           .aux = s.up}, {.out_amax = dup_amax});
     }
-    s.up.reset();
+    if (!fused_dup) s.up.reset();
     // MLP: up projection and norm.
     recompute(s.norm2, LinearKind::up, [&] {
       s.norm2 = activation("mlp_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps);
     });
-    const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
-    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup, .b = s.norm2,
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup_operand, .b = s.norm2,
                                       .out = dup_params.weight, .accumulate = dup_params.accumulate,
-                                      .bias_gradient = dup_params.bias});
+                                      .bias_gradient = dup_params.bias}, {.producer = dup_producer});
     s.norm2.reset();
+    // The cast above made both copies of the gradient: what produced it is no longer needed.
+    dact.reset();
+    s.up.reset();
     Buffer dnorm2 = activation("mlp_norm.grad", l, config_.hidden, Lifetime::scratch);
-    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_input, .a = dup, .b = w(l, p.up_weight),
-                                      .out = dnorm2});
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_input, .a = dup_operand, .b = w(l, p.up_weight),
+                                      .out = dnorm2}, {.producer = dup_producer});
     dup.reset();
     const GradPair dnorm = dw(l, p.mlp_norm_weight, p.mlp_norm_bias);
     backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres, dnorm.weight,

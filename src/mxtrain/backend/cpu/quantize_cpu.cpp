@@ -167,6 +167,17 @@ void CpuBackend::impl_quantize(const Tensor& x, const Tensor& scale, const Quant
   }
 }
 
+void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                                        const QuantizedTensor& columnwise, const Tensor& amax,
+                                        const CastProducer& producer) {
+  // The op into a temporary of x's dtype, then the cast: the values the unfused ops make.
+  std::vector<uint8_t> storage(x.bytes());
+  const Tensor produced(storage.data(), x.shape, x.dtype, Device::cpu);
+  if (producer.op == CastProducer::Op::swiglu_forward) impl_swiglu_forward(producer.gate_up, produced, Tensor());
+  else impl_swiglu_backward(producer.dout, producer.gate_up, produced, Tensor());
+  impl_quantize(produced, scale, rowwise, columnwise, amax, ScaleFromAmax{});
+}
+
 void CpuBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {
   const std::vector<float> values = dequantized(q);
   store_floats(q.transposed ? transposed(values, q.rows(), q.k()) : values, out, "dequantize");

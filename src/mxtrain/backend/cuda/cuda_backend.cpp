@@ -513,6 +513,12 @@ void CudaBackend::impl_quantize(const Tensor& x, const Tensor& scale, const Quan
   cuda_kernels::quantize(x, scale, rowwise, columnwise, amax, from, stream_);
 }
 
+void CudaBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                                         const QuantizedTensor& columnwise, const Tensor& amax,
+                                         const CastProducer& producer) {
+  cuda_kernels::quantize_produced(x, scale, rowwise, columnwise, amax, producer, stream_);
+}
+
 void CudaBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {
   cuda_kernels::dequantize(q, out, stream_);
 }

@@ -167,15 +167,8 @@ void require_same_dtype(const char* op, std::initializer_list<const Tensor*> ten
 // ---- SwiGLU: gate_up [rows, 2F] = [gate | up], out [rows, F] ------------------------------------
 // I: the index type of the row/column split (with_index_type).
 //
-// sigmoid(g) = 1 / (1 + e^-g) with the hardware ex2 (__expf) and an approximate reciprocal
-// (__fdividef): a few ulp of f32 (far below the bf16 rounding of the result; the ops' tests
-// hold them to the CPU oracle's tolerance), and far fewer instructions than expf and an IEEE
-// division, which left the forward partly issue-bound (3.5 TB/s on llama-1b's [16384, 5632]
-// on an H200). Past g < -87 the reciprocal of the huge denominator is 0, as the sigmoid's
-// value there is below f32's normal range anyway. With both changes (and two vectors a thread
-// in the forward) a llama-1b step's SwiGLU kernels went 3.47 -> 3.02 ms (forward, 4.0 TB/s) and
-// 5.07 -> 4.65 ms (backward, 4.3 TB/s) in CUPTI timelines of real steps.
-__device__ __forceinline__ float fast_sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
+// The element math (swiglu_value, swiglu_gradients) is device_common.cuh's, shared with the FP8
+// casts that fuse these ops (quantize.cu).
 
 // V vectors a thread, all loaded before any is computed: with one vector (32 bytes of loads in
 // flight a thread) the forward had too few bytes in flight to reach the bandwidth.
@@ -201,7 +194,7 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t vectors,
     if (first + static_cast<int64_t>(j) * blockDim.x >= vectors) break;
     float y[W];
 #pragma unroll
-    for (int i = 0; i < W; ++i) y[i] = g[j][i] * fast_sigmoid(g[j][i]) * u[j][i];
+    for (int i = 0; i < W; ++i) y[i] = swiglu_value(g[j][i], u[j][i]);
     store<W>(out + out_offset[j], y);
     if (amax_out != nullptr) {
 #pragma unroll
@@ -225,12 +218,7 @@ __global__ void swiglu_backward_kernel(const T* dout, const T* gate_up, T* dgate
     load<W>(gate_up + in_offset, g);
     load<W>(gate_up + in_offset + ffn, u);
 #pragma unroll
-    for (int i = 0; i < W; ++i) {
-      const float sigmoid = fast_sigmoid(g[i]);
-      const float silu = g[i] * sigmoid;
-      dg[i] = d[i] * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
-      du[i] = d[i] * silu;
-    }
+    for (int i = 0; i < W; ++i) swiglu_gradients(d[i], g[i], u[i], dg[i], du[i]);
     store<W>(dgate_up + in_offset, dg);
     store<W>(dgate_up + in_offset + ffn, du);
     if (amax_out != nullptr) {

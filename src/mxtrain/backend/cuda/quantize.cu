@@ -124,32 +124,102 @@ __device__ __forceinline__ void cast8(const float (&scaled)[8], nm::Fp8Format fo
 #endif
 }
 
+// Eight consecutive values of T, kept as the 16-byte words they load as (bf16: one, f32: two).
 template <typename T>
-__global__ void __launch_bounds__(kCastThreads, 4)
-    fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* scale_pointer,
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+// Elements gc..gc+7 of row `row` (null: past the last row) of a matrix with `cols` columns:
+// 16-byte loads where whole (16-byte aligned rows, all 8 inside), else one at a time; elements
+// past the end read as zero.
+template <typename T>
+__device__ __forceinline__ void load_pack(const T* row, int64_t gc, int64_t cols, bool vector, Pack8<T>& pack) {
+  if (row != nullptr && vector && gc + 8 <= cols) {
+#pragma unroll
+    for (int w = 0; w < static_cast<int>(sizeof(T)) / 2; ++w)
+      reinterpret_cast<uint4*>(&pack)[w] = reinterpret_cast<const uint4*>(row + gc)[w];
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) pack.v[i] = (row != nullptr && gc + i < cols) ? row[gc + i] : from_float<T>(0.0f);
+}
+
+// What the cast kernel casts. A source has kInputs packs per 8 values (fetched for all of a
+// thread's rows before any is used, so the loads are in flight together) and kOutputs parts of
+// `cols` columns each, side by side in x ([rows, kOutputs · cols]); values(part, in, v) gives the
+// 8 values of one part. The fused producers round each value to T as the op's kernel stores it.
+template <typename T>
+struct CastFromX {  // x itself
+  static constexpr int kInputs = 1, kOutputs = 1, kMinBlocks = 4;
+  const T* x;
+  int64_t cols;
+  bool vector;
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
+    load_pack(in_rows ? x + gr * cols : nullptr, gc, cols, vector, in[0]);
+  }
+  __device__ __forceinline__ void values(int, const Pack8<T> (&in)[kInputs], float (&v)[8]) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = to_float<T>(in[0].v[i]);
+  }
+};
+
+template <typename T>
+struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
+  static constexpr int kInputs = 2, kOutputs = 1, kMinBlocks = sizeof(T) == 2 ? 4 : 2;
+  const T* gate_up;
+  int64_t cols;  // F
+  bool vector;
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
+    const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
+    load_pack(gate, gc, cols, vector, in[0]);
+    load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in[1]);
+  }
+  __device__ __forceinline__ void values(int, const Pack8<T> (&in)[kInputs], float (&v)[8]) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = round_to<T>(swiglu_value(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i])));
+  }
+};
+
+template <typename T>
+struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] and gate_up [R, 2F]
+  static constexpr int kInputs = 3, kOutputs = 2, kMinBlocks = 2;  // 3 blocks an SM spilled (bf16)
+  const T* dout;
+  const T* gate_up;
+  int64_t cols;  // F
+  bool vector;
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
+    const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
+    load_pack(in_rows ? dout + gr * cols : nullptr, gc, cols, vector, in[0]);
+    load_pack(gate, gc, cols, vector, in[1]);
+    load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in[2]);
+  }
+  __device__ __forceinline__ void values(int part, const Pack8<T> (&in)[kInputs], float (&v)[8]) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float dgate, dup;
+      swiglu_gradients(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i]), to_float<T>(in[2].v[i]), dgate, dup);
+      v[i] = round_to<T>(part == 0 ? dgate : dup);
+    }
+  }
+};
+
+// rows x cols is one part of x; part p is x's columns [p · cols, (p + 1) · cols). The tile is
+// cast part by part, reusing the shared tile for each part's transposed codes.
+template <typename T, typename Source>
+__global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
+    fp8_cast_transpose_kernel(Source source, int64_t rows, int64_t cols, const float* scale_pointer,
                               nm::Fp8Format format, uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
                               float* rowwise_inverse, float* columnwise_inverse, unsigned* amax_bits,
-                              CurrentScaleArgs current, bool vector_in, bool vector_rowwise, bool vector_columnwise) {
+                              CurrentScaleArgs current, bool vector_rowwise, bool vector_columnwise) {
   __shared__ __align__(16) uint8_t tile[kCastCols][kCastPitch];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCastRows, col0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
-  // The loads stay in x's own type until they are used (4 registers per vector for bf16).
-  constexpr int kWords = sizeof(T) / 2;  // 16-byte words per 8 values
-  uint4 raw[kCastVectors][kWords];
+  // The loads stay in their storage type until they are used (4 registers per pack for bf16).
+  Pack8<T> in[kCastVectors][Source::kInputs];
   // Thread t: columns c0..c0+7 of rows r0..r0+3 (a warp's loads: 4 rows of 128 bytes).
   const int r0 = 4 * (threadIdx.x / 8), c0 = (threadIdx.x % 8) * 8;
 #pragma unroll
-  for (int j = 0; j < kCastVectors; ++j) {
-    const int r = r0 + j, c = c0;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    if (vector_in && gr < rows && gc + 8 <= cols) {
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) raw[j][w] = reinterpret_cast<const uint4*>(x + gr * cols + gc)[w];
-    } else {
-      T* e = reinterpret_cast<T*>(raw[j]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) e[i] = (gr < rows && gc + i < cols) ? x[gr * cols + gc + i] : from_float<T>(0.0f);
-    }
-  }
+  for (int j = 0; j < kCastVectors; ++j) source.fetch(row0 + r0 + j, row0 + r0 + j < rows, col0 + c0, in[j]);
   // Current scaling: every block forms the scale from the amax itself (the same bits), and the
   // first also stores it for later casts of the same tensor.
   const float scale = current.amax != nullptr
@@ -167,58 +237,66 @@ __global__ void __launch_bounds__(kCastThreads, 4)
   const bool scale_may_make_nan = !(scale > 0.0f && scale < INFINITY);
   // The max of |x| as bits: non-negative floats order like their bit patterns, NaNs above +inf.
   unsigned amax = 0;
-  uint32_t column_words[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // column c0 + i: rows r0..r0+3, one byte each
+  const int64_t x_cols = Source::kOutputs * cols;
 #pragma unroll
-  for (int j = 0; j < kCastVectors; ++j) {
-    const int r = r0 + j, c = c0;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    const T* e = reinterpret_cast<const T*>(raw[j]);
-    float scaled[8];
-    unsigned vector_max = 0;
+  for (int part = 0; part < Source::kOutputs; ++part) {
+    const int64_t part_col = part * cols;
+    uint32_t column_words[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // column c0 + i: rows r0..r0+3, one byte each
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float value = to_float<T>(e[i]);
-      vector_max = max(vector_max, abs_bits(value));
-      scaled[i] = nm::mul_rn(value, scale);
-    }
-    amax = max(amax, vector_max);
-    uint8_t q[8];
-    cast8(scaled, format, q, scale_may_make_nan || vector_max >= 0x7f800000u);
-    if (rowwise != nullptr) {
-      if (vector_rowwise && gr < rows && gc + 8 <= cols) {
-        uint2 packed;
-        uint8_t* bytes = reinterpret_cast<uint8_t*>(&packed);
+    for (int j = 0; j < kCastVectors; ++j) {
+      const int r = r0 + j, c = c0;
+      const int64_t gr = row0 + r, gc = col0 + c;
+      float value[8];
+      source.values(part, in[j], value);
+      float scaled[8];
+      unsigned vector_max = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) bytes[i] = q[i];
-        *reinterpret_cast<uint2*>(rowwise + gr * cols + gc) = packed;
-      } else {
-        for (int i = 0; i < 8; ++i)
-          if (gr < rows && gc + i < cols) rowwise[gr * cols + gc + i] = q[i];
+      for (int i = 0; i < 8; ++i) {
+        vector_max = max(vector_max, abs_bits(value[i]));
+        scaled[i] = nm::mul_rn(value[i], scale);
+      }
+      amax = max(amax, vector_max);
+      uint8_t q[8];
+      cast8(scaled, format, q, scale_may_make_nan || vector_max >= 0x7f800000u);
+      if (rowwise != nullptr) {
+        uint8_t* out = rowwise + gr * x_cols + part_col + gc;
+        if (vector_rowwise && gr < rows && gc + 8 <= cols) {
+          uint2 packed;
+          uint8_t* bytes = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) bytes[i] = q[i];
+          *reinterpret_cast<uint2*>(out) = packed;
+        } else {
+          for (int i = 0; i < 8; ++i)
+            if (gr < rows && gc + i < cols) out[i] = q[i];
+        }
+      }
+      if (columnwise != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) column_words[i] |= static_cast<uint32_t>(q[i]) << (8 * j);
       }
     }
     if (columnwise != nullptr) {
+      if (part > 0) __syncthreads();  // every thread has read the previous part's tile
 #pragma unroll
-      for (int i = 0; i < 8; ++i) column_words[i] |= static_cast<uint32_t>(q[i]) << (8 * j);
-    }
-  }
-  if (columnwise != nullptr) {
+      for (int i = 0; i < 8; ++i) *reinterpret_cast<uint32_t*>(&tile[c0 + i][r0]) = column_words[i];
+      __syncthreads();
+      // Row c of the transposed tile: 128 bytes, 8 threads of 16 bytes each.
+      for (int v = threadIdx.x; v < kCastCols * kCastRows / 16; v += kCastThreads) {
+        const int c = v / 8, r = (v % 8) * 16;
+        const int64_t gc = col0 + c, gr = row0 + r;
+        if (gc >= cols) continue;
+        uint8_t* out = columnwise + (part_col + gc) * rows + gr;
+        if (gr + 16 <= rows && vector_columnwise) {
+          uint4 packed;
+          uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) *reinterpret_cast<uint32_t*>(&tile[c0 + i][r0]) = column_words[i];
-    __syncthreads();
-    // Row c of the transposed tile: 128 bytes, 8 threads of 16 bytes each.
-    for (int v = threadIdx.x; v < kCastCols * kCastRows / 16; v += kCastThreads) {
-      const int c = v / 8, r = (v % 8) * 16;
-      const int64_t gc = col0 + c, gr = row0 + r;
-      if (gc >= cols) continue;
-      if (gr + 16 <= rows && vector_columnwise) {
-        uint4 packed;
-        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
-#pragma unroll
-        for (int w = 0; w < 4; ++w) words[w] = *reinterpret_cast<const uint32_t*>(&tile[c][r + 4 * w]);
-        *reinterpret_cast<uint4*>(columnwise + gc * rows + gr) = packed;
-      } else {
-        for (int i = 0; i < 16; ++i)
-          if (gr + i < rows) columnwise[gc * rows + gr + i] = tile[c][r + i];
+          for (int w = 0; w < 4; ++w) words[w] = *reinterpret_cast<const uint32_t*>(&tile[c][r + 4 * w]);
+          *reinterpret_cast<uint4*>(out) = packed;
+        } else {
+          for (int i = 0; i < 16; ++i)
+            if (gr + i < rows) out[i] = tile[c][r + i];
+        }
       }
     }
   }
@@ -486,6 +564,38 @@ void quantize_block_copy(const T* x, const Tensor& x_tensor, const QuantizedTens
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
+// The per-tensor FP8 cast of `source` (rows x cols a part) into the copies that are defined.
+template <typename T, typename Source>
+void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Tensor& scale,
+                     const QuantizedTensor& rowwise, const QuantizedTensor& columnwise, const Tensor& amax_out,
+                     const ScaleFromAmax& from, cudaStream_t stream) {
+  MXTRAIN_ASSERT(!rowwise.data.defined() || !columnwise.data.defined() ||
+                     rowwise.spec.element == columnwise.spec.element,
+                 "quantize: the two per-tensor FP8 copies share one format");
+  const QuantizedTensor& any = rowwise.data.defined() ? rowwise : columnwise;
+  uint8_t* row_out = rowwise.data.defined() ? static_cast<uint8_t*>(rowwise.data.data) : nullptr;
+  uint8_t* col_out = columnwise.data.defined() ? static_cast<uint8_t*>(columnwise.data.data) : nullptr;
+  if (rows == 0 || cols == 0) return;
+  const bool vector_rowwise = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(row_out) & 7u) == 0;
+  const bool vector_columnwise = rows % 16 == 0 && (reinterpret_cast<uintptr_t>(col_out) & 15u) == 0;
+  dim3 grid(blocks_for(cols, kCastCols), blocks_for(rows, kCastRows));
+  float* row_inverse = rowwise.data.defined() ? static_cast<float*>(rowwise.scale_inverse.data) : nullptr;
+  float* col_inverse = columnwise.data.defined() ? static_cast<float*>(columnwise.scale_inverse.data) : nullptr;
+  CurrentScaleArgs current;
+  if (from.defined()) {
+    current.amax = static_cast<const float*>(from.amax.data);
+    current.scale_out = static_cast<float*>(scale.data);
+    current.scaled_max = from.args.scaled_max;
+    current.epsilon = from.args.epsilon;
+    current.power_of_2_scales = from.args.power_of_2_scales;
+  }
+  fp8_cast_transpose_kernel<T, Source><<<grid, kCastThreads, 0, stream>>>(
+      source, rows, cols, static_cast<const float*>(scale.data), fp8_format(any.spec.element), row_out, col_out,
+      row_inverse, col_inverse, amax_out.defined() ? static_cast<unsigned*>(amax_out.data) : nullptr, current,
+      vector_rowwise, vector_columnwise);
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream) {
@@ -510,43 +620,37 @@ void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_tra
 
 void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
               const Tensor& amax_out, const ScaleFromAmax& from, cudaStream_t stream) {
-  const int64_t rows = x.rows(), cols = x.cols();
   const QuantizedTensor& any = rowwise.data.defined() ? rowwise : columnwise;
   dispatch_float<true>(x.dtype, "quantize", [&](auto tag) {
     using T = decltype(tag);
     const T* data = static_cast<const T*>(x.data);
     if (any.spec.mode == ScalingMode::per_tensor) {
-      MXTRAIN_ASSERT(!rowwise.data.defined() || !columnwise.data.defined() ||
-                         rowwise.spec.element == columnwise.spec.element,
-                     "quantize: the two per-tensor FP8 copies share one format");
-      uint8_t* row_out = rowwise.data.defined() ? static_cast<uint8_t*>(rowwise.data.data) : nullptr;
-      uint8_t* col_out = columnwise.data.defined() ? static_cast<uint8_t*>(columnwise.data.data) : nullptr;
-      if (rows == 0 || cols == 0) return;
-      const bool vector_in = cols % 8 == 0 && aligned16(x);
-      const bool vector_rowwise = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(row_out) & 7u) == 0;
-      const bool vector_columnwise = rows % 16 == 0 && aligned16(col_out);
-      dim3 grid(blocks_for(cols, kCastCols), blocks_for(rows, kCastRows));
-      float* row_inverse = rowwise.data.defined() ? static_cast<float*>(rowwise.scale_inverse.data) : nullptr;
-      float* col_inverse = columnwise.data.defined() ? static_cast<float*>(columnwise.scale_inverse.data) : nullptr;
-      CurrentScaleArgs current;
-      if (from.defined()) {
-        current.amax = static_cast<const float*>(from.amax.data);
-        current.scale_out = static_cast<float*>(scale.data);
-        current.scaled_max = from.args.scaled_max;
-        current.epsilon = from.args.epsilon;
-        current.power_of_2_scales = from.args.power_of_2_scales;
-      }
-      fp8_cast_transpose_kernel<T><<<grid, kCastThreads, 0, stream>>>(
-          data, rows, cols, static_cast<const float*>(scale.data), fp8_format(any.spec.element), row_out, col_out,
-          row_inverse, col_inverse, amax_out.defined() ? static_cast<unsigned*>(amax_out.data) : nullptr, current,
-          vector_in, vector_rowwise, vector_columnwise);
-      MXTRAIN_CUDA_CHECK_LAUNCH();
+      const CastFromX<T> source{data, x.cols(), x.cols() % 8 == 0 && aligned16(x)};
+      launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, from, stream);
       return;
     }
     if (rowwise.data.defined()) quantize_block_copy<T>(data, x, rowwise, stream);
     if (columnwise.data.defined()) quantize_block_copy<T>(data, x, columnwise, stream);
     if (amax_out.defined()) {
       amax(x, amax_out, true, false, stream);
+    }
+  });
+}
+
+void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                       const QuantizedTensor& columnwise, const Tensor& amax_out, const CastProducer& producer,
+                       cudaStream_t stream) {
+  dispatch_float<true>(x.dtype, "quantize (fused producer)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* gate_up = static_cast<const T*>(producer.gate_up.data);
+    const int64_t ffn = producer.gate_up.cols() / 2;
+    if (producer.op == CastProducer::Op::swiglu_forward) {
+      const CastFromSwiglu<T> source{gate_up, ffn, ffn % 8 == 0 && aligned16(producer.gate_up)};
+      launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+    } else {
+      const CastFromSwigluBackward<T> source{static_cast<const T*>(producer.dout.data), gate_up, ffn,
+                                             ffn % 8 == 0 && aligned16(producer.gate_up) && aligned16(producer.dout)};
+      launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
     }
   });
 }

@@ -104,6 +104,8 @@ class DryrunBackend : public Backend {
   void impl_amax(const Tensor&, const Tensor&, bool, bool) override {}
   void impl_quantize(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&, const Tensor&,
                      const ScaleFromAmax&) override {}
+  void impl_quantize_produced(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&,
+                              const Tensor&, const CastProducer&) override {}
   void impl_dequantize(const QuantizedTensor&, const Tensor&) override {}
   void impl_fp8_scale_update(const Tensor&, const Tensor&, const Tensor&, const ScaleUpdateArgs&) override {}
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
