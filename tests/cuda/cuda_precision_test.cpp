@@ -355,6 +355,17 @@ TEST_F(CudaQuantize, Fp8GemmsMatchTheDequantizedProduct) {
   EXPECT_LE(report_error("fp8 gemm forward e4m3 x e4m3 (fast accumulation)", download(cuda(), out_gpu),
                          download(cpu(), out_cpu)),
             6e-3);
+  // forward with a residual in the epilogue: out = x · wᵀ + bias + residual, against the CPU's
+  // product plus the residual (the GPU rounds the sum once; the tolerance is the forward's).
+  const std::vector<float> residual = rounded(random_vector(static_cast<size_t>(n * m), 16, -3.0f, 3.0f), DType::bf16);
+  Buffer residual_cpu = upload(cpu(), residual, Shape{n, m});
+  Buffer residual_gpu = upload(cuda(), residual, Shape{n, m}, DType::bf16);
+  cpu().gemm({.role = GemmRole::forward, .a = xr_c.q, .b = wr_c.q, .out = out_cpu, .bias = bias_cpu,
+              .residual = residual_cpu});
+  cuda().gemm({.role = GemmRole::forward, .a = xr_g.q, .b = wr_g.q, .out = out_gpu, .bias = bias_gpu,
+               .residual = residual_gpu});
+  EXPECT_LE(report_error("fp8 gemm forward + residual (epilogue)", download(cuda(), out_gpu), download(cpu(), out_cpu)),
+            6e-3);
   // dgrad: dx[n, k] = dy · w = dy rowwise with wᵀ (w's columnwise copy)
   Buffer dx_cpu = cpu().allocate("dx", Shape{n, k}, DType::f32, Lifetime::scratch);
   Buffer dx_gpu = cuda().allocate("dx", Shape{n, k}, DType::bf16, Lifetime::scratch);

@@ -327,7 +327,7 @@ void Backend::check_and_record_gemm(const GemmArgs& args) {
 }
 
 void Backend::gemm_epilogue_apart(const GemmArgs& args) {
-  MXTRAIN_ASSERT(!args.a.is_quantized() && has_separable_epilogue(args),
+  MXTRAIN_ASSERT((!args.a.is_quantized() || args.epilogue == GemmEpilogue::none) && has_separable_epilogue(args),
                  "gemm_epilogue_apart: no epilogue to run apart");
   GemmArgs plain = args;
   plain.epilogue = GemmEpilogue::none;
@@ -728,12 +728,21 @@ void Backend::check_and_record_quantized_gemm(const GemmArgs& args) {
                  "gemm: quantized a %s, b %s, out %s", a.data.describe().c_str(), bq.data.describe().c_str(),
                  out.describe().c_str());
   MXTRAIN_ASSERT(!args.bias.defined() || args.bias.numel() == out.cols(), "gemm: bias shape");
-  MXTRAIN_ASSERT(args.epilogue == GemmEpilogue::none && !args.residual.defined() && !args.bias_gradient.defined(),
-                 "gemm: quantized operands take no epilogue but the bias (the recipe runs the rest apart)");
+  MXTRAIN_ASSERT(args.epilogue == GemmEpilogue::none && !args.bias_gradient.defined(),
+                 "gemm: quantized operands take no epilogue but the bias and a forward's residual (the recipe "
+                 "runs the rest apart)");
+  if (args.residual.defined()) {
+    MXTRAIN_ASSERT(args.role == GemmRole::forward && !args.accumulate, "gemm: a residual is a forward's");
+    require_same_shape(args.residual, out, "gemm residual");
+    MXTRAIN_ASSERT(args.residual.dtype == out.dtype, "gemm residual: residual %s, out %s",
+                   args.residual.describe().c_str(), out.describe().c_str());
+  }
   // The planner prices a quantized GEMM at its operands' rate: FP8 (per-tensor or MXFP8) or FP4.
   const DType rate = a.spec.mode == ScalingMode::nvfp4 ? DType::e2m1 : DType::e4m3;
   OpRecord op{gemm_op_kind(args.role), phase_, rate, 2.0 * n(out) * static_cast<double>(a.k()),
-              quantized_bytes(a) + quantized_bytes(bq) + b(out) * (args.accumulate ? 2 : 1) + b(args.bias)};
+              quantized_bytes(a) + quantized_bytes(bq) + b(out) * (args.accumulate ? 2 : 1) + b(args.bias) +
+                  b(args.residual)};
+  op.epilogue_bytes = b(args.residual);
   if (args.bias.defined()) op.flops += n(out);
   op.m = out.rows();
   op.n = out.cols();

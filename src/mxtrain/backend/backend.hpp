@@ -187,8 +187,8 @@ enum class GemmEpilogue : uint8_t {
 };
 const char* gemm_epilogue_name(GemmEpilogue epilogue);
 
-// The one GEMM of the Backend (Backend::gemm). Quantized operands take no epilogue but the bias:
-// the recipes run the rest as separate ops.
+// The one GEMM of the Backend (Backend::gemm). Quantized operands take no epilogue but the bias
+// and a forward's residual: the recipes run the rest as separate ops.
 struct GemmArgs {
   // (Every member has an initializer, so designated initializers may leave any of them out.)
   GemmRole role = GemmRole::forward;

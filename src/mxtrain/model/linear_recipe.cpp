@@ -289,10 +289,9 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
       MXTRAIN_ASSERT(!args.accumulate, "LinearRecipe::gemm: a forward overwrites its output");
       if (args.epilogue == GemmEpilogue::gelu_aux_bias) {
         forward_gelu(layer, kind, a, b, args.bias, args.aux, args.out, options.out_amax);
-      } else if (args.residual.defined()) {
-        forward_residual(layer, kind, a, b, args.bias, args.residual, args.out, options.save_input, producer);
       } else {
-        forward(layer, kind, a, b, args.bias, args.out, options.save_input, producer);
+        // The residual rides on the GEMM's epilogue, quantized or not (out = x · Wᵀ + b + residual).
+        forward(layer, kind, a, b, args.bias, args.out, options.save_input, producer, args.residual);
       }
       return;
     case GemmRole::backward_input:
@@ -309,10 +308,10 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
 }
 
 void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const Tensor& out, bool save_input, const CastProducer& producer) {
+                           const Tensor& out, bool save_input, const CastProducer& producer, const Tensor& residual) {
   if (!quantized(layer)) {
     MXTRAIN_ASSERT(!save_input, "forward: layer %lld keeps no quantized input", static_cast<long long>(layer));
-    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias});
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias, .residual = residual});
     return;
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
@@ -326,14 +325,15 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
   if (save_input) saved_inputs_[static_cast<size_t>(linear)] = std::make_unique<Operand>(xq.take_columnwise());
   Operand wq = quantize(weight, linear, QuantizedRole::weight, true, false, name + ".weight", true);
   if (native_) {
-    backend_.gemm({.role = GemmRole::forward, .a = xq.rowwise, .b = wq.rowwise, .out = out, .bias = b});
+    backend_.gemm(
+        {.role = GemmRole::forward, .a = xq.rowwise, .b = wq.rowwise, .out = out, .bias = b, .residual = residual});
     return;
   }
   Buffer xd = dequantized(xq.rowwise, out.dtype, name + ".input.dequantized");
   xq = Operand{};
   Buffer wd = dequantized(wq.rowwise, out.dtype, name + ".weight.dequantized");
   wq = Operand{};
-  backend_.gemm({.role = GemmRole::forward, .a = xd, .b = wd, .out = out, .bias = b});
+  backend_.gemm({.role = GemmRole::forward, .a = xd, .b = wd, .out = out, .bias = b, .residual = residual});
 }
 
 void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x,
@@ -407,18 +407,6 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
   Buffer wd = dequantized(wq.columnwise, dout.dtype, name + ".weight.dequantized");
   wq = Operand{};
   backend_.gemm({.role = GemmRole::backward_input, .a = dd, .b = wd, .out = dx, .accumulate = accumulate});
-}
-
-void LinearRecipe::forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, const Tensor& residual, const Tensor& out, bool save_input,
-                                    const CastProducer& producer) {
-  if (!quantized(layer)) {
-    MXTRAIN_ASSERT(!save_input, "forward_residual: layer %lld keeps no quantized input", static_cast<long long>(layer));
-    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .bias = bias, .residual = residual});
-    return;
-  }
-  forward(layer, kind, x, weight, bias, out, save_input, producer);
-  backend_.add(out, residual, out);
 }
 
 void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,

@@ -106,10 +106,10 @@ class LinearRecipe {
   // high-precision operands (forward a = x, b = W; backward_input a = dout, b = W;
   // backward_weight a = dout, b = x). A layer in the activation dtype runs it as it is; a
   // quantized layer casts the operands with the format's quantizer and runs the quantized GEMM
-  // (native) or the GEMM of their dequantized values (emulated). Epilogues a quantized GEMM lacks
-  // run as ops of their own: the residual as add, GELU as gelu_forward / gelu_backward (those
-  // also where an out_amax is to be recorded); the bias gradient as column_sum of the
-  // high-precision gradient, as TransformerEngine does.
+  // (native) or the GEMM of their dequantized values (emulated); the residual rides on either's
+  // epilogue. Epilogues a quantized GEMM lacks run as ops of their own: GELU as gelu_forward /
+  // gelu_backward (those also where an out_amax is to be recorded); the bias gradient as
+  // column_sum of the high-precision gradient, as TransformerEngine does.
   void gemm(int64_t layer, LinearKind kind, const GemmArgs& args, const LinearGemmOptions& options = {});
   // Current scaling: where the kernel that writes x — the input (gradient = false), or the output
   // gradient (true), that linear `kind` of block `layer` casts next — records x's amax (the
@@ -179,13 +179,11 @@ class LinearRecipe {
 
   // gemm by role and epilogue.
   void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-               const Tensor& out, bool save_input, const CastProducer& producer = {});
+               const Tensor& out, bool save_input, const CastProducer& producer = {}, const Tensor& residual = {});
   void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
                        const Tensor& dbias, bool accumulate, const CastProducer& producer);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
                       bool accumulate, const CastProducer& producer = {});
-  void forward_residual(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const Tensor& residual, const Tensor& out, bool save_input, const CastProducer& producer);
   void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Tensor& pre, const Tensor& out, const Tensor& out_amax);
   void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,

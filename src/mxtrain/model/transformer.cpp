@@ -144,7 +144,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps, linears_.amax_record(l, LinearKind::up, false, s.norm2));
     } else {
-      // A quantized GEMM has no residual epilogue: the add rides on the norm instead.
+      // Quantized layers: the add rides on the norm (add_norm_forward reads x and the
+      // projection, writes mid and the norm). The down projection's residual rides on its FP8
+      // GEMM's epilogue instead; this one has not been measured that way.
       Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
       linears_.gemm(l, LinearKind::out, {.role = GemmRole::forward, .a = s.attn, .b = w(l, p.out_weight),
                                          .out = projected, .bias = w(l, p.out_bias)}, {.save_input = save_inputs});

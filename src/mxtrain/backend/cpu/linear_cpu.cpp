@@ -22,13 +22,14 @@ constexpr int64_t kBiasColumnBlock = 256;
 }  // namespace
 
 void CpuBackend::impl_gemm(const GemmArgs& args) {
-  if (args.a.is_quantized()) {
-    gemm_quantized(args.a.quantized, args.b.quantized, args.bias, args.out, args.accumulate);
-    return;
-  }
-  // The CPU fuses no epilogue: the residual add and GELU run as their own ops.
+  // The CPU fuses no epilogue: the residual add and GELU run as their own ops (in FP32, the
+  // values of the fused epilogue).
   if (has_separable_epilogue(args)) {
     gemm_epilogue_apart(args);
+    return;
+  }
+  if (args.a.is_quantized()) {
+    gemm_quantized(args.a.quantized, args.b.quantized, args.bias, args.out, args.accumulate);
     return;
   }
   switch (args.role) {

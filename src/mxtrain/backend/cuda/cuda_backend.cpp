@@ -306,6 +306,16 @@ void CudaBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Te
 
 void CudaBackend::impl_gemm(const GemmArgs& args) {
   if (args.a.is_quantized()) {
+    // The residual rides on the epilogue (C) where the scalars are host-side (not NVFP4's).
+    if (args.residual.defined()) {
+      const QuantizedTensor &a = args.a.quantized, &b = args.b.quantized;
+      if (a.spec.mode != ScalingMode::nvfp4 && supports(OpKind::linear_forward, DType::e4m3) &&
+          gemm_->linear_quantized_residual(a, b, args.bias, args.residual, args.out, stream_))
+        return;
+      log_unfused_residual();
+      gemm_epilogue_apart(args);
+      return;
+    }
     gemm_quantized(args.role, args.a.quantized, args.b.quantized, args.bias, args.out, args.accumulate);
     return;
   }
@@ -335,11 +345,14 @@ void CudaBackend::impl_gemm(const GemmArgs& args) {
 
 void CudaBackend::gemm_forward_residual(const GemmArgs& args) {
   if (gemm_->linear_forward_residual(args.a.tensor, args.b.tensor, args.bias, args.residual, args.out, stream_)) return;
-  if (!logged_unfused_residual_) {
-    logged_unfused_residual_ = true;
-    log::info("cuda: cuBLASLt has no beta = 1 algorithm for a residual GEMM at this shape; the GEMM and an add run");
-  }
+  log_unfused_residual();
   gemm_epilogue_apart(args);
+}
+
+void CudaBackend::log_unfused_residual() {
+  if (logged_unfused_residual_) return;
+  logged_unfused_residual_ = true;
+  log::info("cuda: cuBLASLt has no beta = 1 algorithm for a residual GEMM at this shape; the GEMM and an add run");
 }
 
 void CudaBackend::gemm_forward_gelu(const GemmArgs& args) {

@@ -133,6 +133,7 @@ class CudaBackend final : public Backend {
  private:
   // impl_gemm by operands, role and epilogue.
   void gemm_forward_residual(const GemmArgs& args);
+  void log_unfused_residual();
   void gemm_forward_gelu(const GemmArgs& args);
   void gemm_backward_input_gelu(const GemmArgs& args);
   void gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,

@@ -307,12 +307,11 @@ void CublasLtGemm::configure_scaling(cublasLtMatmulDesc_t desc, const Call& call
   }
 }
 
-void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
-                                    const Tensor& bias, const Tensor& out, bool accumulate,
-                                    const float* device_scalars, cudaStream_t stream) {
+CublasLtGemm::Call CublasLtGemm::quantized_call(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
+                                                const Tensor& bias, const Tensor& out, bool accumulate,
+                                                const float* device_scalars) {
   require_contiguous(out, "linear_quantized");
   const int64_t rows = a.rows(), features = b.rows(), k = a.k();
-  if (rows == 0 || features == 0) return;
   // Row-major out[N, M] is column-major [M, N] = op(A)[M, K] · op(B)[K, N] with A = b's data
   // (row-major [M, K] read transposed: the T of TN) and B = a's data.
   Call call = product(features, rows, k, b.data, k, a.data, k, out, features);
@@ -329,7 +328,24 @@ void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, con
     call.bias = bias.data;
     call.bias_type = bias.dtype;
   }
-  run(call, stream, false);
+  return call;
+}
+
+void CublasLtGemm::linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b,
+                                    const Tensor& bias, const Tensor& out, bool accumulate,
+                                    const float* device_scalars, cudaStream_t stream) {
+  if (a.rows() == 0 || b.rows() == 0) return;
+  run(quantized_call(role, a, b, bias, out, accumulate, device_scalars), stream, false);
+}
+
+bool CublasLtGemm::linear_quantized_residual(const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                                             const Tensor& residual, const Tensor& out, cudaStream_t stream) {
+  require_contiguous(residual, "linear_quantized_residual");
+  if (a.rows() == 0 || b.rows() == 0) return true;
+  Call call = quantized_call(GemmRole::forward, a, b, bias, out, false, nullptr);
+  call.c = residual.data;
+  call.beta = 1.0f;
+  return run(call, stream, true);
 }
 
 CublasLtGemm::Call CublasLtGemm::product(int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,

@@ -68,6 +68,11 @@ class CublasLtGemm {
   // beta from device_scalars (alpha = the operands' global decode scales).
   void linear_quantized(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
                         const Tensor& out, bool accumulate, const float* device_scalars, cudaStream_t stream);
+  // The forward of linear_quantized with the residual added in the epilogue (C = residual,
+  // beta = 1; host scalars: per-tensor FP8 and MXFP8): out = product + bias + residual, one
+  // rounding. False (nothing run) where cuBLASLt has no algorithm for it.
+  bool linear_quantized_residual(const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                                 const Tensor& residual, const Tensor& out, cudaStream_t stream);
 
  private:
   enum class Epilogue : int { none = 0, bias = 1, bias_gradient_b = 2, gelu_aux = 3, gelu_aux_bias = 4, dgelu = 5 };
@@ -107,6 +112,8 @@ class CublasLtGemm {
                       const Tensor& d, int64_t ldd);
   // The row-major mappings: out = x · weightᵀ and dx = dout · weight.
   static Call forward_call(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+  static Call quantized_call(GemmRole role, const QuantizedTensor& a, const QuantizedTensor& b, const Tensor& bias,
+                             const Tensor& out, bool accumulate, const float* device_scalars);
   static Call backward_input_call(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
   Plan* plan_for(const Call& call, bool optional);
   static void configure_scaling(cublasLtMatmulDesc_t desc, const Call& call);

@@ -147,8 +147,10 @@ __device__ __forceinline__ void load_pack(const T* row, int64_t gc, int64_t cols
 
 // What the cast kernel casts. A source has kInputs packs per 8 values (fetched for all of a
 // thread's rows before any is used, so the loads are in flight together) and kOutputs parts of
-// `cols` columns each, side by side in x ([rows, kOutputs · cols]); values(part, in, v) gives the
-// 8 values of one part. The fused producers round each value to T as the op's kernel stores it.
+// `cols` columns each, side by side in x ([rows, kOutputs · cols]); values(in, v) gives the 8
+// values of every part from one fetch (SwiGLU's backward computes both gradients of an element
+// at once). The fused producers round each value to T as the op's kernel stores it.
+// kMinBlocks: the launch bound's blocks an SM (registers: the packs in flight must not spill).
 template <typename T>
 struct CastFromX {  // x itself
   static constexpr int kInputs = 1, kOutputs = 1, kMinBlocks = 4;
@@ -158,9 +160,9 @@ struct CastFromX {  // x itself
   __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
     load_pack(in_rows ? x + gr * cols : nullptr, gc, cols, vector, in[0]);
   }
-  __device__ __forceinline__ void values(int, const Pack8<T> (&in)[kInputs], float (&v)[8]) const {
+  __device__ __forceinline__ void values(const Pack8<T> (&in)[kInputs], float (&v)[kOutputs][8]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = to_float<T>(in[0].v[i]);
+    for (int i = 0; i < 8; ++i) v[0][i] = to_float<T>(in[0].v[i]);
   }
 };
 
@@ -175,15 +177,16 @@ struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
     load_pack(gate, gc, cols, vector, in[0]);
     load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in[1]);
   }
-  __device__ __forceinline__ void values(int, const Pack8<T> (&in)[kInputs], float (&v)[8]) const {
+  __device__ __forceinline__ void values(const Pack8<T> (&in)[kInputs], float (&v)[kOutputs][8]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = round_to<T>(swiglu_value(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i])));
+    for (int i = 0; i < 8; ++i)
+      v[0][i] = round_to<T>(swiglu_value(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i])));
   }
 };
 
 template <typename T>
 struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] and gate_up [R, 2F]
-  static constexpr int kInputs = 3, kOutputs = 2, kMinBlocks = 2;  // 3 blocks an SM spilled (bf16)
+  static constexpr int kInputs = 3, kOutputs = 2, kMinBlocks = sizeof(T) == 2 ? 3 : 2;  // no spills (ptxas -v)
   const T* dout;
   const T* gate_up;
   int64_t cols;  // F
@@ -194,25 +197,27 @@ struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] a
     load_pack(gate, gc, cols, vector, in[1]);
     load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in[2]);
   }
-  __device__ __forceinline__ void values(int part, const Pack8<T> (&in)[kInputs], float (&v)[8]) const {
+  __device__ __forceinline__ void values(const Pack8<T> (&in)[kInputs], float (&v)[kOutputs][8]) const {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       float dgate, dup;
       swiglu_gradients(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i]), to_float<T>(in[2].v[i]), dgate, dup);
-      v[i] = round_to<T>(part == 0 ? dgate : dup);
+      v[0][i] = round_to<T>(dgate);
+      v[1][i] = round_to<T>(dup);
     }
   }
 };
 
-// rows x cols is one part of x; part p is x's columns [p · cols, (p + 1) · cols). The tile is
-// cast part by part, reusing the shared tile for each part's transposed codes.
+// rows x cols is one part of x; part p is x's columns [p · cols, (p + 1) · cols). Each part has
+// its own shared tile for its transposed codes.
 template <typename T, typename Source>
 __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
     fp8_cast_transpose_kernel(Source source, int64_t rows, int64_t cols, const float* scale_pointer,
                               nm::Fp8Format format, uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
                               float* rowwise_inverse, float* columnwise_inverse, unsigned* amax_bits,
                               CurrentScaleArgs current, bool vector_rowwise, bool vector_columnwise) {
-  __shared__ __align__(16) uint8_t tile[kCastCols][kCastPitch];
+  constexpr int kParts = Source::kOutputs;
+  __shared__ __align__(16) uint8_t tile[kParts][kCastCols][kCastPitch];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCastRows, col0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
   // The loads stay in their storage type until they are used (4 registers per pack for bf16).
   Pack8<T> in[kCastVectors][Source::kInputs];
@@ -237,29 +242,27 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
   const bool scale_may_make_nan = !(scale > 0.0f && scale < INFINITY);
   // The max of |x| as bits: non-negative floats order like their bit patterns, NaNs above +inf.
   unsigned amax = 0;
-  const int64_t x_cols = Source::kOutputs * cols;
+  const int64_t x_cols = kParts * cols;
+  uint32_t column_words[kParts][8] = {};  // column c0 + i of a part: rows r0..r0+3, one byte each
 #pragma unroll
-  for (int part = 0; part < Source::kOutputs; ++part) {
-    const int64_t part_col = part * cols;
-    uint32_t column_words[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // column c0 + i: rows r0..r0+3, one byte each
+  for (int j = 0; j < kCastVectors; ++j) {
+    const int64_t gr = row0 + r0 + j, gc = col0 + c0;
+    float value[kParts][8];
+    source.values(in[j], value);
 #pragma unroll
-    for (int j = 0; j < kCastVectors; ++j) {
-      const int r = r0 + j, c = c0;
-      const int64_t gr = row0 + r, gc = col0 + c;
-      float value[8];
-      source.values(part, in[j], value);
+    for (int part = 0; part < kParts; ++part) {
       float scaled[8];
       unsigned vector_max = 0;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        vector_max = max(vector_max, abs_bits(value[i]));
-        scaled[i] = nm::mul_rn(value[i], scale);
+        vector_max = max(vector_max, abs_bits(value[part][i]));
+        scaled[i] = nm::mul_rn(value[part][i], scale);
       }
       amax = max(amax, vector_max);
       uint8_t q[8];
       cast8(scaled, format, q, scale_may_make_nan || vector_max >= 0x7f800000u);
       if (rowwise != nullptr) {
-        uint8_t* out = rowwise + gr * x_cols + part_col + gc;
+        uint8_t* out = rowwise + gr * x_cols + part * cols + gc;
         if (vector_rowwise && gr < rows && gc + 8 <= cols) {
           uint2 packed;
           uint8_t* bytes = reinterpret_cast<uint8_t*>(&packed);
@@ -273,30 +276,31 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
       }
       if (columnwise != nullptr) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) column_words[i] |= static_cast<uint32_t>(q[i]) << (8 * j);
+        for (int i = 0; i < 8; ++i) column_words[part][i] |= static_cast<uint32_t>(q[i]) << (8 * j);
       }
     }
-    if (columnwise != nullptr) {
-      if (part > 0) __syncthreads();  // every thread has read the previous part's tile
+  }
+  if (columnwise != nullptr) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) *reinterpret_cast<uint32_t*>(&tile[c0 + i][r0]) = column_words[i];
-      __syncthreads();
-      // Row c of the transposed tile: 128 bytes, 8 threads of 16 bytes each.
-      for (int v = threadIdx.x; v < kCastCols * kCastRows / 16; v += kCastThreads) {
-        const int c = v / 8, r = (v % 8) * 16;
-        const int64_t gc = col0 + c, gr = row0 + r;
-        if (gc >= cols) continue;
-        uint8_t* out = columnwise + (part_col + gc) * rows + gr;
-        if (gr + 16 <= rows && vector_columnwise) {
-          uint4 packed;
-          uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+    for (int part = 0; part < kParts; ++part)
 #pragma unroll
-          for (int w = 0; w < 4; ++w) words[w] = *reinterpret_cast<const uint32_t*>(&tile[c][r + 4 * w]);
-          *reinterpret_cast<uint4*>(out) = packed;
-        } else {
-          for (int i = 0; i < 16; ++i)
-            if (gr + i < rows) out[i] = tile[c][r + i];
-        }
+      for (int i = 0; i < 8; ++i) *reinterpret_cast<uint32_t*>(&tile[part][c0 + i][r0]) = column_words[part][i];
+    __syncthreads();
+    // Row c of a part's transposed tile: 128 bytes, 8 threads of 16 bytes each.
+    for (int v = threadIdx.x; v < kParts * kCastCols * kCastRows / 16; v += kCastThreads) {
+      const int part = v / (kCastCols * kCastRows / 16), c = v / 8 % kCastCols, r = (v % 8) * 16;
+      const int64_t gc = col0 + c, gr = row0 + r;
+      if (gc >= cols) continue;
+      uint8_t* out = columnwise + (part * cols + gc) * rows + gr;
+      if (gr + 16 <= rows && vector_columnwise) {
+        uint4 packed;
+        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) words[w] = *reinterpret_cast<const uint32_t*>(&tile[part][c][r + 4 * w]);
+        *reinterpret_cast<uint4*>(out) = packed;
+      } else {
+        for (int i = 0; i < 16; ++i)
+          if (gr + i < rows) out[i] = tile[part][c][r + i];
       }
     }
   }
