@@ -549,6 +549,19 @@ def sanitizer_text(*relatives):
     raise SystemExit(f"derive.py: {relatives[0]} has no summary line of tests/cuda/*_on_device.sh")
 
 
+def gtest_text(relative):
+    """A GoogleTest log's verdict: "all N passed" or "N passed, M failed"."""
+    text = read(relative)
+    passed = re.findall(r"^\[  PASSED  \] (\d+) tests?\.$", text, re.M)
+    failed = re.findall(r"^\[  FAILED  \] (\d+) tests?, listed below:$", text, re.M)
+    if not passed and not failed:
+        raise SystemExit(f"derive.py: {relative} has no GoogleTest summary line")
+    ok = int(passed[-1]) if passed else 0
+    if not failed:
+        return f"all {ok} passed"
+    return f"{ok} passed, {int(failed[-1])} failed"
+
+
 # ---- the documents ----------------------------------------------------------------------------------
 
 def generate(kind, args, planner):
@@ -570,6 +583,7 @@ def generate(kind, args, planner):
         "cpu-run-sample": lambda: cpu_run_sample(*args),
         "soak": lambda: soak_text(*args),
         "sanitizer": lambda: sanitizer_text(*args),
+        "gtest": lambda: gtest_text(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
