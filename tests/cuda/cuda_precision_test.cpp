@@ -276,6 +276,10 @@ TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
         const Tensor shape_only(nullptr, Shape{rows, cols}, dtype, Device::cuda);
         cuda().quantize(shape_only, scale, r[1].q, c[1].q, amax[1], ScaleFromAmax{}, producer);
         const std::string what = label + (backward ? " backward" : " forward");
+        // The columnwise copy alone (a weight gradient's input cast): the same codes.
+        Copy alone = allocate_copy(cuda(), spec, true, rows, cols);
+        cuda().quantize(shape_only, scale, QuantizedTensor{}, alone.q, Tensor(), ScaleFromAmax{}, producer);
+        EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), alone.data)) << what << " columnwise alone";
         EXPECT_EQ(raw_bytes(cuda(), r[0].data), raw_bytes(cuda(), r[1].data)) << what;
         EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), c[1].data)) << what;
         EXPECT_EQ(raw_bytes(cuda(), r[0].scales), raw_bytes(cuda(), r[1].scales)) << what;
@@ -400,12 +404,14 @@ struct Gradients {
   std::vector<std::vector<float>> values;
 };
 
-Gradients step(Backend& backend, const ModelConfig& config, const LinearRecipeOptions& linear) {
+Gradients step(Backend& backend, const ModelConfig& config, const LinearRecipeOptions& linear,
+               const std::string& recompute = "none") {
   LocalParameterStore store(backend, config, DType::bf16, DType::f32);
   store.initialize(11);
   TransformerOptions options;
   options.activation_dtype = DType::bf16;
   options.linear = linear;
+  options.recompute = RecomputePolicy::parse(recompute);
   Transformer model(config, options, backend, store);
   const int64_t batch = 2, seq = 64, rows = batch * seq;
   model.check_batch(rows);
@@ -465,21 +471,24 @@ TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
 }
 
 // A delayed-scaling step of a Llama with SwiGLU fused into the casts gives the bits of the step
-// that runs SwiGLU apart (the scales are known: the second pass after a scale update).
+// that runs SwiGLU apart (the scales are known: the second pass after a scale update), with the
+// inputs saved (none) and with the activation recomputed in backward (selective).
 TEST_F(CudaQuantize, FusedProducersGiveTheStepsBits) {
   const ModelConfig config = model_preset("tiny");
   ASSERT_EQ(config.family, ModelFamily::llama);
-  LinearRecipeOptions linear;
-  linear.format = LinearFormat::fp8_delayed;
-  linear.fuse_producers = false;
-  const Gradients apart = step(cuda(), config, linear);
-  linear.fuse_producers = true;
-  const Gradients fused = step(cuda(), config, linear);
-  EXPECT_EQ(apart.loss, fused.loss);
-  ASSERT_EQ(apart.values.size(), fused.values.size());
-  for (size_t i = 0; i < apart.values.size(); ++i)
-    EXPECT_EQ(0, std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
-        << apart.names[i];
+  for (const char* recompute : {"none", "selective"}) {
+    LinearRecipeOptions linear;
+    linear.format = LinearFormat::fp8_delayed;
+    linear.fuse_producers = false;
+    const Gradients apart = step(cuda(), config, linear, recompute);
+    linear.fuse_producers = true;
+    const Gradients fused = step(cuda(), config, linear, recompute);
+    EXPECT_EQ(apart.loss, fused.loss) << recompute;
+    ASSERT_EQ(apart.values.size(), fused.values.size());
+    for (size_t i = 0; i < apart.values.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
+          << recompute << " " << apart.names[i];
+  }
 }
 
 TEST_F(CudaQuantize, StartupLinesSayHowTheGpuRunsEachRecipe) {

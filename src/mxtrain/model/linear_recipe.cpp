@@ -283,6 +283,10 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
   MXTRAIN_ASSERT(!producer.defined() || (fuses_producers(layer) && args.epilogue == GemmEpilogue::none &&
                                          !args.bias_gradient.defined()),
                  "LinearRecipe::gemm: layer %lld's casts take no fused producer here", static_cast<long long>(layer));
+  MXTRAIN_ASSERT(!options.input_producer.defined() ||
+                     (fuses_producers(layer) && args.role == GemmRole::backward_weight && !has_saved_input(layer, kind)),
+                 "LinearRecipe::gemm: layer %lld's input cast takes no fused producer here",
+                 static_cast<long long>(layer));
   const Tensor &a = args.a.tensor, &b = args.b.tensor;
   switch (args.role) {
     case GemmRole::forward:
@@ -302,7 +306,8 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
       }
       return;
     case GemmRole::backward_weight:
-      backward_weight(layer, kind, a, b, args.out, args.bias_gradient, args.accumulate, producer);
+      backward_weight(layer, kind, a, b, args.out, args.bias_gradient, args.accumulate, producer,
+                      options.input_producer);
       return;
   }
 }
@@ -338,7 +343,7 @@ void LinearRecipe::forward(int64_t layer, LinearKind kind, const Tensor& x, cons
 
 void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x,
                                    const Tensor& dweight, const Tensor& dbias, bool accumulate,
-                                   const CastProducer& producer) {
+                                   const CastProducer& producer, const CastProducer& input_producer) {
   if (!quantized(layer)) {
     backend_.gemm({.role = GemmRole::backward_weight, .a = dout, .b = x, .out = dweight, .accumulate = accumulate,
                    .bias_gradient = dbias});
@@ -356,7 +361,8 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
       xq = std::move(*saved);
       saved.reset();
     } else {
-      xq = quantize(x, linear, QuantizedRole::input, false, true, name + ".input", true);
+      xq = quantize(x, linear, QuantizedRole::input, false, true, name + ".input", true, Lifetime::scratch,
+                    input_producer);
     }
     if (native_) {
       backend_.gemm({.role = GemmRole::backward_weight, .a = dq.columnwise, .b = xq.columnwise, .out = dweight,

@@ -90,6 +90,9 @@ struct LinearGemmOptions {
   // and the backward_input after it take the same producer; the second reuses the first's
   // rowwise copy. No bias gradient (it sums the written gradient).
   CastProducer producer{};
+  // backward_weight where fuses_producers(layer) and no saved input: the op that writes b (the
+  // layer's input x; b is then shape and dtype only), run inside x's columnwise cast.
+  CastProducer input_producer{};
 };
 
 class LinearRecipe {
@@ -181,7 +184,8 @@ class LinearRecipe {
   void forward(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                const Tensor& out, bool save_input, const CastProducer& producer = {}, const Tensor& residual = {});
   void backward_weight(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& x, const Tensor& dweight,
-                       const Tensor& dbias, bool accumulate, const CastProducer& producer);
+                       const Tensor& dbias, bool accumulate, const CastProducer& producer,
+                       const CastProducer& input_producer);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
                       bool accumulate, const CastProducer& producer = {});
   void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,

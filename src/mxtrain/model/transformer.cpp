@@ -229,15 +229,27 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     compute();
   };
 
-  // MLP: down projection.
-  recompute(s.act, LinearKind::down, [&] {
-    s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::scratch);
-    if (llama) backend_.swiglu_forward(s.up, s.act); else backend_.gelu_forward(s.up, s.act);
-  });
+  // MLP: down projection. Under delayed FP8 scaling a SwiGLU that backward must recompute runs
+  // inside the weight gradient's input cast instead (LinearRecipe::fuses_producers): the
+  // activation is not written in BF16 and read back.
+  const bool fused_act = llama && !s.act.defined() && !linears_.has_saved_input(l, LinearKind::down) &&
+                         linears_.fuses_producers(l);
+  CastProducer act_producer;
+  Tensor act = Tensor(nullptr, Shape{rows_, config_.ffn_hidden}, options_.activation_dtype, backend_.device());
+  if (fused_act) {
+    act_producer = {.op = CastProducer::Op::swiglu_forward, .gate_up = s.up};
+  } else {
+    recompute(s.act, LinearKind::down, [&] {
+      s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::scratch);
+      if (llama) backend_.swiglu_forward(s.up, s.act); else backend_.gelu_forward(s.up, s.act);
+    });
+    if (s.act.defined()) act = s.act;
+  }
   {
     const GradPair d = dw(l, p.down_weight, p.down_bias);
-    linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_weight, .a = dres, .b = s.act, .out = d.weight,
-                                        .accumulate = d.accumulate, .bias_gradient = d.bias});
+    linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_weight, .a = dres, .b = act, .out = d.weight,
+                                        .accumulate = d.accumulate, .bias_gradient = d.bias},
+                  {.input_producer = act_producer});
   }
   s.act.reset();
   {
