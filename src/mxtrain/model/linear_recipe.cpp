@@ -398,8 +398,11 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
   if (stash_ && stash_->linear == linear && stash_->source == source_of(dout, producer)) {
     dq = std::move(stash_->operand);
   } else {
-    dq = quantize(dout, linear, QuantizedRole::gradient, true, false, name + ".grad", false, Lifetime::scratch,
-                  producer);
+    // A produced gradient's rowwise copy comes from its backward_weight's cast: the caller may
+    // free what produced it after that cast.
+    MXTRAIN_ASSERT(!producer.defined(), "backward_input: %s's produced gradient has no stashed copy (its "
+                   "backward_weight must come first)", name.c_str());
+    dq = quantize(dout, linear, QuantizedRole::gradient, true, false, name + ".grad");
   }
   stash_.reset();
   Operand wq = quantize(weight, linear, QuantizedRole::weight, false, true, name + ".weight", true);

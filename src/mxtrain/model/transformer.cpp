@@ -297,7 +297,8 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                                       .out = dup_params.weight, .accumulate = dup_params.accumulate,
                                       .bias_gradient = dup_params.bias}, {.producer = dup_producer});
     s.norm2.reset();
-    // The cast above made both copies of the gradient: what produced it is no longer needed.
+    // The cast above made both copies of the gradient (the backward_input below takes the
+    // stashed rowwise one): what produced it is no longer needed.
     dact.reset();
     s.up.reset();
     Buffer dnorm2 = activation("mlp_norm.grad", l, config_.hidden, Lifetime::scratch);
