@@ -38,6 +38,10 @@ Buffer Transformer::activation(const char* what, int64_t layer, int64_t cols, Li
   return backend_.allocate(name, Shape{rows_, cols}, options_.activation_dtype, lifetime);
 }
 
+Tensor Transformer::produced(int64_t cols) const {
+  return Tensor(nullptr, Shape{rows_, cols}, options_.activation_dtype, backend_.device());
+}
+
 Buffer Transformer::statistics(const char* what, int64_t layer) {
   std::string name = layer >= 0 ? "layers." + std::to_string(layer) + "." + what : std::string(what);
   return backend_.allocate(name, Shape{rows_}, DType::f32, Lifetime::activation);
@@ -187,7 +191,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   // written in BF16 and read back.
   const bool fused_act = config_.family == ModelFamily::llama && !keep_inputs && x_out.defined() &&
                          linears_.fuses_producers(l);
-  Tensor act = Tensor(nullptr, Shape{rows_, config_.ffn_hidden}, options_.activation_dtype, backend_.device());
+  Tensor act = produced(config_.ffn_hidden);
   CastProducer act_producer;
   if (fused_act) {
     act_producer = {.op = CastProducer::Op::swiglu_forward, .gate_up = s.up};
@@ -235,7 +239,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   const bool fused_act = llama && !s.act.defined() && !linears_.has_saved_input(l, LinearKind::down) &&
                          linears_.fuses_producers(l);
   CastProducer act_producer;
-  Tensor act = Tensor(nullptr, Shape{rows_, config_.ffn_hidden}, options_.activation_dtype, backend_.device());
+  Tensor act = produced(config_.ffn_hidden);
   if (fused_act) {
     act_producer = {.op = CastProducer::Op::swiglu_forward, .gate_up = s.up};
   } else {
@@ -259,7 +263,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
     const bool fused_dup = llama && linears_.fuses_producers(l) && !dup_params.bias.defined();
     Buffer dup, dact;
-    Tensor dup_operand = Tensor(nullptr, Shape{rows_, config_.up_cols()}, options_.activation_dtype, backend_.device());
+    Tensor dup_operand = produced(config_.up_cols());
     CastProducer dup_producer;
     if (!fused_dup) {
       dup = activation("mlp_up.grad", l, config_.up_cols(), Lifetime::scratch);

@@ -76,6 +76,9 @@ class Transformer {
   static Keep keep_for(RecomputeMode mode);
 
   Buffer activation(const char* what, int64_t layer, int64_t cols, Lifetime lifetime);
+  // An activation's shape and dtype without storage: the operand of a cast that computes it from
+  // its producer (LinearGemmOptions::producer / input_producer).
+  Tensor produced(int64_t cols) const;
   Buffer statistics(const char* what, int64_t layer);
   AttentionShape attention_shape() const;
 
