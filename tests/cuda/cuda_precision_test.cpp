@@ -295,6 +295,96 @@ TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
   }
 }
 
+// A cast with a norm fused in (its stats-only pass, then CastFromNorm) writes the codes, decode
+// scales and amax of the norm kernel followed by the cast, bit for bit, and the stats-only pass
+// saves the statistics (and the residual sum) the full norm saves: RMSNorm and LayerNorm (with
+// and without its bias), plain and with the residual add, bf16 and f32 rows, weights stored as
+// the rows' type or as FP32 masters, on a shape off the tiles and the 8-wide vectors and on a
+// model-like one, with non-finite inputs mixed in.
+TEST_F(CudaQuantize, FusedNormCastsAreTheNormThenTheCast) {
+  struct Shape2 {
+    int64_t rows, cols;
+  };
+  int cases = 0;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (const Shape2 shape : {Shape2{1000, 132}, Shape2{256, 2048}}) {
+      const int64_t rows = shape.rows, cols = shape.cols;
+      Buffer a = upload(cuda(), inputs(rows, cols, 21, true), Shape{rows, cols}, dtype);
+      Buffer b = upload(cuda(), inputs(rows, cols, 22, false), Shape{rows, cols}, dtype);
+      Buffer scale = upload(cuda(), {0.61f}, Shape{1});
+      const std::vector<DType> weight_dtypes =
+          dtype == DType::f32 ? std::vector<DType>{DType::f32} : std::vector<DType>{dtype, DType::f32};
+      for (const DType weight_dtype : weight_dtypes) {
+        Buffer weight = upload(cuda(), random_vector(static_cast<size_t>(cols), 23, -2.0f, 2.0f), Shape{cols},
+                               weight_dtype);
+        Buffer bias = upload(cuda(), random_vector(static_cast<size_t>(cols), 24, -1.0f, 1.0f), Shape{cols},
+                             weight_dtype);
+        for (const NormKind kind : {NormKind::rms, NormKind::layer}) {
+          for (const bool add : {false, true}) {
+            for (const bool with_bias : {false, true}) {
+              if (with_bias && kind == NormKind::rms) continue;
+              ++cases;
+              const std::string what = std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" +
+                                       std::to_string(cols) + " weight " + std::string(dtype_name(weight_dtype)) +
+                                       (kind == NormKind::rms ? " rms" : " layer") + (add ? " add" : "") +
+                                       (with_bias ? " bias" : "");
+              const Tensor bias_t = with_bias ? Tensor(bias) : Tensor();
+              auto stats = [&](const char* name) {
+                return cuda().allocate(name, Shape{rows}, DType::f32, Lifetime::scratch);
+              };
+              Buffer mean[2] = {stats("mean0"), stats("mean1")}, rstd[2] = {stats("rstd0"), stats("rstd1")};
+              Buffer sum[2] = {cuda().allocate("sum0", Shape{rows, cols}, dtype, Lifetime::scratch),
+                               cuda().allocate("sum1", Shape{rows, cols}, dtype, Lifetime::scratch)};
+              const Tensor mean_t[2] = {kind == NormKind::layer ? Tensor(mean[0]) : Tensor(),
+                                        kind == NormKind::layer ? Tensor(mean[1]) : Tensor()};
+              const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, DType::e4m3);
+              Copy r[2] = {allocate_copy(cuda(), spec, false, rows, cols), allocate_copy(cuda(), spec, false, rows, cols)};
+              Copy c[2] = {allocate_copy(cuda(), spec, true, rows, cols), allocate_copy(cuda(), spec, true, rows, cols)};
+              Buffer amax[2] = {upload(cuda(), {0.5f}, Shape{1}), upload(cuda(), {0.5f}, Shape{1})};
+              // The norm apart, then the cast.
+              Buffer y = cuda().allocate("y", Shape{rows, cols}, dtype, Lifetime::scratch);
+              if (add) cuda().add_norm_forward(kind, a, b, sum[0], weight, bias_t, y, mean_t[0], rstd[0], 1e-5f);
+              else cuda().norm_forward(kind, a, weight, bias_t, y, mean_t[0], rstd[0], 1e-5f);
+              cuda().quantize(y, scale, r[0].q, c[0].q, amax[0]);
+              // Fused: the statistics (and the sum) alone, then the cast computes y.
+              if (add) cuda().add_norm_forward(kind, a, b, sum[1], weight, bias_t, Tensor(), mean_t[1], rstd[1], 1e-5f);
+              else cuda().norm_forward(kind, a, weight, bias_t, Tensor(), mean_t[1], rstd[1], 1e-5f);
+              CastProducer producer;
+              producer.op = CastProducer::Op::norm_forward;
+              producer.norm = kind;
+              producer.input = add ? Tensor(sum[1]) : Tensor(a);
+              producer.weight = weight;
+              producer.bias = bias_t;
+              producer.mean = mean_t[1];
+              producer.rstd = rstd[1];
+              producer.eps = 1e-5f;
+              const Tensor shape_only(nullptr, Shape{rows, cols}, dtype, Device::cuda);
+              cuda().quantize(shape_only, scale, r[1].q, c[1].q, amax[1], ScaleFromAmax{}, producer);
+              EXPECT_EQ(raw_bytes(cuda(), rstd[0]), raw_bytes(cuda(), rstd[1])) << what;
+              if (kind == NormKind::layer) EXPECT_EQ(raw_bytes(cuda(), mean[0]), raw_bytes(cuda(), mean[1])) << what;
+              if (add) EXPECT_EQ(raw_bytes(cuda(), sum[0]), raw_bytes(cuda(), sum[1])) << what;
+              EXPECT_EQ(raw_bytes(cuda(), r[0].data), raw_bytes(cuda(), r[1].data)) << what;
+              EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), c[1].data)) << what;
+              EXPECT_EQ(raw_bytes(cuda(), r[0].scales), raw_bytes(cuda(), r[1].scales)) << what;
+              EXPECT_EQ(raw_bytes(cuda(), amax[0]), raw_bytes(cuda(), amax[1])) << what;
+              // The columnwise copy alone (a recomputed norm's weight-gradient input cast).
+              Copy alone = allocate_copy(cuda(), spec, true, rows, cols);
+              cuda().quantize(shape_only, scale, QuantizedTensor{}, alone.q, Tensor(), ScaleFromAmax{}, producer);
+              EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), alone.data)) << what << " columnwise alone";
+              // Not all zeros or NaN: the codes carry the norm's values.
+              const std::vector<uint8_t> codes = raw_bytes(cuda(), r[1].data);
+              EXPECT_GT(std::count_if(codes.begin(), codes.end(), [](uint8_t v) { return (v & 0x7f) != 0; }),
+                        static_cast<std::ptrdiff_t>(codes.size() / 2))
+                  << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(cases, 30);
+}
+
 TEST_F(CudaQuantize, ScaleUpdatesMatchTheReference) {
   const int64_t length = 16, tensors = 300;
   std::vector<float> history = random_vector(static_cast<size_t>(length * tensors), 5, 0.0f, 100.0f);
@@ -470,24 +560,27 @@ TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
   }
 }
 
-// A delayed-scaling step of a Llama with SwiGLU fused into the casts gives the bits of the step
-// that runs SwiGLU apart (the scales are known: the second pass after a scale update), with the
-// inputs saved (none) and with the activation recomputed in backward (selective).
+// A delayed-scaling step with the norms (and a Llama's SwiGLU) fused into the casts gives the
+// bits of the step that runs them apart (the scales are known: the second pass after a scale
+// update), with the inputs saved (none) and with the norm outputs and the activation recomputed
+// in backward (selective, full): RMSNorm on the Llama, LayerNorm with its bias on GPT-2.
 TEST_F(CudaQuantize, FusedProducersGiveTheStepsBits) {
-  const ModelConfig config = model_preset("tiny");
-  ASSERT_EQ(config.family, ModelFamily::llama);
-  for (const char* recompute : {"none", "selective"}) {
-    LinearRecipeOptions linear;
-    linear.format = LinearFormat::fp8_delayed;
-    linear.fuse_producers = false;
-    const Gradients apart = step(cuda(), config, linear, recompute);
-    linear.fuse_producers = true;
-    const Gradients fused = step(cuda(), config, linear, recompute);
-    EXPECT_EQ(apart.loss, fused.loss) << recompute;
-    ASSERT_EQ(apart.values.size(), fused.values.size());
-    for (size_t i = 0; i < apart.values.size(); ++i)
-      EXPECT_EQ(0, std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
-          << recompute << " " << apart.names[i];
+  for (const char* preset : {"tiny", "tiny-gpt2"}) {
+    const ModelConfig config = model_preset(preset);
+    for (const char* recompute : {"none", "selective", "full"}) {
+      const std::string what = std::string(preset) + " " + recompute;
+      LinearRecipeOptions linear;
+      linear.format = LinearFormat::fp8_delayed;
+      linear.fuse_producers = false;
+      const Gradients apart = step(cuda(), config, linear, recompute);
+      linear.fuse_producers = true;
+      const Gradients fused = step(cuda(), config, linear, recompute);
+      EXPECT_EQ(apart.loss, fused.loss) << what;
+      ASSERT_EQ(apart.values.size(), fused.values.size());
+      for (size_t i = 0; i < apart.values.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
+            << what << " " << apart.names[i];
+    }
   }
 }
 

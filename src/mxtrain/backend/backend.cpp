@@ -141,7 +141,8 @@ static double norm_flops(NormKind kind, double elements) { return (kind == NormK
 void Backend::norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                            const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
                            const Tensor& out_amax) {
-  require_same_shape(x, out, "norm_forward");
+  if (out.defined()) require_same_shape(x, out, "norm_forward");
+  MXTRAIN_ASSERT(out.defined() || !out_amax.defined(), "norm_forward: an output amax needs the output");
   MXTRAIN_ASSERT(weight.numel() == x.cols() && rstd.numel() == x.rows(), "norm_forward: weight/rstd shape");
   MXTRAIN_ASSERT(kind == NormKind::rms || (mean.numel() == x.rows() && bias.numel() == x.cols()),
                  "layer norm needs mean and bias");
@@ -166,7 +167,8 @@ void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb,
                                const Tensor& rstd, float eps, const Tensor& out_amax) {
   require_same_shape(a, bb, "add_norm_forward");
   require_same_shape(a, sum, "add_norm_forward");
-  require_same_shape(a, out, "add_norm_forward");
+  if (out.defined()) require_same_shape(a, out, "add_norm_forward");
+  MXTRAIN_ASSERT(out.defined() || !out_amax.defined(), "add_norm_forward: an output amax needs the output");
   MXTRAIN_ASSERT(weight.numel() == a.cols() && rstd.numel() == a.rows(), "add_norm_forward: weight/rstd shape");
   MXTRAIN_ASSERT(kind == NormKind::rms || (mean.numel() == a.rows() && bias.numel() == a.cols()),
                  "layer norm needs mean and bias");
@@ -675,6 +677,24 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
       bytes += b(producer.gate_up) + b(producer.dout);
       flops += 12 * n(producer.dout);
       break;
+    case CastProducer::Op::norm_forward: {
+      const CastProducer& p = producer;
+      require_contiguous(p.input, "quantize (norm_forward producer)");
+      require_same_shape(p.input, x, "quantize (norm_forward producer)");
+      const bool layer = p.norm == NormKind::layer;
+      MXTRAIN_ASSERT(p.input.dtype == x.dtype && p.weight.numel() == x.cols() && p.rstd.numel() == x.rows() &&
+                         p.rstd.dtype == DType::f32 && p.rstd.is_contiguous() &&
+                         (!layer || (p.mean.numel() == x.rows() && p.mean.dtype == DType::f32 &&
+                                     p.mean.is_contiguous())) &&
+                         (!p.bias.defined() || (layer && p.bias.numel() == x.cols() && p.bias.dtype == p.weight.dtype)),
+                     "quantize: %s norm_forward of %s (weight %s, bias %s, mean %s, rstd %s) into x %s",
+                     layer ? "layer" : "rms", p.input.describe().c_str(), p.weight.describe().c_str(),
+                     p.bias.describe().c_str(), p.mean.describe().c_str(), p.rstd.describe().c_str(),
+                     x.describe().c_str());
+      bytes += b(p.input) + b(p.weight) + b(p.bias) + b(p.mean) + b(p.rstd);
+      flops += (layer ? 4 : 2) * n(x);
+      break;
+    }
   }
   for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
     if (!copy->data.defined()) continue;

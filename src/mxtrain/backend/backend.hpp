@@ -235,9 +235,15 @@ struct CastProducer {
     none,
     swiglu_forward,   // x [R, F] = swiglu_forward(gate_up [R, 2F])
     swiglu_backward,  // x [R, 2F] = swiglu_backward(dout [R, F], gate_up [R, 2F])
+    norm_forward,     // x [R, H] = norm_forward(input [R, H]) with the statistics its stats-only
+                      // pass saved (norm_forward or add_norm_forward without an output)
   };
   Op op = Op::none;
   Tensor gate_up{}, dout{};
+  // norm_forward: the norm's input, weight, bias (layer), and its saved mean (layer) and rstd.
+  NormKind norm = NormKind::rms;
+  Tensor input{}, weight{}, bias{}, mean{}, rstd{};
+  float eps = 0;  // the norm's (the CPU recomputes the statistics; they come out the same)
   bool defined() const { return op != Op::none; }
 };
 
@@ -351,10 +357,12 @@ class Backend {
   // trace.
   //
   // out = norm(x) * weight (+ bias). RMS: rstd = 1/sqrt(mean(x^2) + eps), mean undefined.
-  // Layer: mean, rstd of x. mean and rstd are f32 [rows].
+  // Layer: mean, rstd of x. mean and rstd are f32 [rows]. out may be undefined: the statistics
+  // alone, for a cast that computes the output itself (CastProducer::Op::norm_forward).
   void norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
                     const Tensor& mean, const Tensor& rstd, float eps, const Tensor& out_amax = {});
-  // sum = a + b, then out = norm(sum): the residual add fused with the next norm.
+  // sum = a + b, then out = norm(sum): the residual add fused with the next norm (out may be
+  // undefined, as for norm_forward: the sum and the statistics).
   void add_norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& weight,
                         const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
                         const Tensor& out_amax = {});

@@ -267,7 +267,8 @@ namespace {
 // its own, so its producer's inputs name it.
 const void* source_of(const Tensor& x, const CastProducer& producer) {
   if (!producer.defined()) return x.data;
-  return producer.dout.defined() ? producer.dout.data : producer.gate_up.data;
+  if (producer.dout.defined()) return producer.dout.data;
+  return producer.gate_up.defined() ? producer.gate_up.data : producer.input.data;
 }
 
 }  // namespace

@@ -42,6 +42,24 @@ Tensor Transformer::produced(int64_t cols) const {
   return Tensor(nullptr, Shape{rows_, cols}, options_.activation_dtype, backend_.device());
 }
 
+CastProducer Transformer::norm_producer(int64_t l, const Tensor& input, int which, const Saved& s) {
+  const LayerParamIndex& p = layout_.layer;
+  const bool attn = which == 1;
+  return {.op = CastProducer::Op::norm_forward,
+          .norm = norm_kind(),
+          .input = input,
+          .weight = w(l, attn ? p.attn_norm_weight : p.mlp_norm_weight),
+          .bias = w(l, attn ? p.attn_norm_bias : p.mlp_norm_bias),
+          .mean = attn ? s.mean1 : s.mean2,
+          .rstd = attn ? s.rstd1 : s.rstd2,
+          .eps = config_.norm_eps};
+}
+
+bool Transformer::fuses_recomputed_norm(int64_t l, const Tensor& normed, LinearKind consumer,
+                                        const Tensor& rstd) const {
+  return !normed.defined() && rstd.defined() && !linears_.has_saved_input(l, consumer) && linears_.fuses_producers(l);
+}
+
 Buffer Transformer::statistics(const char* what, int64_t layer) {
   std::string name = layer >= 0 ? "layers." + std::to_string(layer) + "." + what : std::string(what);
   return backend_.allocate(name, Shape{rows_}, DType::f32, Lifetime::activation);
@@ -113,8 +131,15 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   const bool save_inputs = keep_all && linears_.saves_inputs(l);
   const bool keep_inputs = keep_all && !save_inputs;
 
+  // Under delayed FP8 scaling (LinearRecipe::fuses_producers) the norms feed their linears
+  // through the casts: the norm kernel saves only its statistics (and the residual sum), and the
+  // cast computes the norm's output from them as it reads the input — the output is never
+  // written in BF16 and read back.
+  const bool fused_norms = !keep_inputs && linears_.fuses_producers(l);
+
   // Attention half.
-  s.norm1 = activation("attn_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
+  if (!fused_norms)
+    s.norm1 = activation("attn_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
   if (layer_norm) s.mean1 = statistics("attn_norm.mean", l);
   s.rstd1 = statistics("attn_norm.rstd", l);
   // (Under current FP8 scaling the norm and activation kernels record the amaxes of the tensors
@@ -122,8 +147,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                         config_.norm_eps, linears_.amax_record(l, LinearKind::qkv, false, s.norm1));
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
-  linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = s.norm1, .b = w(l, p.qkv_weight), .out = s.qkv,
-                                     .bias = w(l, p.qkv_bias)}, {.save_input = save_inputs});
+  linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm1,
+                                     .b = w(l, p.qkv_weight), .out = s.qkv, .bias = w(l, p.qkv_bias)},
+                {.save_input = save_inputs, .producer = fused_norms ? norm_producer(l, x, 1, s) : CastProducer{}});
   if (!keep_inputs) s.norm1.reset();
   if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope());
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
@@ -137,7 +163,8 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   }
   {
     s.mid = activation("mid", l, config_.hidden, Lifetime::activation);
-    s.norm2 = activation("mlp_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
+    if (!fused_norms)
+      s.norm2 = activation("mlp_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
     if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
     s.rstd2 = statistics("mlp_norm.rstd", l);
     if (!linears_.quantized(l)) {
@@ -176,8 +203,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
                    .epilogue = GemmEpilogue::gelu_aux_bias, .bias = w(l, p.up_bias), .aux = s.up},
                   {.out_amax = linears_.amax_record(l, LinearKind::down, false, s.act)});
   } else {
-    linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = s.norm2, .b = w(l, p.up_weight), .out = s.up,
-                                      .bias = w(l, p.up_bias)}, {.save_input = save_inputs});
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm2,
+                                      .b = w(l, p.up_weight), .out = s.up, .bias = w(l, p.up_bias)},
+                  {.save_input = save_inputs, .producer = fused_norms ? norm_producer(l, s.mid, 2, s) : CastProducer{}});
   }
   if (!keep_inputs) s.norm2.reset();
   if (!x_out.defined() && !keep_all) {
@@ -291,15 +319,21 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                                           .aux = s.up}, {.out_amax = dup_amax});
     }
     if (!fused_dup) s.up.reset();
-    // MLP: up projection and norm.
+    // MLP: up projection and norm. A norm that backward must recompute runs inside the weight
+    // gradient's input cast instead, from the statistics the forward kept.
+    const bool fused_norm2 = fuses_recomputed_norm(l, s.norm2, LinearKind::up, s.rstd2);
     recompute(s.norm2, LinearKind::up, [&] {
+      if (fused_norm2) return;
       s.norm2 = activation("mlp_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps);
     });
-    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup_operand, .b = s.norm2,
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup_operand,
+                                      .b = fused_norm2 ? produced(config_.hidden) : s.norm2,
                                       .out = dup_params.weight, .accumulate = dup_params.accumulate,
-                                      .bias_gradient = dup_params.bias}, {.producer = dup_producer});
+                                      .bias_gradient = dup_params.bias},
+                  {.producer = dup_producer,
+                   .input_producer = fused_norm2 ? norm_producer(l, s.mid, 2, s) : CastProducer{}});
     s.norm2.reset();
     // The cast above made both copies of the gradient (the backward_input below takes the
     // stashed rowwise one): what produced it is no longer needed.
@@ -335,15 +369,19 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.lse.reset();
     if (llama)
       backend_.rope_backward(dqkv, shape, config_.rope(), linears_.amax_record(l, LinearKind::qkv, true, dqkv));
+    const bool fused_norm1 = fuses_recomputed_norm(l, s.norm1, LinearKind::qkv, s.rstd1);
     recompute(s.norm1, LinearKind::qkv, [&] {
+      if (fused_norm1) return;
       s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                             config_.norm_eps);
     });
     const GradPair dqkv_params = dw(l, p.qkv_weight, p.qkv_bias);
-    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv, .b = s.norm1,
+    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv,
+                                       .b = fused_norm1 ? produced(config_.hidden) : s.norm1,
                                        .out = dqkv_params.weight, .accumulate = dqkv_params.accumulate,
-                                       .bias_gradient = dqkv_params.bias});
+                                       .bias_gradient = dqkv_params.bias},
+                  {.input_producer = fused_norm1 ? norm_producer(l, x, 1, s) : CastProducer{}});
     s.norm1.reset();
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
     linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_input, .a = dqkv, .b = w(l, p.qkv_weight),

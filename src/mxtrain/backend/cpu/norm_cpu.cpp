@@ -48,6 +48,7 @@ void CpuBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor&
     const float row_rstd = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(cols) + eps));
     if (layer) means[row] = row_mean;
     rstds[row] = row_rstd;
+    if (output == nullptr) return;  // statistics only
     for (int64_t c = 0; c < cols; ++c) {
       float value = (x_row[c] - row_mean) * row_rstd * w[c];
       out_row[c] = b ? value + b[c] : value;

@@ -173,8 +173,22 @@ void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, co
   // The op into a temporary of x's dtype, then the cast: the values the unfused ops make.
   std::vector<uint8_t> storage(x.bytes());
   const Tensor produced(storage.data(), x.shape, x.dtype, Device::cpu);
-  if (producer.op == CastProducer::Op::swiglu_forward) impl_swiglu_forward(producer.gate_up, produced, Tensor());
-  else impl_swiglu_backward(producer.dout, producer.gate_up, produced, Tensor());
+  switch (producer.op) {
+    case CastProducer::Op::swiglu_forward: impl_swiglu_forward(producer.gate_up, produced, Tensor()); break;
+    case CastProducer::Op::swiglu_backward: impl_swiglu_backward(producer.dout, producer.gate_up, produced, Tensor()); break;
+    case CastProducer::Op::norm_forward: {
+      // The norm again into the temporary, with statistics of its own: the same code on the same
+      // input gives the saved ones' values.
+      std::vector<float> mean(static_cast<size_t>(x.rows())), rstd(static_cast<size_t>(x.rows()));
+      const Tensor mean_t = producer.norm == NormKind::layer
+                                ? Tensor(mean.data(), Shape{x.rows()}, DType::f32, Device::cpu)
+                                : Tensor();
+      impl_norm_forward(producer.norm, producer.input, producer.weight, producer.bias, produced, mean_t,
+                        Tensor(rstd.data(), Shape{x.rows()}, DType::f32, Device::cpu), producer.eps, Tensor());
+      break;
+    }
+    case CastProducer::Op::none: MXTRAIN_ASSERT(false, "quantize_produced without a producer");
+  }
   impl_quantize(produced, scale, rowwise, columnwise, amax, ScaleFromAmax{});
 }
 

@@ -99,6 +99,14 @@ __device__ __forceinline__ void swiglu_gradients(float d, float g, float u, floa
   dup = __fmul_rn(d, __fmul_rn(g, sigmoid));
 }
 
+// A norm's output element, as the norm kernels and the cast that fuses a norm compute it (explicit
+// roundings, so both give the same bits): RMS v · rstd · w; LayerNorm (v - mean) · rstd · w + b
+// with one fused multiply-add, what the compiler made of the expression before.
+__device__ __forceinline__ float rms_norm_value(float v, float rstd, float w) { return __fmul_rn(__fmul_rn(v, rstd), w); }
+__device__ __forceinline__ float layer_norm_value(float v, float mean, float rstd, float w, float b) {
+  return __fmaf_rn(__fmul_rn(__fsub_rn(v, mean), rstd), w, b);
+}
+
 // ---- reductions ----------------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll

@@ -113,6 +113,11 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
     rstd = 1.0f / sqrtf(total * inv_cols + eps);
   }
 
+  if (lane == 0) {
+    rstd_out[row] = rstd;
+    if constexpr (kLayer) mean_out[row] = mean;
+  }
+  if (out == nullptr) return;  // statistics only (and the sum): a cast computes the output (CastFromNorm)
   unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
     float v[W], w[W], y[W];
@@ -127,20 +132,16 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
         for (int i = 0; i < W; ++i) bb[i] = 0.0f;
       }
 #pragma unroll
-      for (int i = 0; i < W; ++i) y[i] = (v[i] - mean) * rstd * w[i] + bb[i];
+      for (int i = 0; i < W; ++i) y[i] = layer_norm_value(v[i], mean, rstd, w[i], bb[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < W; ++i) y[i] = v[i] * rstd * w[i];
+      for (int i = 0; i < W; ++i) y[i] = rms_norm_value(v[i], rstd, w[i]);
     }
     store<W>(out + base + c, y);
     if (amax_out != nullptr) {
 #pragma unroll
       for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
     }
-  }
-  if (lane == 0) {
-    rstd_out[row] = rstd;
-    if constexpr (kLayer) mean_out[row] = mean;
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);  // a row per warp: all lanes are here
 }
@@ -213,6 +214,11 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
   } else {
     rstd = 1.0f / sqrtf(total * inv_cols + eps);
   }
+  if (lane == 0) {
+    rstd_out[row] = rstd;
+    if constexpr (kLayer) mean_out[row] = mean;
+  }
+  if (out == nullptr) return;  // statistics only (and the sum): a cast computes the output (CastFromNorm)
   unsigned amax = 0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -230,20 +236,16 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
         for (int i = 0; i < 8; ++i) bb[i] = 0.0f;
       }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) y[i] = (v[i] - mean) * rstd * w[i] + bb[i];
+      for (int i = 0; i < 8; ++i) y[i] = layer_norm_value(v[i], mean, rstd, w[i], bb[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) y[i] = v[i] * rstd * w[i];
+      for (int i = 0; i < 8; ++i) y[i] = rms_norm_value(v[i], rstd, w[i]);
     }
     store<8>(out + base + c, y);
     if (amax_out != nullptr) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax = max(amax, abs_bits(y[i]));
     }
-  }
-  if (lane == 0) {
-    rstd_out[row] = rstd;
-    if constexpr (kLayer) mean_out[row] = mean;
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }

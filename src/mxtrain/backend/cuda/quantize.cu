@@ -145,65 +145,135 @@ __device__ __forceinline__ void load_pack(const T* row, int64_t gc, int64_t cols
   for (int i = 0; i < 8; ++i) pack.v[i] = (row != nullptr && gc + i < cols) ? row[gc + i] : from_float<T>(0.0f);
 }
 
-// What the cast kernel casts. A source has kInputs packs per 8 values (fetched for all of a
-// thread's rows before any is used, so the loads are in flight together) and kOutputs parts of
-// `cols` columns each, side by side in x ([rows, kOutputs · cols]); values(in, v) gives the 8
-// values of every part from one fetch (SwiGLU's backward computes both gradients of an element
-// at once). The fused producers round each value to T as the op's kernel stores it.
-// kMinBlocks: the launch bound's blocks an SM (registers: the packs in flight must not spill).
+// What the cast kernel casts. A source fetches a `Fetched` per 8 values of a row (its kInputs
+// packs, fetched for all of a thread's rows before any is used, so the loads are in flight
+// together, plus what else the row needs) and `Columns` once for a thread's 8 columns (the
+// same for all its rows); it has kOutputs parts of `cols` columns each, side by side in x
+// ([rows, kOutputs · cols]); values(in, columns, v) gives the 8 values of every part from one
+// fetch (SwiGLU's backward computes both gradients of an element at once). The fused producers
+// round each value to T as the op's kernel stores it. kMinBlocks: the launch bound's blocks an
+// SM (registers: the packs in flight must not spill).
+template <typename T, int kInputs>
+struct Packs {
+  Pack8<T> pack[kInputs];
+};
+struct NoColumns {};
+
 template <typename T>
 struct CastFromX {  // x itself
   static constexpr int kInputs = 1, kOutputs = 1, kMinBlocks = 4;
+  using Fetched = Packs<T, kInputs>;
+  using Columns = NoColumns;
   const T* x;
   int64_t cols;
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
-    load_pack(in_rows ? x + gr * cols : nullptr, gc, cols, vector, in[0]);
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
+    load_pack(in_rows ? x + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
   }
-  __device__ __forceinline__ void values(const Pack8<T> (&in)[kInputs], float (&v)[kOutputs][8]) const {
+  __device__ __forceinline__ Columns columns(int64_t) const { return {}; }
+  __device__ __forceinline__ void values(const Fetched& in, const Columns&, float (&v)[kOutputs][8]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[0][i] = to_float<T>(in[0].v[i]);
+    for (int i = 0; i < 8; ++i) v[0][i] = to_float<T>(in.pack[0].v[i]);
   }
 };
 
 template <typename T>
 struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
   static constexpr int kInputs = 2, kOutputs = 1, kMinBlocks = sizeof(T) == 2 ? 4 : 2;
+  using Fetched = Packs<T, kInputs>;
+  using Columns = NoColumns;
   const T* gate_up;
   int64_t cols;  // F
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
     const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
-    load_pack(gate, gc, cols, vector, in[0]);
-    load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in[1]);
+    load_pack(gate, gc, cols, vector, in.pack[0]);
+    load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in.pack[1]);
   }
-  __device__ __forceinline__ void values(const Pack8<T> (&in)[kInputs], float (&v)[kOutputs][8]) const {
+  __device__ __forceinline__ Columns columns(int64_t) const { return {}; }
+  __device__ __forceinline__ void values(const Fetched& in, const Columns&, float (&v)[kOutputs][8]) const {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      v[0][i] = round_to<T>(swiglu_value(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i])));
+      v[0][i] = round_to<T>(swiglu_value(to_float<T>(in.pack[0].v[i]), to_float<T>(in.pack[1].v[i])));
   }
 };
 
 template <typename T>
 struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] and gate_up [R, 2F]
   static constexpr int kInputs = 3, kOutputs = 2, kMinBlocks = sizeof(T) == 2 ? 3 : 2;  // no spills (ptxas -v)
+  using Fetched = Packs<T, kInputs>;
+  using Columns = NoColumns;
   const T* dout;
   const T* gate_up;
   int64_t cols;  // F
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Pack8<T> (&in)[kInputs]) const {
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
     const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
-    load_pack(in_rows ? dout + gr * cols : nullptr, gc, cols, vector, in[0]);
-    load_pack(gate, gc, cols, vector, in[1]);
-    load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in[2]);
+    load_pack(in_rows ? dout + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
+    load_pack(gate, gc, cols, vector, in.pack[1]);
+    load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in.pack[2]);
   }
-  __device__ __forceinline__ void values(const Pack8<T> (&in)[kInputs], float (&v)[kOutputs][8]) const {
+  __device__ __forceinline__ Columns columns(int64_t) const { return {}; }
+  __device__ __forceinline__ void values(const Fetched& in, const Columns&, float (&v)[kOutputs][8]) const {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       float dgate, dup;
-      swiglu_gradients(to_float<T>(in[0].v[i]), to_float<T>(in[1].v[i]), to_float<T>(in[2].v[i]), dgate, dup);
+      swiglu_gradients(to_float<T>(in.pack[0].v[i]), to_float<T>(in.pack[1].v[i]), to_float<T>(in.pack[2].v[i]),
+                       dgate, dup);
       v[0][i] = round_to<T>(dgate);
       v[1][i] = round_to<T>(dup);
+    }
+  }
+};
+
+// x [R, H] = norm(input) · weight (+ bias) with the statistics the norm's stats-only pass saved
+// (norm_forward without an output): the input is read once here instead of the norm's output
+// being written and read back. The element formula is the norm kernels' (rms_norm_value,
+// layer_norm_value); Wt is the weight's storage type (T, or f32 for FP32 master weights).
+template <typename T, typename Wt, bool kLayer>
+struct CastFromNorm {
+  static constexpr int kInputs = 1, kOutputs = 1, kMinBlocks = 3;
+  struct Fetched {
+    Pack8<T> pack[kInputs];
+    float mean, rstd;
+  };
+  struct Columns {
+    float w[8], b[8];
+  };
+  const T* input;
+  const Wt* weight;
+  const Wt* bias;  // layer: may be null (no bias)
+  const float* mean;
+  const float* rstd;
+  int64_t cols;
+  bool vector;
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
+    load_pack(in_rows ? input + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
+    in.rstd = in_rows ? rstd[gr] : 0.0f;
+    in.mean = kLayer && in_rows ? mean[gr] : 0.0f;
+  }
+  __device__ __forceinline__ Columns columns(int64_t gc) const {
+    Columns c;
+    Pack8<Wt> pack;
+    load_pack(weight, gc, cols, vector, pack);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c.w[i] = to_float<Wt>(pack.v[i]);
+    if (kLayer && bias != nullptr) {
+      load_pack(bias, gc, cols, vector, pack);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c.b[i] = to_float<Wt>(pack.v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c.b[i] = 0.0f;
+    }
+    return c;
+  }
+  __device__ __forceinline__ void values(const Fetched& in, const Columns& c, float (&v)[kOutputs][8]) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x = to_float<T>(in.pack[0].v[i]);
+      v[0][i] = round_to<T>(kLayer ? layer_norm_value(x, in.mean, in.rstd, c.w[i], c.b[i])
+                                   : rms_norm_value(x, in.rstd, c.w[i]));
     }
   }
 };
@@ -220,11 +290,12 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
   __shared__ __align__(16) uint8_t tile[kParts][kCastCols][kCastPitch];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCastRows, col0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
   // The loads stay in their storage type until they are used (4 registers per pack for bf16).
-  Pack8<T> in[kCastVectors][Source::kInputs];
+  typename Source::Fetched in[kCastVectors];
   // Thread t: columns c0..c0+7 of rows r0..r0+3 (a warp's loads: 4 rows of 128 bytes).
   const int r0 = 4 * (threadIdx.x / 8), c0 = (threadIdx.x % 8) * 8;
 #pragma unroll
   for (int j = 0; j < kCastVectors; ++j) source.fetch(row0 + r0 + j, row0 + r0 + j < rows, col0 + c0, in[j]);
+  const typename Source::Columns columns = source.columns(col0 + c0);
   // Current scaling: every block forms the scale from the amax itself (the same bits), and the
   // first also stores it for later casts of the same tensor.
   const float scale = current.amax != nullptr
@@ -248,7 +319,7 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
   for (int j = 0; j < kCastVectors; ++j) {
     const int64_t gr = row0 + r0 + j, gc = col0 + c0;
     float value[kParts][8];
-    source.values(in[j], value);
+    source.values(in[j], columns, value);
 #pragma unroll
     for (int part = 0; part < kParts; ++part) {
       float scaled[8];
@@ -258,7 +329,8 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
         vector_max = max(vector_max, abs_bits(value[part][i]));
         scaled[i] = nm::mul_rn(value[part][i], scale);
       }
-      amax = max(amax, vector_max);
+      // Rows past the end read as zeros, which a producer may map to something else (a bias).
+      if (gr < rows) amax = max(amax, vector_max);
       uint8_t q[8];
       cast8(scaled, format, q, scale_may_make_nan || vector_max >= 0x7f800000u);
       if (rowwise != nullptr) {
@@ -600,6 +672,30 @@ void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Ten
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
+// The norm producer's cast: the weight is stored as T or as f32 (FP32 masters).
+template <typename T>
+void launch_norm_cast(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
+                      const QuantizedTensor& columnwise, const Tensor& amax_out, const CastProducer& p,
+                      cudaStream_t stream) {
+  const bool vector = x.cols() % 8 == 0 && aligned16(p.input) && aligned16(p.weight) && aligned16(p.bias);
+  auto go = [&](auto weight_tag, auto layer) {
+    using Wt = decltype(weight_tag);
+    constexpr bool kLayer = decltype(layer)::value;
+    const CastFromNorm<T, Wt, kLayer> source{static_cast<const T*>(p.input.data), static_cast<const Wt*>(p.weight.data),
+                                             data_or_null<const Wt>(p.bias), data_or_null<const float>(p.mean),
+                                             static_cast<const float*>(p.rstd.data), x.cols(), vector};
+    launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+  };
+  const bool layer = p.norm == NormKind::layer;
+  if (p.weight.dtype == x.dtype) {
+    layer ? go(T{}, std::true_type{}) : go(T{}, std::false_type{});
+  } else if (p.weight.dtype == DType::f32) {
+    layer ? go(float{}, std::true_type{}) : go(float{}, std::false_type{});
+  } else {
+    unsupported_dtype("quantize (norm_forward producer, weight)", p.weight.dtype);
+  }
+}
+
 }  // namespace
 
 void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream) {
@@ -646,6 +742,10 @@ void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTens
                        cudaStream_t stream) {
   dispatch_float<true>(x.dtype, "quantize (fused producer)", [&](auto tag) {
     using T = decltype(tag);
+    if (producer.op == CastProducer::Op::norm_forward) {
+      launch_norm_cast<T>(x, scale, rowwise, columnwise, amax_out, producer, stream);
+      return;
+    }
     const T* gate_up = static_cast<const T*>(producer.gate_up.data);
     const int64_t ffn = producer.gate_up.cols() / 2;
     if (producer.op == CastProducer::Op::swiglu_forward) {
