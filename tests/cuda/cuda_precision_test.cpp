@@ -298,7 +298,7 @@ TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
 // A cast with a norm fused in (its stats-only pass, then CastFromNorm) writes the codes, decode
 // scales and amax of the norm kernel followed by the cast, bit for bit, and the stats-only pass
 // saves the statistics (and the residual sum) the full norm saves: RMSNorm and LayerNorm (with
-// and without its bias), plain and with the residual add, bf16 and f32 rows, weights stored as
+// its bias), plain and with the residual add, bf16 and f32 rows, weights stored as
 // the rows' type or as FP32 masters, on a shape off the tiles and the 8-wide vectors and on a
 // model-like one, with non-finite inputs mixed in.
 TEST_F(CudaQuantize, FusedNormCastsAreTheNormThenTheCast) {
@@ -321,8 +321,8 @@ TEST_F(CudaQuantize, FusedNormCastsAreTheNormThenTheCast) {
                              weight_dtype);
         for (const NormKind kind : {NormKind::rms, NormKind::layer}) {
           for (const bool add : {false, true}) {
-            for (const bool with_bias : {false, true}) {
-              if (with_bias && kind == NormKind::rms) continue;
+            {
+              const bool with_bias = kind == NormKind::layer;  // the backend's LayerNorm has a bias
               ++cases;
               const std::string what = std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" +
                                        std::to_string(cols) + " weight " + std::string(dtype_name(weight_dtype)) +
@@ -382,7 +382,69 @@ TEST_F(CudaQuantize, FusedNormCastsAreTheNormThenTheCast) {
       }
     }
   }
-  EXPECT_GE(cases, 30);
+  EXPECT_EQ(cases, 24);
+}
+
+// A cast with RoPE's backward fused in writes the codes, decode scales and amax of the rope
+// kernel's inverse rotation followed by the cast, bit for bit, and leaves its input as it was:
+// grouped-query shapes with head_dim 64 (the partner in the same tile) and 128 (the next one),
+// a position offset, bf16 and f32, both copies and the columnwise copy alone; and the rotation
+// itself equals the CPU oracle's.
+TEST_F(CudaQuantize, FusedRopeBackwardCastsAreTheOpThenTheCast) {
+  struct Case {
+    int64_t batch, seq, heads, kv_heads, head_dim, offset;
+  };
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (const Case k : {Case{2, 160, 8, 2, 64, 0}, Case{3, 64, 4, 1, 128, 7}}) {
+      AttentionShape shape;
+      shape.batch = k.batch;
+      shape.seq = k.seq;
+      shape.heads = k.heads;
+      shape.kv_heads = k.kv_heads;
+      shape.head_dim = k.head_dim;
+      shape.softmax_scale = 1.0f;
+      shape.position_offset = k.offset;
+      const RopeSpec rope(500000.0f);
+      const int64_t rows = k.batch * k.seq, cols = (k.heads + 2 * k.kv_heads) * k.head_dim;
+      const std::string what = std::string(dtype_name(dtype)) + " d" + std::to_string(k.head_dim);
+      const std::vector<float> values = rounded(inputs(rows, cols, 31, false), dtype);
+      Buffer dqkv = upload(cuda(), values, Shape{rows, cols}, dtype);
+      Buffer rotated = upload(cuda(), values, Shape{rows, cols}, dtype);
+      cuda().rope_backward(rotated, shape, rope);
+      // The rotation against the CPU oracle's (explicit roundings on both).
+      if (dtype == DType::f32) {
+        Buffer on_cpu = upload(cpu(), values, Shape{rows, cols});
+        cpu().rope_backward(on_cpu, shape, rope);
+        EXPECT_EQ(raw_bytes(cpu(), on_cpu), raw_bytes(cuda(), rotated)) << what << " rotation";
+      }
+      Buffer scale = upload(cuda(), {3.5f}, Shape{1});
+      const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, DType::e5m2);
+      Copy r[2] = {allocate_copy(cuda(), spec, false, rows, cols), allocate_copy(cuda(), spec, false, rows, cols)};
+      Copy c[2] = {allocate_copy(cuda(), spec, true, rows, cols), allocate_copy(cuda(), spec, true, rows, cols)};
+      Buffer amax[2] = {upload(cuda(), {0.0f}, Shape{1}), upload(cuda(), {0.0f}, Shape{1})};
+      cuda().quantize(rotated, scale, r[0].q, c[0].q, amax[0]);
+      CastProducer producer;
+      producer.op = CastProducer::Op::rope_backward;
+      producer.input = dqkv;
+      producer.shape = shape;
+      producer.rope = rope;
+      const std::vector<uint8_t> before = raw_bytes(cuda(), dqkv);
+      const Tensor shape_only(nullptr, Shape{rows, cols}, dtype, Device::cuda);
+      cuda().quantize(shape_only, scale, r[1].q, c[1].q, amax[1], ScaleFromAmax{}, producer);
+      EXPECT_EQ(before, raw_bytes(cuda(), dqkv)) << what << ": the input changed";
+      EXPECT_EQ(raw_bytes(cuda(), r[0].data), raw_bytes(cuda(), r[1].data)) << what;
+      EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), c[1].data)) << what;
+      EXPECT_EQ(raw_bytes(cuda(), r[0].scales), raw_bytes(cuda(), r[1].scales)) << what;
+      EXPECT_EQ(raw_bytes(cuda(), amax[0]), raw_bytes(cuda(), amax[1])) << what;
+      Copy alone = allocate_copy(cuda(), spec, true, rows, cols);
+      cuda().quantize(shape_only, scale, QuantizedTensor{}, alone.q, Tensor(), ScaleFromAmax{}, producer);
+      EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), alone.data)) << what << " columnwise alone";
+      // The rotation moved the codes (the fused cast did not cast the unrotated gradient).
+      Copy unrotated = allocate_copy(cuda(), spec, false, rows, cols);
+      cuda().quantize(dqkv, scale, unrotated.q, QuantizedTensor{}, Tensor());
+      EXPECT_NE(raw_bytes(cuda(), unrotated.data), raw_bytes(cuda(), r[1].data)) << what;
+    }
+  }
 }
 
 TEST_F(CudaQuantize, ScaleUpdatesMatchTheReference) {

@@ -150,13 +150,14 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
 // forward, and in backward where it is recomputed) and the up projection's output gradient, so
 // no SwiGLU op runs apart and no BF16 activation or gate/up gradient is written; the step's bits
 // are those of the separate ops, under every recompute policy. Current scaling keeps its ops.
-TEST(Transformer, FusedProducersDropTheSwigluAndNormOutputsAndChangeNoBits) {
+TEST(Transformer, FusedProducersDropTheSwigluRopeAndNormPassesAndChangeNoBits) {
   struct SwigluCounter : TraceObserver {
-    int64_t forward = 0, backward = 0;
+    int64_t forward = 0, backward = 0, rope_backward = 0;
     int64_t norm_outputs = 0;  // allocations of a block norm's output (attn_norm, mlp_norm)
     void on_op(const OpRecord& record) override {
       forward += record.kind == OpKind::swiglu_forward;
       backward += record.kind == OpKind::swiglu_backward;
+      rope_backward += record.kind == OpKind::rope_backward;
     }
     void on_allocation(const AllocationEvent& event) override {
       auto ends_with = [&](const std::string& tail) {
@@ -194,6 +195,9 @@ TEST(Transformer, FusedProducersDropTheSwigluAndNormOutputsAndChangeNoBits) {
       const int64_t norm_passes = std::string(policy) == "none" ? 1 : std::string(policy) == "selective" ? 2 : 3;
       EXPECT_EQ(counters[0].norm_outputs, 2 * norm_passes * config.layers) << label;
       EXPECT_EQ(counters[1].norm_outputs, fused ? 0 : counters[0].norm_outputs) << label;
+      // RoPE's backward: one a layer unfused; fused, inside the QKV projection's gradient cast.
+      EXPECT_EQ(counters[0].rope_backward, config.layers) << label;
+      EXPECT_EQ(counters[1].rope_backward, fused ? 0 : config.layers) << label;
       EXPECT_EQ(result[0].loss, result[1].loss) << label;
       for (size_t g = 0; g < result[0].groups.size(); ++g)
         EXPECT_EQ(0, std::memcmp(result[0].groups[g].data(), result[1].groups[g].data(),

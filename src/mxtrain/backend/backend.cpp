@@ -695,6 +695,16 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
       flops += (layer ? 4 : 2) * n(x);
       break;
     }
+    case CastProducer::Op::rope_backward:
+      require_contiguous(producer.input, "quantize (rope_backward producer)");
+      require_same_shape(producer.input, x, "quantize (rope_backward producer)");
+      check_attention_shape(producer.shape, producer.input, "quantize (rope_backward producer)");
+      MXTRAIN_ASSERT(producer.input.dtype == x.dtype, "quantize: rope_backward of %s into x %s",
+                     producer.input.describe().c_str(), x.describe().c_str());
+      bytes += b(producer.input);
+      flops += 3.0 * static_cast<double>(x.rows() * (producer.shape.heads + producer.shape.kv_heads) *
+                                         producer.shape.head_dim);
+      break;
   }
   for (const QuantizedTensor* copy : {&rowwise, &columnwise}) {
     if (!copy->data.defined()) continue;

@@ -237,6 +237,7 @@ struct CastProducer {
     swiglu_backward,  // x [R, 2F] = swiglu_backward(dout [R, F], gate_up [R, 2F])
     norm_forward,     // x [R, H] = norm_forward(input [R, H]) with the statistics its stats-only
                       // pass saved (norm_forward or add_norm_forward without an output)
+    rope_backward,    // x [R, qkv] = rope_backward(input [R, qkv]) (shape, rope), input unchanged
   };
   Op op = Op::none;
   Tensor gate_up{}, dout{};
@@ -244,6 +245,9 @@ struct CastProducer {
   NormKind norm = NormKind::rms;
   Tensor input{}, weight{}, bias{}, mean{}, rstd{};
   float eps = 0;  // the norm's (the CPU recomputes the statistics; they come out the same)
+  // rope_backward: input is the gradient before the inverse rotation.
+  AttentionShape shape{};
+  RopeSpec rope{};
   bool defined() const { return op != Op::none; }
 };
 

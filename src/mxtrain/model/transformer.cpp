@@ -167,17 +167,17 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
       s.norm2 = activation("mlp_norm", l, config_.hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
     if (layer_norm) s.mean2 = statistics("mlp_norm.mean", l);
     s.rstd2 = statistics("mlp_norm.rstd", l);
-    if (!linears_.quantized(l)) {
+    if (!linears_.quantized(l) || linears_.saves_inputs(l)) {
       // The first residual add rides on the out projection's GEMM (mid = attn · Wᵀ + b + x, one
-      // rounding), so the norm reads mid alone: one tensor's pass less than a separate add.
+      // rounding; per-tensor FP8 GEMMs too, as the down projection's), so the norm reads mid
+      // alone: one tensor's pass less than a separate add, or than the fused add-norm.
       linears_.gemm(l, LinearKind::out, {.role = GemmRole::forward, .a = s.attn, .b = w(l, p.out_weight), .out = s.mid,
                                          .bias = w(l, p.out_bias), .residual = x}, {.save_input = save_inputs});
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
                             config_.norm_eps, linears_.amax_record(l, LinearKind::up, false, s.norm2));
     } else {
-      // Quantized layers: the add rides on the norm (add_norm_forward reads x and the
-      // projection, writes mid and the norm). The down projection's residual rides on its FP8
-      // GEMM's epilogue instead; this one has not been measured that way.
+      // The block formats (MXFP8, NVFP4): the add rides on the norm (add_norm_forward reads x
+      // and the projection, writes mid and the norm).
       Buffer projected = activation("attn_proj", l, config_.hidden, Lifetime::scratch);
       linears_.gemm(l, LinearKind::out, {.role = GemmRole::forward, .a = s.attn, .b = w(l, p.out_weight),
                                          .out = projected, .bias = w(l, p.out_bias)}, {.save_input = save_inputs});
@@ -367,8 +367,19 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.qkv.reset();
     s.attn.reset();
     s.lse.reset();
-    if (llama)
+    // Under delayed FP8 scaling RoPE's backward runs inside the QKV projection's gradient cast
+    // (both copies, one pass): the rotated gradient is never written in BF16 and read back.
+    const GradPair dqkv_params = dw(l, p.qkv_weight, p.qkv_bias);
+    const bool fused_rope =
+        llama && linears_.fuses_producers(l) && !dqkv_params.bias.defined() && config_.head_dim() % 16 == 0;
+    Tensor dqkv_operand = dqkv;
+    CastProducer rope_producer;
+    if (fused_rope) {
+      dqkv_operand = produced(config_.qkv_cols());
+      rope_producer = {.op = CastProducer::Op::rope_backward, .input = dqkv, .shape = shape, .rope = config_.rope()};
+    } else if (llama) {
       backend_.rope_backward(dqkv, shape, config_.rope(), linears_.amax_record(l, LinearKind::qkv, true, dqkv));
+    }
     const bool fused_norm1 = fuses_recomputed_norm(l, s.norm1, LinearKind::qkv, s.rstd1);
     recompute(s.norm1, LinearKind::qkv, [&] {
       if (fused_norm1) return;
@@ -376,16 +387,16 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
                             config_.norm_eps);
     });
-    const GradPair dqkv_params = dw(l, p.qkv_weight, p.qkv_bias);
-    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv,
+    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv_operand,
                                        .b = fused_norm1 ? produced(config_.hidden) : s.norm1,
                                        .out = dqkv_params.weight, .accumulate = dqkv_params.accumulate,
                                        .bias_gradient = dqkv_params.bias},
-                  {.input_producer = fused_norm1 ? norm_producer(l, x, 1, s) : CastProducer{}});
+                  {.producer = rope_producer,
+                   .input_producer = fused_norm1 ? norm_producer(l, x, 1, s) : CastProducer{}});
     s.norm1.reset();
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
-    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_input, .a = dqkv, .b = w(l, p.qkv_weight),
-                                       .out = dnorm1});
+    linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_input, .a = dqkv_operand, .b = w(l, p.qkv_weight),
+                                       .out = dnorm1}, {.producer = rope_producer});
     dqkv.reset();
     const GradPair dnorm = dw(l, p.attn_norm_weight, p.attn_norm_bias);
     // dres is now the gradient the block below casts first (its down projection's).

@@ -187,6 +187,10 @@ void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, co
                         Tensor(rstd.data(), Shape{x.rows()}, DType::f32, Device::cpu), producer.eps, Tensor());
       break;
     }
+    case CastProducer::Op::rope_backward:
+      std::memcpy(produced.data, producer.input.data, x.bytes());
+      impl_rope(produced, producer.shape, producer.rope, true, Tensor());
+      break;
     case CastProducer::Op::none: MXTRAIN_ASSERT(false, "quantize_produced without a producer");
   }
   impl_quantize(produced, scale, rowwise, columnwise, amax, ScaleFromAmax{});

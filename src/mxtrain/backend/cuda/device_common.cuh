@@ -107,6 +107,14 @@ __device__ __forceinline__ float layer_norm_value(float v, float mean, float rst
   return __fmaf_rn(__fmul_rn(__fsub_rn(v, mean), rstd), w, b);
 }
 
+// RoPE's rotation of the pair (x1, x2) by the angle with cosine c and sine sk (negated for the
+// inverse): explicit roundings, as the CPU oracle computes it, shared by the rope kernel and the
+// cast that fuses RoPE's backward.
+__device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float sk, float& y1, float& y2) {
+  y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sk));
+  y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sk));
+}
+
 // ---- reductions ----------------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll

@@ -145,10 +145,10 @@ __device__ __forceinline__ void load_pack(const T* row, int64_t gc, int64_t cols
   for (int i = 0; i < 8; ++i) pack.v[i] = (row != nullptr && gc + i < cols) ? row[gc + i] : from_float<T>(0.0f);
 }
 
-// What the cast kernel casts. A source fetches a `Fetched` per 8 values of a row (its kInputs
-// packs, fetched for all of a thread's rows before any is used, so the loads are in flight
-// together, plus what else the row needs) and `Columns` once for a thread's 8 columns (the
-// same for all its rows); it has kOutputs parts of `cols` columns each, side by side in x
+// What the cast kernel casts. A source has `Columns` once for a thread's 8 columns (the same
+// for all its rows) and fetches a `Fetched` per 8 values of a row (its kInputs packs, fetched
+// for all of a thread's rows before any is used, so the loads are in flight together, plus
+// what else the row needs); it has kOutputs parts of `cols` columns each, side by side in x
 // ([rows, kOutputs · cols]); values(in, columns, v) gives the 8 values of every part from one
 // fetch (SwiGLU's backward computes both gradients of an element at once). The fused producers
 // round each value to T as the op's kernel stores it. kMinBlocks: the launch bound's blocks an
@@ -167,7 +167,7 @@ struct CastFromX {  // x itself
   const T* x;
   int64_t cols;
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, const Columns&, Fetched& in) const {
     load_pack(in_rows ? x + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
   }
   __device__ __forceinline__ Columns columns(int64_t) const { return {}; }
@@ -185,7 +185,7 @@ struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
   const T* gate_up;
   int64_t cols;  // F
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, const Columns&, Fetched& in) const {
     const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
     load_pack(gate, gc, cols, vector, in.pack[0]);
     load_pack(in_rows ? gate + cols : nullptr, gc, cols, vector, in.pack[1]);
@@ -207,7 +207,7 @@ struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] a
   const T* gate_up;
   int64_t cols;  // F
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, const Columns&, Fetched& in) const {
     const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
     load_pack(in_rows ? dout + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
     load_pack(gate, gc, cols, vector, in.pack[1]);
@@ -247,7 +247,7 @@ struct CastFromNorm {
   const float* rstd;
   int64_t cols;
   bool vector;
-  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, Fetched& in) const {
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, const Columns&, Fetched& in) const {
     load_pack(in_rows ? input + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
     in.rstd = in_rows ? rstd[gr] : 0.0f;
     in.mean = kLayer && in_rows ? mean[gr] : 0.0f;
@@ -293,9 +293,9 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
   typename Source::Fetched in[kCastVectors];
   // Thread t: columns c0..c0+7 of rows r0..r0+3 (a warp's loads: 4 rows of 128 bytes).
   const int r0 = 4 * (threadIdx.x / 8), c0 = (threadIdx.x % 8) * 8;
-#pragma unroll
-  for (int j = 0; j < kCastVectors; ++j) source.fetch(row0 + r0 + j, row0 + r0 + j < rows, col0 + c0, in[j]);
   const typename Source::Columns columns = source.columns(col0 + c0);
+#pragma unroll
+  for (int j = 0; j < kCastVectors; ++j) source.fetch(row0 + r0 + j, row0 + r0 + j < rows, col0 + c0, columns, in[j]);
   // Current scaling: every block forms the scale from the amax itself (the same bits), and the
   // first also stores it for later casts of the same tensor.
   const float scale = current.amax != nullptr
@@ -640,6 +640,63 @@ void quantize_block_copy(const T* x, const Tensor& x_tensor, const QuantizedTens
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }
 
+// x [R, (H + 2·KV)·d] = RoPE's backward of dqkv (the inverse rotation of the q and k heads; v
+// as it is), in place of the rope kernel's pass: element i of a rotated head pairs with
+// i ± d/2, so a thread fetches its 8 values and their partners' (the other half of the same
+// head: in this tile for d = 64, the next one for d = 128 — cache hits either way), and takes
+// the angles of its row's position from the backend's table (rope_rotate, as the rope kernel).
+// half (d/2) is a multiple of 8: a thread's 8 columns lie in one half of one head.
+template <typename T>
+struct CastFromRopeBackward {
+  static constexpr int kInputs = 2, kOutputs = 1, kMinBlocks = sizeof(T) == 2 ? 3 : 2;  // no spills (ptxas -v)
+  struct Fetched {
+    Pack8<T> pack[kInputs];  // own, partner
+    int64_t angles;          // the row's position · half (into the tables)
+  };
+  struct Columns {
+    int64_t partner;  // the partner's column offset from this one (0: a v head, not rotated)
+    int i;            // the pair index of the first column within its head's half
+  };
+  const T* input;
+  const float* cos_table;
+  const float* sin_table;
+  int64_t cols, seq, position_offset;
+  int head_dim, rotated_cols;  // rotated_cols = (H + KV) · d
+  bool vector;
+  __device__ __forceinline__ Columns columns(int64_t gc) const {
+    const int half = head_dim / 2;
+    const int within = static_cast<int>(gc % head_dim);
+    Columns c;
+    c.partner = gc >= rotated_cols ? 0 : (within < half ? half : -half);
+    c.i = within % half;
+    return c;
+  }
+  __device__ __forceinline__ void fetch(int64_t gr, bool in_rows, int64_t gc, const Columns& c, Fetched& in) const {
+    const T* row = in_rows ? input + gr * cols : nullptr;
+    load_pack(row, gc, cols, vector, in.pack[0]);
+    if (c.partner != 0) load_pack(row, gc + c.partner, cols, vector, in.pack[1]);
+    in.angles = ((in_rows ? gr : 0) % seq + position_offset) * (head_dim / 2) + c.i;
+  }
+  __device__ __forceinline__ void values(const Fetched& in, const Columns& c, float (&v)[kOutputs][8]) const {
+    if (c.partner == 0) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[0][k] = to_float<T>(in.pack[0].v[k]);
+      return;
+    }
+    float cs[8], sn[8];
+    load<8>(cos_table + in.angles, cs);
+    load<8>(sin_table + in.angles, sn);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float own = to_float<T>(in.pack[0].v[k]), other = to_float<T>(in.pack[1].v[k]);
+      float y1, y2;
+      if (c.partner > 0) rope_rotate(own, other, cs[k], -sn[k], y1, y2);  // own is the first half
+      else rope_rotate(other, own, cs[k], -sn[k], y1, y2);
+      v[0][k] = round_to<T>(c.partner > 0 ? y1 : y2);
+    }
+  }
+};
+
 // The per-tensor FP8 cast of `source` (rows x cols a part) into the copies that are defined.
 template <typename T, typename Source>
 void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Tensor& scale,
@@ -739,11 +796,25 @@ void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwi
 
 void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                        const QuantizedTensor& columnwise, const Tensor& amax_out, const CastProducer& producer,
-                       cudaStream_t stream) {
+                       const float* rope_table, int64_t rope_positions, cudaStream_t stream) {
   dispatch_float<true>(x.dtype, "quantize (fused producer)", [&](auto tag) {
     using T = decltype(tag);
     if (producer.op == CastProducer::Op::norm_forward) {
       launch_norm_cast<T>(x, scale, rowwise, columnwise, amax_out, producer, stream);
+      return;
+    }
+    if (producer.op == CastProducer::Op::rope_backward) {
+      const AttentionShape& shape = producer.shape;
+      const int half = static_cast<int>(shape.head_dim / 2);
+      MXTRAIN_ASSERT(half % 8 == 0 && rope_table != nullptr,
+                     "quantize: a fused rope_backward needs head_dim %% 16 == 0 (got %lld) and the rotation table",
+                     static_cast<long long>(shape.head_dim));
+      const CastFromRopeBackward<T> source{static_cast<const T*>(producer.input.data), rope_table,
+                                           rope_table + rope_positions * half, x.cols(), shape.seq,
+                                           shape.position_offset, static_cast<int>(shape.head_dim),
+                                           static_cast<int>((shape.heads + shape.kv_heads) * shape.head_dim),
+                                           x.cols() % 8 == 0 && aligned16(producer.input)};
+      launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
       return;
     }
     const T* gate_up = static_cast<const T*>(producer.gate_up.data);

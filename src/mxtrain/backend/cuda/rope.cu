@@ -45,8 +45,8 @@ __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_tab
       load<W>(sin_table + position * half + i, s);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const float sk = sin_sign * s[k];
-        const float y1 = x1[k] * c[k] - x2[k] * sk, y2 = x2[k] * c[k] + x1[k] * sk;
+        float y1, y2;
+        rope_rotate(x1[k], x2[k], c[k], sin_sign * s[k], y1, y2);
         x1[k] = y1;
         x2[k] = y2;
       }
