@@ -183,14 +183,17 @@ def fp8_groups(relative, commit):
     """Per model, in file order: bf16, fp8, fp8-current, [fp8 with quantized_weights], PyTorch FP8.
     bench/fp8_vs_torch.sh writes the quantized_weights run as the model's second fp8 line."""
     groups = {}
+    previous = None  # the commit of the last mxtrain line before this one
     for r in jsonl(relative):
         mine = r.get("engine") == "mxtrain"
-        if mine and r.get("commit") != commit:
+        if mine:
+            previous = r.get("commit")
+        if previous != commit:
             continue
         name = r["name"]
         g = groups.setdefault(name, {"shape": (r["B"], r["T"])})
         if not mine:
-            # PyTorch lines carry no commit: the one that follows this commit's mxtrain lines.
+            # PyTorch lines carry no commit: the one right after this commit's mxtrain lines.
             if "bf16" in g and "torch" not in g:
                 g["torch"] = r
             continue
