@@ -42,9 +42,9 @@ Tensor Transformer::produced(int64_t cols) const {
   return Tensor(nullptr, Shape{rows_, cols}, options_.activation_dtype, backend_.device());
 }
 
-CastProducer Transformer::norm_producer(int64_t l, const Tensor& input, int which, const Saved& s) {
+CastProducer Transformer::norm_producer(int64_t l, BlockNorm which, const Tensor& input, const Saved& s) {
   const LayerParamIndex& p = layout_.layer;
-  const bool attn = which == 1;
+  const bool attn = which == BlockNorm::attention;
   return {.op = CastProducer::Op::norm_forward,
           .norm = norm_kind(),
           .input = input,
@@ -149,7 +149,8 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
   linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm1,
                                      .b = w(l, p.qkv_weight), .out = s.qkv, .bias = w(l, p.qkv_bias)},
-                {.save_input = save_inputs, .producer = fused_norms ? norm_producer(l, x, 1, s) : CastProducer{}});
+                {.save_input = save_inputs,
+                 .producer = fused_norms ? norm_producer(l, BlockNorm::attention, x, s) : CastProducer{}});
   if (!keep_inputs) s.norm1.reset();
   if (config_.family == ModelFamily::llama) backend_.rope_forward(s.qkv, shape, config_.rope());
   s.attn = activation("attn", l, config_.hidden, Lifetime::activation);
@@ -205,7 +206,8 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   } else {
     linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm2,
                                       .b = w(l, p.up_weight), .out = s.up, .bias = w(l, p.up_bias)},
-                  {.save_input = save_inputs, .producer = fused_norms ? norm_producer(l, s.mid, 2, s) : CastProducer{}});
+                  {.save_input = save_inputs,
+                   .producer = fused_norms ? norm_producer(l, BlockNorm::mlp, s.mid, s) : CastProducer{}});
   }
   if (!keep_inputs) s.norm2.reset();
   if (!x_out.defined() && !keep_all) {
@@ -322,18 +324,19 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     // MLP: up projection and norm. A norm that backward must recompute runs inside the weight
     // gradient's input cast instead, from the statistics the forward kept.
     const bool fused_norm2 = fuses_recomputed_norm(l, s.norm2, LinearKind::up, s.rstd2);
-    recompute(s.norm2, LinearKind::up, [&] {
-      if (fused_norm2) return;
-      s.norm2 = activation("mlp_norm", l, config_.hidden, Lifetime::scratch);
-      backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
-                            config_.norm_eps);
-    });
+    if (!fused_norm2) {
+      recompute(s.norm2, LinearKind::up, [&] {
+        s.norm2 = activation("mlp_norm", l, config_.hidden, Lifetime::scratch);
+        backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2,
+                              s.rstd2, config_.norm_eps);
+      });
+    }
     linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup_operand,
                                       .b = fused_norm2 ? produced(config_.hidden) : s.norm2,
                                       .out = dup_params.weight, .accumulate = dup_params.accumulate,
                                       .bias_gradient = dup_params.bias},
                   {.producer = dup_producer,
-                   .input_producer = fused_norm2 ? norm_producer(l, s.mid, 2, s) : CastProducer{}});
+                   .input_producer = fused_norm2 ? norm_producer(l, BlockNorm::mlp, s.mid, s) : CastProducer{}});
     s.norm2.reset();
     // The cast above made both copies of the gradient (the backward_input below takes the
     // stashed rowwise one): what produced it is no longer needed.
@@ -381,18 +384,19 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       backend_.rope_backward(dqkv, shape, config_.rope(), linears_.amax_record(l, LinearKind::qkv, true, dqkv));
     }
     const bool fused_norm1 = fuses_recomputed_norm(l, s.norm1, LinearKind::qkv, s.rstd1);
-    recompute(s.norm1, LinearKind::qkv, [&] {
-      if (fused_norm1) return;
-      s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
-      backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
-                            config_.norm_eps);
-    });
+    if (!fused_norm1) {
+      recompute(s.norm1, LinearKind::qkv, [&] {
+        s.norm1 = activation("attn_norm", l, config_.hidden, Lifetime::scratch);
+        backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1,
+                              s.rstd1, config_.norm_eps);
+      });
+    }
     linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv_operand,
                                        .b = fused_norm1 ? produced(config_.hidden) : s.norm1,
                                        .out = dqkv_params.weight, .accumulate = dqkv_params.accumulate,
                                        .bias_gradient = dqkv_params.bias},
                   {.producer = rope_producer,
-                   .input_producer = fused_norm1 ? norm_producer(l, x, 1, s) : CastProducer{}});
+                   .input_producer = fused_norm1 ? norm_producer(l, BlockNorm::attention, x, s) : CastProducer{}});
     s.norm1.reset();
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
     linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_input, .a = dqkv_operand, .b = w(l, p.qkv_weight),

@@ -79,9 +79,10 @@ class Transformer {
   // An activation's shape and dtype without storage: the operand of a cast that computes it from
   // its producer (LinearGemmOptions::producer / input_producer).
   Tensor produced(int64_t cols) const;
-  // The cast producer of block l's attention (which = 1) or MLP (2) norm of `input`, with the
-  // statistics s holds (LinearRecipe::fuses_producers).
-  CastProducer norm_producer(int64_t l, const Tensor& input, int which, const Saved& s);
+  // The cast producer of block l's attention or MLP norm of `input`, with the statistics s
+  // holds (LinearRecipe::fuses_producers).
+  enum class BlockNorm : uint8_t { attention, mlp };
+  CastProducer norm_producer(int64_t l, BlockNorm which, const Tensor& input, const Saved& s);
   // Whether backward's recompute of a norm output (undefined `normed`) runs inside its
   // consumer's weight-gradient input cast instead, from the kept statistics.
   bool fuses_recomputed_norm(int64_t l, const Tensor& normed, LinearKind consumer, const Tensor& rstd) const;
