@@ -231,17 +231,24 @@ def fp8_ratios(relative, commit):
 # ---- precision curves (mxtrain compare-precision) ---------------------------------------------------
 
 def precision_curves(relative, *columns):
-    """The final-loss table of a compare-precision run; `tok_s` adds each format's tokens/s."""
+    """The final-loss table of a compare-precision run; `tok_s` adds each format's tokens/s. Runs
+    with data.val add the held-out loss after the last step and its gap."""
     data = json.loads(read(relative))
     speed = "tok_s" in columns
-    labels = {"fp8": "fp8 (delayed scaling, HYBRID)", "mxfp8": "mxfp8 (emulated on sm_90)",
-              "nvfp4": "nvfp4 (emulated on sm_90, RHT + stochastic rounding)"}
+    held_out = all(f.get("val_loss", -1) > 0 for f in data["formats"])
+    labels = {"fp8": "fp8 (delayed scaling, HYBRID)", "fp8-current": "fp8-current (current scaling, HYBRID)",
+              "mxfp8": "mxfp8 (emulated on sm_90)", "nvfp4": "nvfp4 (emulated on sm_90, RHT + stochastic rounding)"}
+
+    def gap(f, key):
+        return "–" if f["format"] == data["baseline"] else f"{100 * f[key]:+.2f}%".replace("-", "−")
+
     lines = [f"| format | final loss (mean of last {data['final_window']} steps) | gap to {data['baseline']} |"
+             + (" held-out loss after the last step | gap to " + data["baseline"] + " |" if held_out else "")
              + (" tok/s (this small step; not a throughput benchmark) |" if speed else ""),
-             "|---|---|---|" + ("---|" if speed else "")]
+             "|---|---|---|" + ("---|---|" if held_out else "") + ("---|" if speed else "")]
     for f in data["formats"]:
-        gap = "–" if f["format"] == data["baseline"] else f"{100 * f['gap_to_baseline']:+.2f}%".replace("-", "−")
-        lines.append(f"| {labels.get(f['format'], f['format'])} | {f['final_loss']:.4f} | {gap} |"
+        lines.append(f"| {labels.get(f['format'], f['format'])} | {f['final_loss']:.4f} | {gap(f, 'gap_to_baseline')} |"
+                     + (f" {f['val_loss']:.4f} | {gap(f, 'val_gap_to_baseline')} |" if held_out else "")
                      + (f" {thousands(f['tokens_per_s'])} |" if speed else ""))
     return "\n".join(lines)
 
@@ -350,7 +357,9 @@ class Planner:
             rows = []
             for entry in report["entries"]:
                 args = ["plan", "--gpu", report["gpu"], "--plan-steps", str(report["plan_steps"]), "--json"]
-                for key, value in entry["set"].items():
+                # Keys whose defaults changed after the measurement, at their values then (under the set keys).
+                settings = {**report.get("defaults_at_measurement", {}), **entry["set"]}
+                for key, value in settings.items():
                     args += ["--set", f"{key}={value}"]
                 plan = json.loads(self.run(*args))
                 planned = int(plan["memory"]["peak_live_bytes"])

@@ -59,6 +59,18 @@ Gradients run_step(const ModelConfig& config, const std::string& policy, int64_t
   return run_step(config, options);
 }
 
+// Auto (0) keeps the logits chunk at or under 1 GiB, in multiples of 256 rows from 256 to 8192.
+TEST(Transformer, LogitsChunkRowsAutoKeepsTheLogitsUnderAGibibyte) {
+  EXPECT_EQ(logits_chunk_rows(32000, DType::bf16, 0, 16384), 8192);   // llama-1b: two chunks, as before
+  EXPECT_EQ(logits_chunk_rows(128256, DType::bf16, 0, 8192), 4096);   // llama-3b: 1.05 GB a chunk, not 2.1
+  EXPECT_EQ(logits_chunk_rows(128256, DType::f32, 0, 8192), 2048);
+  EXPECT_EQ(logits_chunk_rows(128256, DType::bf16, 0, 1000), 1000);   // never more than the rows
+  EXPECT_EQ(logits_chunk_rows(int64_t{1} << 24, DType::f32, 0, 8192), 256);
+  EXPECT_EQ(logits_chunk_rows(128256, DType::bf16, 8192, 16384), 8192);  // asked: as asked
+  for (int64_t vocab : {50304, 128256, 151936, 262144})
+    EXPECT_LE(logits_chunk_rows(vocab, DType::bf16, 0, 1 << 20) * vocab * 2, int64_t{1} << 30) << vocab;
+}
+
 class RecomputeTest : public ::testing::TestWithParam<std::tuple<ModelFamily, std::string>> {};
 
 TEST_P(RecomputeTest, GradientsAreBitIdenticalToNone) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/core/error.hpp"
 #include "mxtrain/plan/accuracy.hpp"
 #include "mxtrain/train/session.hpp"
 #include "plan/plan_test_support.hpp"
@@ -69,6 +70,16 @@ TEST(AccuracyEntry, ConfigIsDefaultsPlusTheSetKeys) {
   EXPECT_EQ(config.train.recompute, "full");
   EXPECT_TRUE(config.train.tf32);
   EXPECT_EQ(config.train.micro_batch_size, RunConfig().train.micro_batch_size);
+  // A report's defaults_at_measurement apply under the entry's own keys.
+  const nlohmann::json then = {{"train.logits_chunk_tokens", 8192}, {"train.seq_len", 4096},
+                               {"precision.quantized_weights", "false"}};
+  const RunConfig pinned = accuracy_entry_config(entry, then);
+  EXPECT_EQ(pinned.train.logits_chunk_tokens, 8192);
+  EXPECT_EQ(pinned.train.seq_len, 2048);
+  EXPECT_EQ(pinned.precision.quantized_weights, "false");
+  EXPECT_EQ(config.precision.quantized_weights, "auto");
+  EXPECT_EQ(defaults_at_measurement(nlohmann::json::object()), nlohmann::json::object());
+  EXPECT_THROW(defaults_at_measurement({{"defaults_at_measurement", 3}}), Error);
 }
 
 TEST(AllocationTrace, IdenticalWithoutReplayAndFirstDifferenceWithIt) {

@@ -43,7 +43,8 @@ int check_report(const std::string& path) {
     SCOPED_TRACE(name);
     const nlohmann::json& measured = entry.at("measured");
     EXPECT_TRUE(measured.at("fits").get<bool>()) << "the harness lists only configs that fit one " << gpu;
-    const Plan plan = make_plan(accuracy_entry_config(entry), PlanTarget{gpu, 1, 1}, calibration, options);
+    const Plan plan = make_plan(accuracy_entry_config(entry, defaults_at_measurement(report)), PlanTarget{gpu, 1, 1},
+                                calibration, options);
     const double measured_peak = measured.at("peak_bytes").get<double>();
     const double measured_ms = measured.at("step_ms").get<double>();
     EXPECT_LE(std::fabs(static_cast<double>(plan.memory.peak_live) - measured_peak), kPeakToleranceBytes)

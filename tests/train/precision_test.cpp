@@ -161,6 +161,11 @@ TEST(Precision, ConfigKeysValidate) {
   EXPECT_THROW(set("precision.grad_dtype", "fp16"), Error);
   set("precision.grad_dtype", "bf16");
   EXPECT_EQ(config.precision.grad_dtype, "bf16");
+  set("precision.quantized_weights", "True");  // SageMaker's spelling
+  EXPECT_EQ(config.precision.quantized_weights, "true");
+  EXPECT_THROW(set("precision.quantized_weights", "yes"), Error);
+  set("precision.quantized_weights", "auto");
+  EXPECT_NO_THROW(validate(config));  // auto with bf16: nothing to quantize, nothing asked
   set("precision.quantized_weights", "true");
   EXPECT_THROW(validate(config), Error);  // bf16 has nothing to quantize
   config.train.precision = "fp8";
@@ -415,8 +420,9 @@ TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
   RunConfig bf16 = fp8;
   bf16.train.precision = "bf16";
   bf16.precision.grad_dtype = "f32";  // fp8's gradients: the runs differ in their weight copies only
+  fp8.precision.quantized_weights = "false";
   RunConfig quantized = fp8;
-  quantized.precision.quantized_weights = true;
+  quantized.precision.quantized_weights = "true";
   quantized.precision.bf16_last_layers = "1";
   AllocationLog plain, dropped;
   const size_t bf16_peak = dryrun_peak(bf16);
@@ -429,7 +435,9 @@ TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
     EXPECT_EQ(dropped.names.count(copy), layer == 3 ? 1u : 0u) << copy;
     EXPECT_TRUE(dropped.names.count("layers." + std::to_string(layer) + ".master")) << layer;
   }
-  EXPECT_TRUE(dropped.names.count("embed.weight"));
+  // tiny's token table is untied: the lookup rounds its FP32 master's rows, so no copy either.
+  EXPECT_FALSE(dropped.names.count("embed.weight"));
+  EXPECT_TRUE(plain.names.count("embed.weight"));
   const size_t layer_copy_bytes = 3 * 2 * static_cast<size_t>(build_layout(fp8.model).groups[1].numel);
   EXPECT_LT(quantized_peak + layer_copy_bytes / 2, bf16_peak)
       << "peak " << quantized_peak << " with quantized weights, " << bf16_peak << " in bf16";
@@ -441,7 +449,24 @@ TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
   const ModelLayout& layout = store->layout();
   EXPECT_EQ(store->weight(layout.layer_group(0), layout.layer.qkv_weight).dtype, DType::f32);
   EXPECT_EQ(store->weight(layout.layer_group(3), layout.layer.qkv_weight).dtype, DType::bf16);
-  EXPECT_EQ(store->weight(layout.embed_group, layout.token_table).dtype, DType::bf16);
+  EXPECT_EQ(store->weight(layout.embed_group, layout.token_table).dtype, DType::f32);
+  EXPECT_EQ(store->weight(layout.head_group, layout.head_weight).dtype, DType::bf16);  // a BF16 GEMM operand
+
+  // A tied token table is the head's BF16 operand: it keeps its copy.
+  RunConfig tied = quantized;
+  tied.model.tied_embeddings = true;
+  auto tied_store = make_parameter_store(backend, tied, plan, nullptr, 1);
+  EXPECT_EQ(tied_store->weight(tied_store->layout().embed_group, tied_store->layout().token_table).dtype, DType::bf16);
+
+  // auto: on for the quantized recipes on one process; off under FSDP, and for bf16.
+  RunConfig automatic = quantized;
+  automatic.precision.quantized_weights = "auto";
+  EXPECT_TRUE(uses_quantized_weights(automatic, plan, false));
+  EXPECT_FALSE(uses_quantized_weights(automatic, plan, true));
+  EXPECT_TRUE(uses_quantized_weights(quantized, plan, false));
+  EXPECT_FALSE(uses_quantized_weights(fp8, plan, false));
+  EXPECT_FALSE(uses_quantized_weights(automatic, resolve_precision("bf16", "cuda", false), false));
+  EXPECT_EQ(dryrun_peak(automatic), quantized_peak);
 }
 
 // A few steps per format on the test corpus: every recipe trains, and the quantized ones really
@@ -466,7 +491,10 @@ TEST_F(PrecisionTraining, CompareRunsEveryFormatOnTheSameBatches) {
   options.formats = parse_precision_list("fp32,fp8,fp8-current,mxfp8,nvfp4");
   options.output_dir = dir_.file("compare");
   options.log_every = 100;
-  const PrecisionComparison comparison = compare_precisions(config("fp32", 6), options);
+  RunConfig run = config("fp32", 6);
+  run.data.val = corpus_ + "/val_*.bin";
+  run.eval.batches = 2;
+  const PrecisionComparison comparison = compare_precisions(run, options);
   ASSERT_EQ(comparison.curves.size(), 5u);
   EXPECT_EQ(comparison.baseline, "fp32");
   const FormatCurve& baseline = comparison.curves[0];
@@ -478,7 +506,13 @@ TEST_F(PrecisionTraining, CompareRunsEveryFormatOnTheSameBatches) {
     EXPECT_LT(curve.losses[5], curve.losses[0]) << curve.format << " did not learn";
     EXPECT_LT(std::fabs(curve.gap), 0.05) << curve.format;
     if (curve.format != "fp32") EXPECT_NE(curve.losses[5], baseline.losses[5]) << curve.format << " did not quantize";
+    // The held-out loss after the last step, on the same validation windows for every format.
+    EXPECT_GT(curve.val_loss, 0.0) << curve.format;
+    EXPECT_LT(curve.val_loss, curve.losses[0]) << curve.format;
+    EXPECT_NEAR(curve.val_gap, (curve.val_loss - baseline.val_loss) / baseline.val_loss, 1e-12) << curve.format;
+    if (curve.format != "fp32") EXPECT_NE(curve.val_loss, baseline.val_loss) << curve.format;
   }
+  EXPECT_EQ(baseline.val_gap, 0.0);
   std::ifstream csv(comparison.csv_path);
   std::string header;
   std::getline(csv, header);
@@ -486,6 +520,7 @@ TEST_F(PrecisionTraining, CompareRunsEveryFormatOnTheSameBatches) {
   const nlohmann::json json = nlohmann::json::parse(std::ifstream(comparison.json_path));
   EXPECT_EQ(json["baseline"], "fp32");
   EXPECT_EQ(json["formats"].size(), 5u);
+  EXPECT_EQ(json["formats"][1]["val_loss"].get<double>(), comparison.curves[1].val_loss);
   std::stringstream svg;
   svg << std::ifstream(comparison.svg_path).rdbuf();
   size_t polylines = 0;

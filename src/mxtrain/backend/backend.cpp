@@ -117,7 +117,9 @@ void Backend::embedding_forward(const Tensor& tokens, const Tensor& token_table,
                  token_table.describe().c_str(), out.describe().c_str());
   MXTRAIN_ASSERT(!position_table.defined() || position_table.cols() == out.cols(), "embedding_forward: positions");
   MXTRAIN_ASSERT(seq_len > 0 && out.rows() % seq_len == 0, "embedding_forward: rows %% seq_len");
-  double row_bytes = b(out) * (position_table.defined() ? 3.0 : 2.0);
+  // Writes out, reads a row of each table per row of out (the tables may be wider: FP32 masters).
+  const double table_bytes = static_cast<double>(dtype_bytes(token_table.dtype, static_cast<size_t>(out.numel())));
+  double row_bytes = b(out) + table_bytes * (position_table.defined() ? 2.0 : 1.0);
   record({OpKind::embedding_forward, phase_, out.dtype, n(out) * (position_table.defined() ? 1 : 0),
           b(tokens) + row_bytes});
   impl_embedding_forward(tokens, token_table, position_table, out, seq_len);

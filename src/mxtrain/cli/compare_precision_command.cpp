@@ -37,8 +37,13 @@ void add_compare_precision_command(CLI::App& app) {
       const std::string gap = curve.format == comparison.baseline ? std::string("baseline")
                                                                   : strf("%+.2f%% vs %s", 100 * curve.gap,
                                                                          comparison.baseline.c_str());
-      log::info(strf("%-12s final loss %.4f (mean of the last %lld steps) | %s | %s tok/s%s", curve.format.c_str(),
-                     curve.final_loss, static_cast<long long>(comparison.final_window), gap.c_str(),
+      const std::string held_out =
+          curve.val_loss < 0 ? std::string()
+          : curve.format == comparison.baseline
+              ? strf(" | held-out %.4f", curve.val_loss)
+              : strf(" | held-out %.4f (%+.2f%%)", curve.val_loss, 100 * curve.val_gap);
+      log::info(strf("%-12s final loss %.4f (mean of the last %lld steps) | %s%s | %s tok/s%s", curve.format.c_str(),
+                     curve.final_loss, static_cast<long long>(comparison.final_window), gap.c_str(), held_out.c_str(),
                      log::with_commas(curve.tokens_per_s).c_str(),
                      curve.skipped_steps ? strf(" | %lld steps skipped", static_cast<long long>(curve.skipped_steps)).c_str()
                                          : ""));

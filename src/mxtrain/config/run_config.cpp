@@ -102,6 +102,18 @@ Field choice(const std::string& key, std::string& value, const std::string& help
                }, ""};
 }
 
+// "auto", or a boolean in any of the forms boolean() takes, stored as auto, true or false.
+Field boolean_or_auto(const std::string& key, std::string& value, const std::string& help) {
+  return Field{key, FieldType::text, help, {}, [&value] { return value; },
+               [&value, key](const std::string& text) {
+                 if (text == "auto") value = "auto";
+                 else if (text == "true" || text == "True" || text == "1") value = "true";
+                 else if (text == "false" || text == "False" || text == "0") value = "false";
+                 else bad_value(key, text, "auto, true or false");
+               },
+               "auto, true, false"};
+}
+
 // "auto" or a block count.
 Field count_or_auto(const std::string& key, std::string& value, const std::string& help) {
   const std::string range = "auto, or 0 to " + log::integer_with_commas(kMaxLayers);
@@ -178,7 +190,9 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(integer("train.seed", c.train.seed, "seed of initialisation and data order", 0, kMaxSeed));
   list.push_back(integer("train.threads", c.train.threads, "CPU threads (0 = all cores)", 0, 4096));
   list.push_back(integer("train.logits_chunk_tokens", c.train.logits_chunk_tokens,
-                         "rows of logits alive at once in the loss", 1, int64_t{1} << 30));
+                         "rows of logits alive at once in the loss (0 = auto: at most 8192, and at most 1 GiB of "
+                         "logits, in multiples of 256)",
+                         0, int64_t{1} << 30));
   list.push_back(boolean("train.tf32", c.train.tf32, "TF32 tensor cores for fp32 precision on cuda"));
   list.push_back(boolean("train.deterministic", c.train.deterministic,
                          "bit-reproducible gradients on cuda: the deterministic attention backward, and GELU "
@@ -213,8 +227,10 @@ std::vector<Field> fields(RunConfig& c) {
                                "first blocks whose linear layers stay in BF16 (auto = 0)"));
   list.push_back(count_or_auto("precision.bf16_last_layers", p.bf16_last_layers,
                                "last blocks whose linear layers stay in BF16 (auto = min(4, layers/4) for nvfp4, else 0)"));
-  list.push_back(boolean("precision.quantized_weights", p.quantized_weights,
-                         "keep no BF16 weight copy: quantized layers quantize from the FP32 masters"));
+  list.push_back(boolean_or_auto("precision.quantized_weights", p.quantized_weights,
+                                 "keep no BF16 copy of the quantized blocks' weights (nor of an untied token table): "
+                                 "their casts and lookups read the FP32 masters; auto = true for fp8, fp8-current, "
+                                 "mxfp8 and nvfp4 on one process, false with FSDP"));
   list.push_back(choice("precision.grad_dtype", p.grad_dtype,
                         "gradients of the blocks' weights: auto = bf16 for --precision bf16 with one micro-batch a "
                         "step on one GPU (the GEMMs' output, as torch autocast leaves it), else f32",
@@ -293,7 +309,7 @@ void validate(const RunConfig& c) {
                 "lower train.seq_len or raise model.max_seq_len");
   const std::string& precision = c.train.precision;
   const bool quantized = precision == "fp8" || precision == "fp8-current" || precision == "mxfp8" || precision == "nvfp4";
-  if (c.precision.quantized_weights && !quantized)
+  if (c.precision.quantized_weights == "true" && !quantized)
     throw Error(ErrorKind::config,
                 "precision.quantized_weights = true but train.precision = " + precision +
                     " has no quantized weights to keep",

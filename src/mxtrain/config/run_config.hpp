@@ -27,7 +27,7 @@ struct TrainConfig {
   int64_t seq_len = 256;
   int64_t seed = 1337;
   int64_t threads = 0;               // cpu threads; 0 = all cores
-  int64_t logits_chunk_tokens = 8192;
+  int64_t logits_chunk_tokens = 0;  // 0 = auto (Transformer::logits_chunk_rows)
   bool tf32 = false;                 // fp32 precision on cuda: TF32 tensor-core GEMMs
   bool deterministic = false;        // deterministic attention backward on cuda
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
@@ -49,7 +49,9 @@ struct PrecisionConfig {
   int64_t margin = 0;                       // scale = fp8_max · 2^-margin / amax
   std::string bf16_first_layers = "auto";   // blocks kept in BF16 at the start: auto (0) or a count
   std::string bf16_last_layers = "auto";    // at the end: auto (nvfp4: min(4, layers/4); others 0) or a count
-  bool quantized_weights = false;           // no BF16 weight copy: quantize from the FP32 masters
+  // No BF16 copy of the quantized blocks' weights (nor of an untied token table): the casts read
+  // the FP32 masters. auto = true for a quantized recipe on one process (precision.cpp).
+  std::string quantized_weights = "auto";   // auto | true | false
   std::string grad_dtype = "auto";          // the blocks' gradients: auto | f32 | bf16 (precision.cpp)
   std::string mx_scale_rounding = "rceil";  // rceil (TE, cuBLAS) | floor (OCP MX v1.0)
   bool nvfp4_rht = true;                    // 16-point RHT on the wgrad operands

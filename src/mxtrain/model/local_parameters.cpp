@@ -15,13 +15,13 @@ void group_values(const ParameterValues& values, const ParamGroup& group, int64_
 }
 
 LocalParameterStore::LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype,
-                                         DType grad_dtype, const std::vector<int64_t>& master_only_layers,
+                                         DType grad_dtype, const std::vector<int>& master_only_groups,
                                          std::optional<DType> block_grad_dtype, bool split_masters)
     : backend_(backend), config_(config), layout_(build_layout(config)), compute_dtype_(compute_dtype),
       grad_dtype_(grad_dtype), block_grad_dtype_(block_grad_dtype.value_or(grad_dtype)) {
   groups_.resize(layout_.groups.size());
   std::vector<bool> master_only(layout_.groups.size(), false);
-  for (int64_t layer : master_only_layers) master_only[static_cast<size_t>(layout_.layer_group(layer))] = true;
+  for (int group : master_only_groups) master_only.at(static_cast<size_t>(group)) = true;
   for (size_t g = 0; g < layout_.groups.size(); ++g) {
     const ParamGroup& group = layout_.groups[g];
     GroupStorage& storage = groups_[g];

@@ -18,13 +18,14 @@ namespace mxtrain {
 
 class LocalParameterStore final : public ParameterStore {
  public:
-  // master_only_layers: blocks whose group keeps no compute-dtype copy; weight() hands out their
-  // FP32 masters (quantized_weights: the linear recipe quantizes those matrices from them).
+  // master_only_groups: groups that keep no compute-dtype copy; weight() hands out their FP32
+  // masters (quantized_weights: the linear recipe quantizes the blocks' matrices from them, the
+  // embedding lookup rounds the token table's rows).
   // block_grad_dtype: the blocks' gradients (precision.cpp's block_grad_dtype; default
   // grad_dtype); the embedding and head groups take grad_dtype. split_masters (bf16 compute):
   // each group with a compute copy keeps its master split (numerics/split_master.hpp).
   LocalParameterStore(Backend& backend, const ModelConfig& config, DType compute_dtype, DType grad_dtype,
-                      const std::vector<int64_t>& master_only_layers = {},
+                      const std::vector<int>& master_only_groups = {},
                       std::optional<DType> block_grad_dtype = std::nullopt, bool split_masters = false);
 
   // Fills master (and compute) weights from initial_values(); zeroes gradients and moments.

@@ -8,12 +8,22 @@
 
 namespace mxtrain {
 
+int64_t logits_chunk_rows(int64_t padded_vocab, DType dtype, int64_t asked, int64_t rows) {
+  int64_t chunk = asked;
+  if (chunk == 0) {
+    constexpr int64_t kBudget = int64_t{1} << 30, kStep = 256, kMost = 8192;
+    const int64_t row_bytes = std::max<int64_t>(1, static_cast<int64_t>(dtype_bytes(dtype, static_cast<size_t>(padded_vocab))));
+    chunk = std::clamp<int64_t>(kBudget / row_bytes / kStep * kStep, kStep, kMost);
+  }
+  return std::min(chunk, rows);
+}
+
 Transformer::Transformer(const ModelConfig& config, const TransformerOptions& options, Backend& backend,
                          ParameterStore& params)
     : config_(config), options_(options), backend_(backend), params_(params), layout_(params.layout()),
       linears_(options.linear, backend, config.layers) {
   config_.validate();
-  MXTRAIN_ASSERT(options_.logits_chunk_tokens > 0, "logits_chunk_tokens must be positive");
+  MXTRAIN_ASSERT(options_.logits_chunk_tokens >= 0, "logits_chunk_tokens must not be negative");
 }
 
 void Transformer::check_batch(int64_t rows) const {
@@ -435,7 +445,7 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
                         rstd, config_.norm_eps);
   Buffer dnormed = training ? activation("final_norm.grad", -1, config_.hidden, Lifetime::scratch) : Buffer();
   Buffer losses = backend_.allocate("losses", Shape{rows_}, DType::f32, Lifetime::scratch);
-  const int64_t chunk = std::min(options_.logits_chunk_tokens, rows_);
+  const int64_t chunk = logits_chunk_rows(config_.padded_vocab, options_.activation_dtype, options_.logits_chunk_tokens, rows_);
   Buffer logits = backend_.allocate("logits", Shape{chunk, config_.padded_vocab}, options_.activation_dtype,
                                     Lifetime::scratch);
   for (int64_t begin = 0; begin < rows_; begin += chunk) {

@@ -13,10 +13,16 @@
 
 namespace mxtrain {
 
+// Rows of logits the loss computes at once: `asked` (train.logits_chunk_tokens) when positive;
+// 0 = auto: the most rows, a multiple of 256 from 256 to 8192, whose logits take at most 1 GiB
+// (a 128k vocabulary in bf16: 4096 rows; 32k or 50k: 8192). Never more than `rows`. Each chunk
+// after the first adds a read and write of the head's weight gradient (its GEMM accumulates).
+int64_t logits_chunk_rows(int64_t padded_vocab, DType dtype, int64_t asked, int64_t rows);
+
 struct TransformerOptions {
   DType activation_dtype = DType::f32;
   RecomputePolicy recompute;
-  int64_t logits_chunk_tokens = 8192;  // rows of logits alive at once in the loss
+  int64_t logits_chunk_tokens = 0;  // rows of logits alive at once in the loss; 0 = auto (logits_chunk_rows)
   LinearRecipeOptions linear;          // how the blocks' linear GEMMs run (high precision by default)
   // Bit-identical gradients under every recompute policy (train.deterministic, with the
   // deterministic attention backward): GELU then stays a kernel of its own in forward

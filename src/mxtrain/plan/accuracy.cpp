@@ -96,12 +96,23 @@ nlohmann::json compare_allocation_traces(Backend& reference, const RunConfig& co
   return result;
 }
 
-RunConfig accuracy_entry_config(const nlohmann::json& entry) {
+nlohmann::json defaults_at_measurement(const nlohmann::json& report) {
+  const nlohmann::json defaults = report.value("defaults_at_measurement", nlohmann::json::object());
+  if (!defaults.is_object())
+    throw Error(ErrorKind::config, "the report's defaults_at_measurement is not an object: " + defaults.dump(),
+                "give it as {\"key\": value, ...}, the changed keys' defaults when the report was measured");
+  return defaults;
+}
+
+RunConfig accuracy_entry_config(const nlohmann::json& entry, const nlohmann::json& defaults_then) {
   if (!entry.contains("set") || !entry["set"].is_object())
     throw Error(ErrorKind::config, "accuracy entry " + entry.dump() + " has no \"set\" object",
                 "give each entry {\"name\": ..., \"set\": {\"model.preset\": ..., ...}}");
   ConfigSources sources;
   sources.read_environment = false;
+  if (defaults_then.is_object())
+    for (auto it = defaults_then.begin(); it != defaults_then.end(); ++it)
+      if (!entry["set"].contains(it.key())) sources.overrides.emplace_back(it.key(), value_text(it.value()));
   // model.preset first: setting it resets every model.* key.
   if (entry["set"].contains("model.preset")) sources.overrides.emplace_back("model.preset", value_text(entry["set"]["model.preset"]));
   for (auto it = entry["set"].begin(); it != entry["set"].end(); ++it)
@@ -354,8 +365,9 @@ nlohmann::json cross_validate_step_times(const std::string& report_path, const C
   PlanOptions options;
   options.steps = report.value("plan_steps", 7);
   options.detailed = false;
+  const nlohmann::json defaults_then = defaults_at_measurement(report);
   auto plan_entry = [&](const nlohmann::json& entry, const Calibration& with) {
-    return make_plan(accuracy_entry_config(entry), PlanTarget{gpu, 1, 1}, with, options);
+    return make_plan(accuracy_entry_config(entry, defaults_then), PlanTarget{gpu, 1, 1}, with, options);
   };
   // The report's entries with their class times re-planned under `calibration`.
   nlohmann::json base = report;

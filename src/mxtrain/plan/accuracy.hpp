@@ -22,8 +22,14 @@ struct AccuracyOptions {
 };
 
 // The config of one list entry: the defaults with the entry's "set" keys applied (environment
-// ignored, so a re-plan anywhere gives the same config).
-RunConfig accuracy_entry_config(const nlohmann::json& entry);
+// ignored, so a re-plan anywhere gives the same config). `defaults_then` (a measured report's
+// "defaults_at_measurement" object) holds the keys whose defaults changed after the report was
+// measured, with their values at the time; they apply under the entry's own keys, so re-planning
+// an old measurement plans the config that was measured.
+RunConfig accuracy_entry_config(const nlohmann::json& entry, const nlohmann::json& defaults_then = nlohmann::json());
+
+// A measured report's "defaults_at_measurement" (an empty object when it has none).
+nlohmann::json defaults_at_measurement(const nlohmann::json& report);
 
 // One training step of `config` on `reference` (the cuda backend in the harness) and on the dryrun
 // replaying `model`, allocation by allocation (name, rounded bytes, live bytes after): {"match":

@@ -86,6 +86,20 @@ FormatCurve train_one(const RunConfig& config, const PrecisionComparisonOptions&
   }
   if (config.train.steps > 1)
     curve.tokens_per_s = static_cast<double>(global_tokens * (config.train.steps - 1)) / timed_seconds;
+  if (!config.data.val.empty() && config.eval.batches > 0) {
+    data::ValidationReader validation(data::open_dataset("validation", config.data.val, options.source_dir, "data.val",
+                                                         config.train.seq_len, config.model.vocab_size),
+                                      micro);
+    validation.start(config.eval.batches);
+    std::vector<data::Batch> host;
+    while (auto batch = validation.next()) host.push_back(std::move(*batch));
+    std::vector<TokenBatch> views;
+    for (const data::Batch& batch : host)
+      views.push_back(TokenBatch{batch.tokens.data(), batch.targets.data(), batch.batch, batch.seq});
+    curve.val_loss = session.evaluate(views);
+    log::info(strf("[%s] held-out loss %.4f (%zu batches of data.val)", curve.format.c_str(), curve.val_loss,
+                   views.size()));
+  }
   return curve;
 }
 
@@ -129,7 +143,13 @@ PrecisionComparison compare_precisions(const RunConfig& config, const PrecisionC
     curve.final_loss = final_of(curve);
     if (curve.format == comparison.baseline) baseline_loss = curve.final_loss;
   }
-  for (FormatCurve& curve : comparison.curves) curve.gap = (curve.final_loss - baseline_loss) / baseline_loss;
+  double baseline_val = -1;
+  for (const FormatCurve& curve : comparison.curves)
+    if (curve.format == comparison.baseline) baseline_val = curve.val_loss;
+  for (FormatCurve& curve : comparison.curves) {
+    curve.gap = (curve.final_loss - baseline_loss) / baseline_loss;
+    curve.val_gap = baseline_val > 0 && curve.val_loss >= 0 ? (curve.val_loss - baseline_val) / baseline_val : 0;
+  }
 
   RunConfig copy = config;
   comparison.csv_path = options.output_dir + "/loss_curves.csv";
@@ -165,6 +185,8 @@ nlohmann::json comparison_json(const RunConfig& config, const PrecisionCompariso
                        {"final_loss", curve.final_loss},
                        {"gap_to_baseline", curve.gap},
                        {"tokens_per_s", curve.tokens_per_s},
+                       {"val_loss", curve.val_loss},
+                       {"val_gap_to_baseline", curve.val_gap},
                        {"skipped_steps", curve.skipped_steps},
                        {"losses", curve.losses}});
   }

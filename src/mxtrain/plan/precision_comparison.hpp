@@ -27,6 +27,10 @@ struct FormatCurve {
   double gap = 0;              // (final_loss - baseline's) / baseline's
   double tokens_per_s = 0;     // steps after the first
   int64_t skipped_steps = 0;   // fp16 overflow skips
+  // Held-out loss after the last step: eval.batches micro-batches of data.val, the same windows
+  // for every format (negative when data.val is empty or eval.batches is 0).
+  double val_loss = -1;
+  double val_gap = 0;          // (val_loss - baseline's) / baseline's
 };
 
 struct PrecisionComparison {

@@ -98,6 +98,12 @@ DType mfu_dtype(const PrecisionPlan& plan) {
   return fp8 && plan.activation != DType::f32 ? DType::e4m3 : plan.activation;
 }
 
+bool uses_quantized_weights(const RunConfig& config, const PrecisionPlan& plan, bool sharded) {
+  if (plan.linear == LinearFormat::high_precision || plan.compute == DType::f32) return false;
+  const std::string& asked = config.precision.quantized_weights;
+  return asked == "true" || (asked == "auto" && !sharded);
+}
+
 LinearRecipeOptions linear_recipe_options(const RunConfig& config, const PrecisionPlan& plan) {
   const PrecisionConfig& p = config.precision;
   LinearRecipeOptions options;
@@ -128,9 +134,6 @@ PrecisionPlan resolve_precision(const RunConfig& config, const Backend& backend)
   if (plan.linear != LinearFormat::high_precision) {
     plan.startup_line = describe_linear_recipe(linear_recipe_options(config, plan), backend, config.model.layers,
                                                plan.activation);
-    if (config.precision.quantized_weights)
-      plan.startup_line += "; quantized_weights: no " + std::string(dtype_name(plan.compute)) +
-                           " copy of the quantized blocks' weights, they are quantized from the FP32 masters";
   }
   if (plan.loss_scaling) {
     const PrecisionConfig& p = config.precision;

@@ -42,6 +42,13 @@ PrecisionPlan resolve_precision(const RunConfig& config, const Backend& backend)
 // embedding). Throws Error(config) for bf16 where it would round sums.
 DType block_grad_dtype(const RunConfig& config, const PrecisionPlan& plan, int world_size);
 
+// Whether the quantized blocks keep no compute copy of their weights (precision.quantized_weights):
+// true or false as asked; auto = true for a quantized recipe on one process, where it saves 2
+// bytes a quantized parameter at the speed of the copy (each cast reads the FP32 master instead
+// of the BF16 copy, and the optimizer writes no copy), false under FSDP, which does not support
+// it yet. Always false for the high-precision formats.
+bool uses_quantized_weights(const RunConfig& config, const PrecisionPlan& plan, bool sharded);
+
 // The dtype whose dense peak MFU is measured against: FP8 for the per-tensor FP8 recipes (their
 // GEMMs run on the FP8 tensor cores, as TE and NeMo report), the activation dtype otherwise.
 DType mfu_dtype(const PrecisionPlan& plan);

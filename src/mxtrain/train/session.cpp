@@ -41,12 +41,22 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
                                                      int local_world_size) {
   const uint64_t seed = static_cast<uint64_t>(config.train.seed);
   // quantized_weights: the blocks the linear recipe quantizes keep no compute copy; their
-  // matrices are quantized from the FP32 masters, which the model reads directly.
-  std::vector<int64_t> master_only_layers;
-  if (config.precision.quantized_weights && precision.compute != DType::f32) {
+  // matrices are quantized from the FP32 masters, which the model reads directly. So does an
+  // untied token table (the embedding lookup rounds the rows it gathers); a tied one is the
+  // head's BF16 GEMM operand and keeps its copy, as does the head.
+  std::vector<int> master_only_groups;
+  if (uses_quantized_weights(config, precision, world != nullptr)) {
+    const ModelLayout layout = build_layout(config.model);
     const LinearRecipeOptions linear = linear_recipe_options(config, precision);
     for (int64_t l = 0; l < config.model.layers; ++l)
-      if (linear.quantized(l, config.model.layers)) master_only_layers.push_back(l);
+      if (linear.quantized(l, config.model.layers)) master_only_groups.push_back(layout.layer_group(l));
+    if (!config.model.tied_embeddings) master_only_groups.push_back(layout.embed_group);
+    if (backend.device() != Device::none)
+      log::info(strf("quantized_weights (precision.quantized_weights = %s): no %s copy of the %zu quantized blocks' "
+                     "weights%s; they are cast from the FP32 masters",
+                     config.precision.quantized_weights.c_str(), std::string(dtype_name(precision.compute)).c_str(),
+                     master_only_groups.size() - (config.model.tied_embeddings ? 0 : 1),
+                     config.model.tied_embeddings ? "" : " or of the token table"));
   }
   const DType block_grad = block_grad_dtype(config, precision, world ? world->size() : 1);
   if (backend.device() != Device::none) {
@@ -74,13 +84,13 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
     // saves memory by dropping copies, which a split master has no separate one of).
     const bool split_masters = precision.compute == DType::bf16 && precision.linear == LinearFormat::high_precision;
     auto store = std::make_unique<LocalParameterStore>(backend, config.model, precision.compute, precision.grad,
-                                                       master_only_layers, block_grad, split_masters);
+                                                       master_only_groups, block_grad, split_masters);
     store->initialize(values);
     return store;
   }
-  if (config.precision.quantized_weights)
-    throw Error(ErrorKind::unsupported, "precision.quantized_weights is not available with FSDP sharding yet",
-                "set precision.quantized_weights = false, or train on one GPU");
+  if (config.precision.quantized_weights == "true")
+    throw Error(ErrorKind::unsupported, "precision.quantized_weights = true is not available with FSDP sharding yet",
+                "set precision.quantized_weights = auto (false under FSDP), or train on one GPU");
   const FsdpOptions options = resolve_fsdp_options(config.dist, world->size(), local_world_size);
   auto store = std::make_unique<FsdpParameterStore>(backend, config.model, precision.compute, precision.grad, *world,
                                                     options);

@@ -799,34 +799,41 @@ void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTens
                        const float* rope_table, int64_t rope_positions, cudaStream_t stream) {
   dispatch_float<true>(x.dtype, "quantize (fused producer)", [&](auto tag) {
     using T = decltype(tag);
-    if (producer.op == CastProducer::Op::norm_forward) {
-      launch_norm_cast<T>(x, scale, rowwise, columnwise, amax_out, producer, stream);
-      return;
-    }
-    if (producer.op == CastProducer::Op::rope_backward) {
-      const AttentionShape& shape = producer.shape;
-      const int half = static_cast<int>(shape.head_dim / 2);
-      MXTRAIN_ASSERT(half % 8 == 0 && rope_table != nullptr,
-                     "quantize: a fused rope_backward needs head_dim %% 16 == 0 (got %lld) and the rotation table",
-                     static_cast<long long>(shape.head_dim));
-      const CastFromRopeBackward<T> source{static_cast<const T*>(producer.input.data), rope_table,
-                                           rope_table + rope_positions * half, x.cols(), shape.seq,
-                                           shape.position_offset, static_cast<int>(shape.head_dim),
-                                           static_cast<int>((shape.heads + shape.kv_heads) * shape.head_dim),
-                                           x.cols() % 8 == 0 && aligned16(producer.input)};
-      launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
-      return;
-    }
     const T* gate_up = static_cast<const T*>(producer.gate_up.data);
     const int64_t ffn = producer.gate_up.cols() / 2;
-    if (producer.op == CastProducer::Op::swiglu_forward) {
-      const CastFromSwiglu<T> source{gate_up, ffn, ffn % 8 == 0 && aligned16(producer.gate_up)};
-      launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
-    } else {
-      const CastFromSwigluBackward<T> source{static_cast<const T*>(producer.dout.data), gate_up, ffn,
-                                             ffn % 8 == 0 && aligned16(producer.gate_up) && aligned16(producer.dout)};
-      launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+    switch (producer.op) {
+      case CastProducer::Op::norm_forward:
+        launch_norm_cast<T>(x, scale, rowwise, columnwise, amax_out, producer, stream);
+        return;
+      case CastProducer::Op::rope_backward: {
+        const AttentionShape& shape = producer.shape;
+        const int half = static_cast<int>(shape.head_dim / 2);
+        MXTRAIN_ASSERT(half % 8 == 0 && rope_table != nullptr,
+                       "quantize: a fused rope_backward needs head_dim %% 16 == 0 (got %lld) and the rotation table",
+                       static_cast<long long>(shape.head_dim));
+        const CastFromRopeBackward<T> source{static_cast<const T*>(producer.input.data), rope_table,
+                                             rope_table + rope_positions * half, x.cols(), shape.seq,
+                                             shape.position_offset, static_cast<int>(shape.head_dim),
+                                             static_cast<int>((shape.heads + shape.kv_heads) * shape.head_dim),
+                                             x.cols() % 8 == 0 && aligned16(producer.input)};
+        launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+        return;
+      }
+      case CastProducer::Op::swiglu_forward: {
+        const CastFromSwiglu<T> source{gate_up, ffn, ffn % 8 == 0 && aligned16(producer.gate_up)};
+        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+        return;
+      }
+      case CastProducer::Op::swiglu_backward: {
+        const CastFromSwigluBackward<T> source{static_cast<const T*>(producer.dout.data), gate_up, ffn,
+                                               ffn % 8 == 0 && aligned16(producer.gate_up) && aligned16(producer.dout)};
+        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+        return;
+      }
+      case CastProducer::Op::none:
+        break;
     }
+    MXTRAIN_ASSERT(false, "quantize_produced: producer op %d has no fused cast", static_cast<int>(producer.op));
   });
 }
 
