@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # FP8 training throughput beside mxtrain's own BF16 and PyTorch's FP8 (bench/torch_fp8.py:
 # torch._scaled_mm with per-tensor current scaling under torch.compile), in one command, on one
-# GPU. Also the quantized_weights peak against BF16's at the same config.
+# GPU. Also fp8 with the other precision.quantized_weights setting than the default's: with BF16
+# weight copies (quantized_weights = false), the default before it became auto (on for one GPU).
 # Usage: bench/fp8_vs_torch.sh OUT.jsonl SET...   with SET one of
-#   1b   llama-1b 8x2048: mxtrain bf16, fp8 (delayed), fp8-current, fp8 + quantized_weights;
+#   1b   llama-1b 8x2048: mxtrain bf16, fp8 (delayed), fp8-current, fp8 with BF16 weight copies;
 #        PyTorch bf16 and fp8 (compiled)
-#   3b   llama-3b 4x2048: mxtrain bf16, fp8, fp8-current; PyTorch fp8 (compiled)
+#   3b   llama-3b 4x2048: the same four mxtrain rows; PyTorch fp8 (compiled)
 # mxtrain's lines carry "engine": "mxtrain"; bench/summarize.py reads both kinds.
 # TORCH_FP8_ONLY=1: PyTorch's FP8 row only (one torch.compile per set instead of two for 1b).
 set -euo pipefail
@@ -20,7 +21,7 @@ for set in "$@"; do
       mx "${shape[@]}" -p bf16
       mx "${shape[@]}" -p fp8
       mx "${shape[@]}" -p fp8-current
-      [[ $set == 1b ]] && mx "${shape[@]}" -p fp8 --set precision.quantized_weights=true
+      mx "${shape[@]}" -p fp8 --set precision.quantized_weights=false
       if [[ ${TORCH_FP8_ONLY:-0} == 1 ]]; then
         # Only PyTorch's FP8 row (its BF16 torch.compile row is bench/vs_torch.sh's): the same
         # run() of torch_fp8.py with its own model settings, one torch.compile less.

@@ -199,18 +199,24 @@ def fp8_groups(relative, commit):
             continue
         slot = r["precision"]
         if slot == "fp8" and "fp8" in g:
-            slot = "fp8_quantized_weights"
+            # Lines that say: the run with BF16 weight copies (quantized_weights became the
+            # default); older lines: the second fp8 line is the one with quantized_weights.
+            slot = "fp8_copies" if r.get("quantized_weights") is False else "fp8_quantized_weights"
         g.setdefault(slot, r)
     return {name: g for name, g in groups.items() if "bf16" in g and "torch" in g}
 
 
 def fp8_table(relative, commit):
-    lines = ["| model | bf16 tok/s | fp8 (delayed) | fp8-current | PyTorch FP8 | fp8 + `quantized_weights` | "
+    groups = fp8_groups(relative, commit)
+    copies = any("fp8_copies" in g for g in groups.values())
+    extra = ("fp8 with BF16 weight copies (`quantized_weights = false`)" if copies
+             else "fp8 + `quantized_weights`")
+    lines = [f"| model | bf16 tok/s | fp8 (delayed) | fp8-current | PyTorch FP8 | {extra} | "
              "peak GiB bf16 / fp8 / PyTorch FP8 |", "|---|---|---|---|---|---|---|"]
-    for name, g in fp8_groups(relative, commit).items():
+    for name, g in groups.items():
         bf16, torch = g["bf16"]["tok_s"], g["torch"]["tok_s"]
         cell = lambda r: f"{thousands(r['tok_s'])} (**{r['tok_s'] / bf16:.3f}×** bf16, **{r['tok_s'] / torch:.3f}×** PyTorch)"
-        q = g.get("fp8_quantized_weights")
+        q = g.get("fp8_copies" if copies else "fp8_quantized_weights")
         qcell = f"{thousands(q['tok_s'])} tok/s at **{q['peak_gib']:.1f} GiB**" if q else "–"
         b, t = g["shape"]
         lines.append(f"| {name} {b} × {t} | {thousands(bf16)} | {cell(g['fp8'])} | {cell(g['fp8-current'])} | "

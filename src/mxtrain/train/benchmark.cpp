@@ -28,6 +28,7 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
     result.device_name = backend->properties().name;
     const PrecisionPlan precision = resolve_precision(config, *backend);
     log::info(precision.startup_line);
+    result.quantized_weights = uses_quantized_weights(config, precision, false);
     TrainingSession session(config, *backend, precision, make_parameter_store(*backend, config, precision, nullptr, 1));
 
     // Random tokens, fixed per run (the PyTorch baseline also reuses one random batch).
@@ -111,6 +112,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
   json["reserved_bytes"] = result.reserved_bytes;
   json["loss"] = result.final_loss;
   json["cuda_graph"] = result.cuda_graph;
+  json["quantized_weights"] = result.quantized_weights;
   return json;
 }
 

@@ -29,6 +29,7 @@ struct BenchmarkResult {
   uint64_t reserved_bytes = 0;   // allocator peak of reserved bytes
   double final_loss = 0;
   bool cuda_graph = false;       // the timed steps replayed a captured step graph (train.cuda_graph)
+  bool quantized_weights = false;  // the quantized blocks kept no BF16 weight copy (precision.quantized_weights)
 };
 
 BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& options);
