@@ -234,6 +234,41 @@ def fp8_ratios(relative, commit):
     return "; ".join(parts)
 
 
+def fp8_planned_rows(relative, commit, planner):
+    """Each mxtrain line of `commit` in the FP8 file re-planned: (line, planned peak bytes, planned ms)."""
+    rows = []
+    for r in jsonl(relative):
+        if r.get("engine") != "mxtrain" or r.get("commit") != commit:
+            continue
+        args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
+                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json"]
+        if "quantized_weights" in r:
+            args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
+        plan = json.loads(planner.run(*args))
+        rows.append((r, int(plan["memory"]["peak_live_bytes"]), 1e3 * plan["time"]["step_s"]))
+    return rows
+
+
+def fp8_planned_table(relative, commit, planner):
+    lines = ["| model | precision | weight copies | measured peak bytes | planned | measured step ms | planned |",
+             "|---|---|---|---|---|---|---|"]
+    for r, peak, ms in fp8_planned_rows(relative, commit, planner):
+        copies = "–" if r["precision"] == "bf16" else ("none" if r.get("quantized_weights") else "BF16")
+        difference = "equal" if peak == r["peak_bytes"] else f"{peak - r['peak_bytes']:+,d} bytes"
+        lines.append(f"| {r['name']} {r['B']} × {r['T']} | {r['precision']} | {copies} | {thousands(r['peak_bytes'])} | "
+                     f"{thousands(peak)} ({difference}) | {r['step_ms']:.1f} | {ms:.1f} "
+                     f"({100 * (ms / r['step_ms'] - 1):+.1f}%) |")
+    return "\n".join(lines)
+
+
+def fp8_planned_summary(relative, commit, planner):
+    rows = fp8_planned_rows(relative, commit, planner)
+    equal = sum(peak == r["peak_bytes"] for r, peak, _ in rows)
+    worst = max(abs(ms / r["step_ms"] - 1) for r, _, ms in rows)
+    return (f"planned peak equal to the measured one to the byte on {equal} of {len(rows)} rows, step time within "
+            f"{100 * worst:.1f}%")
+
+
 # ---- precision curves (mxtrain compare-precision) ---------------------------------------------------
 
 def precision_curves(relative, *columns):
@@ -594,6 +629,8 @@ def generate(kind, args, planner):
         "tune-table": tune_table,
         "tune-summary": tune_summary,
         "planner-accuracy": lambda: planner_accuracy_text(planner),
+        "fp8-planned": lambda: fp8_planned_table(*args, planner),
+        "fp8-planned-summary": lambda: fp8_planned_summary(*args, planner),
         "planner-accuracy-table": lambda: planner_accuracy_table(planner),
         "calibration-fit": calibration_fit_text,
         "cpu-run": lambda: cpu_run_text(*args),
