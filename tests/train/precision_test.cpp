@@ -18,6 +18,7 @@
 #include "mxtrain/backend/dryrun/dryrun_backend.hpp"
 #include "mxtrain/config/loader.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/distributed/single_communicator.hpp"
 #include "mxtrain/numerics/fp8.hpp"
 #include "mxtrain/train/loss_scaler.hpp"
 #include "mxtrain/train/precision.hpp"
@@ -467,6 +468,12 @@ TEST(Precision, QuantizedWeightsDropTheBf16CopyAndLowerPeakMemory) {
   EXPECT_FALSE(uses_quantized_weights(fp8, plan, false));
   EXPECT_FALSE(uses_quantized_weights(automatic, resolve_precision("bf16", "cuda", false), false));
   EXPECT_EQ(dryrun_peak(automatic), quantized_peak);
+
+  // Under FSDP auto keeps the copies; true is an error that names the fix.
+  SingleProcessCommunicator world(backend);
+  EXPECT_THROW(make_parameter_store(backend, quantized, plan, &world, 1), Error);
+  auto sharded = make_parameter_store(backend, automatic, plan, &world, 1);
+  EXPECT_NE(sharded->strategy_name(), "local");
 }
 
 // A few steps per format on the test corpus: every recipe trains, and the quantized ones really

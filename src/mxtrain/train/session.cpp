@@ -44,6 +44,9 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
   // matrices are quantized from the FP32 masters, which the model reads directly. So does an
   // untied token table (the embedding lookup rounds the rows it gathers); a tied one is the
   // head's BF16 GEMM operand and keeps its copy, as does the head.
+  if (world != nullptr && config.precision.quantized_weights == "true")
+    throw Error(ErrorKind::unsupported, "precision.quantized_weights = true is not available with FSDP sharding yet",
+                "set precision.quantized_weights = auto (false under FSDP), or train on one GPU");
   std::vector<int> master_only_groups;
   if (uses_quantized_weights(config, precision, world != nullptr)) {
     const ModelLayout layout = build_layout(config.model);
@@ -88,9 +91,6 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
     store->initialize(values);
     return store;
   }
-  if (config.precision.quantized_weights == "true")
-    throw Error(ErrorKind::unsupported, "precision.quantized_weights = true is not available with FSDP sharding yet",
-                "set precision.quantized_weights = auto (false under FSDP), or train on one GPU");
   const FsdpOptions options = resolve_fsdp_options(config.dist, world->size(), local_world_size);
   auto store = std::make_unique<FsdpParameterStore>(backend, config.model, precision.compute, precision.grad, *world,
                                                     options);
