@@ -167,12 +167,15 @@ struct SessionRun {
 // bench/vs_torch.sh's runs.
 // pipelined: steps other than 4 and 8 only launched (TrainingSession::launch_step, as `mxtrain
 // bench` times them), their results never read (NaN in `losses`).
-SessionRun run_session(const char* preset, bool cuda_graph, bool lean = false, bool pipelined = false) {
+// precision_name: train.precision; nvfp4_rounding: precision.nvfp4_stochastic_rounding.
+SessionRun run_session(const char* preset, bool cuda_graph, bool lean = false, bool pipelined = false,
+                       const char* precision_name = "bf16", bool nvfp4_rounding = true) {
   const int micro_batches = lean ? 1 : 2;
   RunConfig config;
   config.model = model_preset(preset);
   config.train.device = "cuda";
-  config.train.precision = "bf16";
+  config.train.precision = precision_name;
+  config.precision.nvfp4_stochastic_rounding = nvfp4_rounding;
   config.train.micro_batch_size = 2;
   config.train.global_batch_size = 2 * micro_batches;
   if (lean) config.optimizer.grad_clip = 0;
@@ -263,6 +266,41 @@ TEST_P(CudaStep, PipelinedReplaysMatchOpByOp) {
     for (size_t i = 0; i < eager.weights.size(); ++i)
       EXPECT_EQ(0, std::memcmp(piped.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
           << "parameter group " << i;
+  }
+}
+
+// The quantized recipes replay their step too, with the same bits as op by op: delayed
+// scaling's histories and scales are device buffers its captured update rolls; current
+// scaling's host decisions (which amaxes a producer or the optimizer recorded, which scales are
+// reused) are the same in every step from the second on, including the two op-by-op steps after
+// the evaluation, which made the graph stale. NVFP4 with stochastic rounding draws a new stream
+// offset per gradient cast on the host, so it never replays; without it, it does.
+TEST_P(CudaStep, QuantizedRecipesReplayTheirStepWithTheSameBits) {
+  struct Case {
+    const char* precision;
+    bool nvfp4_rounding, replays;
+  };
+  for (const Case c : {Case{"fp8", true, true}, Case{"fp8-current", true, true}, Case{"mxfp8", true, true},
+                       Case{"nvfp4", false, true}, Case{"nvfp4", true, false}}) {
+    for (bool lean : {false, true}) {
+      SCOPED_TRACE(std::string(c.precision) + (c.nvfp4_rounding ? "" : " (no stochastic rounding)") +
+                   (lean ? ", one micro-batch" : ", two micro-batches"));
+      SessionRun eager = run_session(GetParam(), false, lean, false, c.precision, c.nvfp4_rounding);
+      SessionRun graph = run_session(GetParam(), true, lean, false, c.precision, c.nvfp4_rounding);
+      const std::vector<bool> expected =
+          c.replays ? std::vector<bool>{false, false, true, true, false, false, true, true} : std::vector<bool>(8, false);
+      EXPECT_EQ(graph.replayed, expected);
+      ASSERT_EQ(graph.losses.size(), eager.losses.size());
+      for (size_t i = 0; i < eager.losses.size(); ++i) {
+        EXPECT_TRUE(std::isfinite(eager.losses[i])) << "loss " << i;
+        EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
+      }
+      ASSERT_EQ(graph.weights.size(), eager.weights.size());
+      for (size_t i = 0; i < eager.weights.size(); ++i)
+        EXPECT_EQ(0,
+                  std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
+            << "parameter group " << i;
+    }
   }
 }
 

@@ -203,8 +203,8 @@ std::vector<Field> fields(RunConfig& c) {
                          "fastest (false: the heuristic's first choice, the same in every run)"));
   list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
-                         "GPU; bf16, fp32; not fp16's loss scaling or the fp8/mxfp8/nvfp4 recipes); the same "
-                         "results as op by op"));
+                         "GPU; every precision but fp16's loss scaling and nvfp4 with stochastic rounding; not "
+                         "train.nonfinite = skip); the same results as op by op"));
   list.push_back(choice("train.nonfinite", c.train.nonfinite,
                         "a NaN or Inf loss or gradient norm: stop (the run ends before anything non-finite is "
                         "saved; the last checkpoint stays) or skip (that step's update is dropped and counted)",

@@ -140,6 +140,9 @@ class LinearRecipe {
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1); the stochastic-rounding streams move on.
   void finish_step();
+  // Whether a step's launches are the same from step to step (Quantizer::step_invariant), so a
+  // session may capture one in a CUDA graph and replay it (train.cuda_graph).
+  bool step_graph_capturable() const { return !quantizer_ || quantizer_->step_invariant(); }
 
   // Error(unsupported) with the fix when a quantized layer's GEMM shapes (rows = tokens per
   // micro-batch) do not meet the format's divisibility; called before step 1.
@@ -148,6 +151,7 @@ class LinearRecipe {
   bool quantized(int64_t layer) const { return options_.quantized(layer, layers_); }
   bool native() const { return native_; }
   const LinearRecipeOptions& options() const { return options_; }
+  // finish_step calls: steps run op by op or captured (a replayed graph runs no host code).
   int64_t steps() const { return steps_; }
 
   // Delayed-scaling state (tests and checkpoints): slot-major [history, 2·linears] for inputs and

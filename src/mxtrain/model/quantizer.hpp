@@ -86,6 +86,12 @@ class Quantizer {
   virtual void weight_amax_recorded(const WeightAmax& weight) { (void)weight; }
   // After the optimizer step.
   virtual void finish_step() {}
+  // Whether every step launches the same casts with the same arguments, so a step can be
+  // captured in a CUDA graph and replayed: the decisions the host takes between casts (current
+  // scaling's recorded amaxes and reused scales) are the same from the second step on, and the
+  // scaling state lives in device buffers. Not where a cast's arguments change from step to
+  // step (NVFP4's stochastic rounding draws a new stream offset per gradient cast).
+  virtual bool step_invariant() const { return true; }
 
   // What a bit-identical resume needs besides the parameters, saved in checkpoints: device
   // buffers, each by a stable name (delayed scaling's histories and scales), and the count of
@@ -215,6 +221,7 @@ class Nvfp4Quantizer final : public Quantizer {
   int64_t block_multiple() const override { return 16; }
   uint64_t rounding_streams() const override { return stochastic_streams_; }
   void set_rounding_streams(uint64_t streams) override { stochastic_streams_ = streams; }
+  bool step_invariant() const override { return !options_.stochastic_rounding; }
 
  protected:
   QuantizeSpec spec(QuantizedRole role, bool columnwise) override;

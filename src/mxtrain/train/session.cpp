@@ -138,11 +138,12 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
                    static_cast<long long>(nan_gradient_first_), static_cast<long long>(nan_gradient_last_)));
   }
   // A graph holds steps whose every launch is the same from step to step apart from the
-  // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not the
-  // quantized recipes (scales and histories kept on the host side), not a store that says no,
-  // not train.nonfinite = skip (the host decides whether to apply the update).
+  // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not a
+  // linear recipe whose casts change their arguments between steps (NVFP4's stochastic
+  // rounding streams; FP8's scales and histories live on the device), not a store that says
+  // no, not train.nonfinite = skip (the host decides whether to apply the update).
   graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ && !skip_nonfinite_ &&
-                    options.linear.format == LinearFormat::high_precision && params_->step_graph_capturable();
+                    model_->linears().step_graph_capturable() && params_->step_graph_capturable();
 }
 
 void TrainingSession::upload(const TokenBatch& batch) {
