@@ -53,13 +53,13 @@ std::unique_ptr<ParameterStore> make_parameter_store(Backend& backend, const Run
     const LinearRecipeOptions linear = linear_recipe_options(config, precision);
     for (int64_t l = 0; l < config.model.layers; ++l)
       if (linear.quantized(l, config.model.layers)) master_only_groups.push_back(layout.layer_group(l));
+    const size_t quantized_blocks = master_only_groups.size();
     if (!config.model.tied_embeddings) master_only_groups.push_back(layout.embed_group);
     if (backend.device() != Device::none)
       log::info(strf("quantized_weights (precision.quantized_weights = %s): no %s copy of the %zu quantized blocks' "
                      "weights%s; they are cast from the FP32 masters",
                      config.precision.quantized_weights.c_str(), std::string(dtype_name(precision.compute)).c_str(),
-                     master_only_groups.size() - (config.model.tied_embeddings ? 0 : 1),
-                     config.model.tied_embeddings ? "" : " or of the token table"));
+                     quantized_blocks, config.model.tied_embeddings ? "" : " or of the token table"));
   }
   const DType block_grad = block_grad_dtype(config, precision, world ? world->size() : 1);
   if (backend.device() != Device::none) {
