@@ -181,14 +181,16 @@ def ab_steps(relative):
 
 def fp8_groups(relative, commit):
     """Per model, in file order: bf16, fp8, fp8-current, [fp8 with quantized_weights], PyTorch FP8.
-    bench/fp8_vs_torch.sh writes the quantized_weights run as the model's second fp8 line."""
+    bench/fp8_vs_torch.sh writes the quantized_weights run as the model's second fp8 line.
+    `commit` may list several commits, comma-separated (each model's set measured at one)."""
+    commits = commit.split(",")
     groups = {}
     previous = None  # the commit of the last mxtrain line before this one
     for r in jsonl(relative):
         mine = r.get("engine") == "mxtrain"
         if mine:
             previous = r.get("commit")
-        if previous != commit:
+        if previous not in commits:
             continue
         name = r["name"]
         g = groups.setdefault(name, {"shape": (r["B"], r["T"])})
@@ -238,7 +240,7 @@ def fp8_planned_rows(relative, commit, planner):
     """Each mxtrain line of `commit` in the FP8 file re-planned: (line, planned peak bytes, planned ms)."""
     rows = []
     for r in jsonl(relative):
-        if r.get("engine") != "mxtrain" or r.get("commit") != commit:
+        if r.get("engine") != "mxtrain" or r.get("commit") not in commit.split(","):
             continue
         args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
                 "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json"]
