@@ -246,6 +246,8 @@ def fp8_planned_rows(relative, commit, planner):
                 "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json"]
         if "quantized_weights" in r:
             args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
+        if "grad_clip" in r:  # the optimizer as it ran (bench/fp8_vs_torch.sh sets 0 since 2026-12-02)
+            args += ["--set", f"optimizer.grad_clip={r['grad_clip']}"]
         plan = json.loads(planner.run(*args))
         rows.append((r, int(plan["memory"]["peak_live_bytes"]), 1e3 * plan["time"]["step_s"]))
     return rows
