@@ -267,5 +267,19 @@ TEST_F(LinearRecipeTest, BlockFormatsRejectShapesTheyCannotQuantize) {
   EXPECT_NO_THROW(high.check_shapes(7, 5, 3, LinearKind::up));
 }
 
+// A session captures its step in a CUDA graph only where every step launches the same casts with
+// the same arguments: every format but NVFP4 with stochastic rounding, whose gradient casts draw
+// a new stream offset on the host each step (the GPU test CudaStep.QuantizedRecipesReplay... runs
+// the replay against op by op).
+TEST_F(LinearRecipeTest, StepGraphsWhereNoCastChangesBetweenSteps) {
+  for (LinearFormat format :
+       {LinearFormat::high_precision, LinearFormat::fp8_delayed, LinearFormat::fp8_current, LinearFormat::mxfp8})
+    EXPECT_TRUE(LinearRecipe(options_for(format), cpu_, 1).step_graph_capturable()) << linear_format_name(format);
+  LinearRecipeOptions nvfp4 = options_for(LinearFormat::nvfp4);
+  EXPECT_FALSE(LinearRecipe(nvfp4, cpu_, 1).step_graph_capturable());
+  nvfp4.nvfp4_stochastic_rounding = false;
+  EXPECT_TRUE(LinearRecipe(nvfp4, cpu_, 1).step_graph_capturable());
+}
+
 }  // namespace
 }  // namespace mxtrain
