@@ -141,9 +141,11 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   // tokens and the learning rate: not fp16's loss scaling (the host decides to skip), not a
   // linear recipe whose casts change their arguments between steps (NVFP4's stochastic
   // rounding streams; FP8's scales and histories live on the device), not a store that says
-  // no, not train.nonfinite = skip (the host decides whether to apply the update).
+  // no, not train.nonfinite = skip (the host decides whether to apply the update), not with
+  // the NaN-gradient test hook (the host decides which steps it poisons).
   graph_eligible_ = config_.train.cuda_graph && !loss_scaler_ && !skip_nonfinite_ &&
-                    model_->linears().step_graph_capturable() && params_->step_graph_capturable();
+                    nan_gradient_last_ < nan_gradient_first_ && model_->linears().step_graph_capturable() &&
+                    params_->step_graph_capturable();
 }
 
 void TrainingSession::upload(const TokenBatch& batch) {
