@@ -49,14 +49,6 @@ std::string pick_baseline(const std::vector<std::string>& formats) {
   return formats.front();
 }
 
-// The session's views of host batches (which must outlive them).
-std::vector<TokenBatch> views_of(const std::vector<data::Batch>& host) {
-  std::vector<TokenBatch> views;
-  for (const data::Batch& batch : host)
-    views.push_back(TokenBatch{batch.tokens.data(), batch.targets.data(), batch.batch, batch.seq});
-  return views;
-}
-
 // One training run of `config` (its train.precision set), on the batches the seed defines.
 FormatCurve train_one(const RunConfig& config, const PrecisionComparisonOptions& options, const std::string& device) {
   using Clock = std::chrono::steady_clock;
@@ -78,7 +70,7 @@ FormatCurve train_one(const RunConfig& config, const PrecisionComparisonOptions&
   for (int64_t step = 1; step <= config.train.steps; ++step) {
     std::vector<data::Batch> host;
     for (int64_t i = 0; i < global / micro; ++i) host.push_back(loader.next());
-    const std::vector<TokenBatch> views = views_of(host);
+    const std::vector<TokenBatch> views = token_batch_views(host);
     const double lr = learning_rate(config.optimizer, config.schedule, step, config.train.steps);
     const Clock::time_point started = Clock::now();
     const StepResult result = session.step(views, global_tokens, lr, step);
@@ -99,7 +91,7 @@ FormatCurve train_one(const RunConfig& config, const PrecisionComparisonOptions&
     validation.start(config.eval.batches);
     std::vector<data::Batch> host;
     while (auto batch = validation.next()) host.push_back(std::move(*batch));
-    curve.val_loss = session.evaluate(views_of(host));
+    curve.val_loss = session.evaluate(token_batch_views(host));
     log::info(strf("[%s] held-out loss %.4f (%zu batches of data.val)", curve.format.c_str(), curve.val_loss,
                    host.size()));
   }

@@ -7,11 +7,19 @@
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
+#include "mxtrain/data/loader.hpp"
 #include "mxtrain/interop/hf_checkpoint.hpp"
 #include "mxtrain/distributed/fsdp_store.hpp"
 #include "mxtrain/model/local_parameters.hpp"
 
 namespace mxtrain {
+
+std::vector<TokenBatch> token_batch_views(const std::vector<data::Batch>& batches) {
+  std::vector<TokenBatch> views;
+  for (const data::Batch& batch : batches)
+    views.push_back(TokenBatch{batch.tokens.data(), batch.targets.data(), batch.batch, batch.seq});
+  return views;
+}
 
 std::string resolve_device(const std::string& requested) {
   if (requested == "auto") return backend_available("cuda") ? "cuda" : "cpu";

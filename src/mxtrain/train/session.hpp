@@ -18,12 +18,19 @@
 
 namespace mxtrain {
 
+namespace data {
+struct Batch;
+}
+
 // Host-side tokens of one micro-batch: tokens and targets, each [batch * seq].
 struct TokenBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   int64_t batch = 0, seq = 0;
 };
+
+// The session's views of loaded micro-batches (which must outlive them).
+std::vector<TokenBatch> token_batch_views(const std::vector<data::Batch>& batches);
 
 struct StepResult {
   double loss = 0;       // mean per-token loss over the global batch

@@ -78,13 +78,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::vector<TokenBatch> views(const std::vector<data::Batch>& batches) {
-  std::vector<TokenBatch> result;
-  for (const data::Batch& batch : batches)
-    result.push_back(TokenBatch{batch.tokens.data(), batch.targets.data(), batch.batch, batch.seq});
-  return result;
-}
-
 // Who this rank is: the environment, unless a given communicator says otherwise.
 runtime::RankEnvironment rank_environment(const TrainerContext& context) {
   runtime::RankEnvironment environment = context.environment;
@@ -428,7 +421,7 @@ void TrainingRun::train_step(int64_t step) {
   const double lr = learning_rate(config_.optimizer, config_.schedule, step, config_.train.steps);
   const Clock::time_point started = Clock::now();
   if (!first_step_started_) first_step_started_ = started;
-  const StepResult result = session_->step(views(host), batch_.global_tokens, lr, step);
+  const StepResult result = session_->step(token_batch_views(host), batch_.global_tokens, lr, step);
   const double seconds = seconds_since(started);
   tokens_seen_ += batch_.global_tokens;
   if (step > start_step_ + 1) {  // the first step pays for warm-up
@@ -508,7 +501,7 @@ double TrainingRun::evaluate(int64_t step, bool record) {
   validation_->start(config_.eval.batches);
   std::vector<data::Batch> host;
   while (auto batch = validation_->next()) host.push_back(std::move(*batch));
-  const double val_loss = session_->evaluate(views(host));
+  const double val_loss = session_->evaluate(token_batch_views(host));
   log::info(strf("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
                  static_cast<long long>(config_.train.steps), val_loss));
   if (!record) return val_loss;
