@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "mxtrain/backend/cpu/cpu_backend.hpp"
 #include "mxtrain/numerics/mxfp8.hpp"
@@ -78,6 +79,93 @@ TEST_F(CpuQuantize, PerTensorCopiesAndAmax) {
     const uint8_t code = numerics::float_to_e5m2(values_[i] * 50.0f);
     EXPECT_EQ(got[i], numerics::e5m2_to_float(code) * 0.02f) << i;
   }
+}
+
+// Current scaling with fused producers: an op's amax-only pass (norm_forward without out,
+// swiglu_backward without dgate_up, rope_backward with amax_only) records the amax of the output
+// it would write and writes nothing (the CPU backend, whose kernels record no amaxes, runs the op
+// into a scratch it frees); the cast that computes the output from the producer with the scale
+// formed from that record gives the codes and scale of the cast of the written output.
+TEST_F(CpuQuantize, AmaxOnlyPassesThenProducedCastsAreTheOpThenTheCast) {
+  const int64_t rows = 32, ffn = 48;
+  const AttentionShape shape{.batch = 2, .seq = 16, .heads = 4, .kv_heads = 2, .head_dim = 16, .softmax_scale = 1.0f};
+  const RopeSpec rope(10000.0f);
+  const int64_t hidden = 64, qkv_cols = shape.qkv_cols();
+  Buffer x = test::upload(cpu_, test::random_vector(static_cast<size_t>(rows * hidden), 31, -3.0f, 3.0f),
+                          Shape{rows, hidden});
+  Buffer weight = test::upload(cpu_, test::random_vector(static_cast<size_t>(hidden), 32, -2.0f, 2.0f), Shape{hidden});
+  Buffer bias = test::upload(cpu_, test::random_vector(static_cast<size_t>(hidden), 33), Shape{hidden});
+  Buffer gate_up = test::upload(cpu_, test::random_vector(static_cast<size_t>(rows * 2 * ffn), 34, -4.0f, 4.0f),
+                                Shape{rows, 2 * ffn});
+  Buffer dout = test::upload(cpu_, test::random_vector(static_cast<size_t>(rows * ffn), 35), Shape{rows, ffn});
+  Buffer dqkv = test::upload(cpu_, test::random_vector(static_cast<size_t>(rows * qkv_cols), 36), Shape{rows, qkv_cols});
+  auto stats = [&] { return cpu_.allocate("stats", Shape{rows}, DType::f32, Lifetime::scratch); };
+  int checked = 0;
+  auto check = [&](const std::string& what, const Tensor& written, const CastProducer& producer, DType element,
+                   const std::function<void(const Tensor& amax)>& amax_pass) {
+    const std::vector<uint8_t> inputs_before = bytes_of(producer.input.defined() ? producer.input : producer.gate_up);
+    const size_t live_before = cpu_.memory_stats().live_bytes;
+    Buffer amax[2] = {test::upload(cpu_, {-1.0f}, Shape{1, 1}), test::upload(cpu_, {-1.0f}, Shape{1, 1})};
+    cpu_.amax(written, amax[0], false);
+    amax_pass(amax[1]);
+    EXPECT_EQ(bytes_of(amax[0]), bytes_of(amax[1])) << what;
+    EXPECT_GT(test::download(cpu_, amax[1])[0], 0.0f) << what;
+    EXPECT_EQ(inputs_before, bytes_of(producer.input.defined() ? producer.input : producer.gate_up)) << what;
+    QuantizeSpec spec;
+    spec.element = element;
+    Copy r[2] = {make_copy(cpu_, spec, false, written.rows(), written.cols()),
+                 make_copy(cpu_, spec, false, written.rows(), written.cols())};
+    Copy c[2] = {make_copy(cpu_, spec, true, written.rows(), written.cols()),
+                 make_copy(cpu_, spec, true, written.rows(), written.cols())};
+    Buffer scale[2] = {test::upload(cpu_, {7.0f}, Shape{1}), test::upload(cpu_, {7.0f}, Shape{1})};
+    ScaleFromAmax from[2];
+    for (int i = 0; i < 2; ++i) {
+      from[i].amax = amax[i];
+      from[i].args.rule = ScaleUpdateArgs::Rule::current;
+      from[i].args.scaled_max = element == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
+    }
+    cpu_.quantize(written, scale[0], r[0].q, c[0].q, Tensor(), from[0]);
+    const Tensor shape_only(nullptr, written.shape, written.dtype, Device::cpu);
+    cpu_.quantize(shape_only, scale[1], r[1].q, c[1].q, Tensor(), from[1], producer);
+    EXPECT_NE(test::download(cpu_, scale[1])[0], 7.0f) << what << ": the cast forms the scale";
+    EXPECT_EQ(bytes_of(scale[0]), bytes_of(scale[1])) << what;
+    EXPECT_EQ(bytes_of(r[0].data), bytes_of(r[1].data)) << what;
+    EXPECT_EQ(bytes_of(c[0].data), bytes_of(c[1].data)) << what;
+    for (Copy* copy : {&r[0], &r[1], &c[0], &c[1]}) *copy = Copy{};
+    for (Buffer& b : amax) b.reset();
+    for (Buffer& b : scale) b.reset();
+    EXPECT_EQ(cpu_.memory_stats().live_bytes, live_before) << what << ": the scratch is freed";
+    ++checked;
+  };
+  for (const NormKind kind : {NormKind::rms, NormKind::layer}) {
+    const bool layer = kind == NormKind::layer;
+    Buffer mean[2] = {stats(), stats()}, rstd[2] = {stats(), stats()};
+    Buffer y = cpu_.allocate("y", Shape{rows, hidden}, DType::f32, Lifetime::scratch);
+    const Tensor b = layer ? Tensor(bias) : Tensor();
+    cpu_.norm_forward(kind, x, weight, b, y, layer ? Tensor(mean[0]) : Tensor(), rstd[0], 1e-5f);
+    CastProducer producer{.op = CastProducer::Op::norm_forward, .norm = kind, .input = x, .weight = weight, .bias = b,
+                          .mean = layer ? Tensor(mean[1]) : Tensor(), .rstd = rstd[1], .eps = 1e-5f};
+    check(layer ? "layer norm" : "rms norm", y, producer, DType::e4m3, [&](const Tensor& amax) {
+      cpu_.norm_forward(kind, x, weight, b, Tensor(), producer.mean, rstd[1], 1e-5f, amax);
+    });
+    EXPECT_EQ(bytes_of(rstd[0]), bytes_of(rstd[1]));
+  }
+  {
+    Buffer dgate_up = cpu_.allocate("dgate_up", Shape{rows, 2 * ffn}, DType::f32, Lifetime::scratch);
+    cpu_.swiglu_backward(dout, gate_up, dgate_up);
+    const CastProducer producer{.op = CastProducer::Op::swiglu_backward, .gate_up = gate_up, .dout = dout};
+    check("swiglu_backward", dgate_up, producer, DType::e5m2,
+          [&](const Tensor& amax) { cpu_.swiglu_backward(dout, gate_up, Tensor(), amax); });
+  }
+  {
+    Buffer rotated = cpu_.allocate("rotated", Shape{rows, qkv_cols}, DType::f32, Lifetime::scratch);
+    cpu_.copy(dqkv, rotated);
+    cpu_.rope_backward(rotated, shape, rope);
+    const CastProducer producer{.op = CastProducer::Op::rope_backward, .input = dqkv, .shape = shape, .rope = rope};
+    check("rope_backward", rotated, producer, DType::e5m2,
+          [&](const Tensor& amax) { cpu_.rope_backward(dqkv, shape, rope, amax, true); });
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 TEST_F(CpuQuantize, MxColumnwiseCopyIsTheTransposedColumnwiseBlocks) {

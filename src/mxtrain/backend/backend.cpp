@@ -144,13 +144,19 @@ void Backend::norm_forward(NormKind kind, const Tensor& x, const Tensor& weight,
                            const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
                            const Tensor& out_amax) {
   if (out.defined()) require_same_shape(x, out, "norm_forward");
-  MXTRAIN_ASSERT(out.defined() || !out_amax.defined(), "norm_forward: an output amax needs the output");
   MXTRAIN_ASSERT(weight.numel() == x.cols() && rstd.numel() == x.rows(), "norm_forward: weight/rstd shape");
   MXTRAIN_ASSERT(kind == NormKind::rms || (mean.numel() == x.rows() && bias.numel() == x.cols()),
                  "layer norm needs mean and bias");
   record({OpKind::norm_forward, phase_, x.dtype, norm_flops(kind, n(x)),
           b(x) + b(out) + b(weight) + b(bias) + b(mean) + b(rstd)});
-  impl_norm_forward(kind, x, weight, bias, out, mean, rstd, eps, kernel_amax(out_amax));
+  if (!out.defined() && out_amax.defined() && !records_output_amax()) {
+    // The statistics and the amax of the output not written: the output into a scratch here.
+    Buffer scratch = allocate("norm_forward.amax_pass", x.shape, x.dtype, Lifetime::scratch);
+    impl_norm_forward(kind, x, weight, bias, scratch, mean, rstd, eps, Tensor());
+    impl_amax(scratch, out_amax, false, false);
+    return;
+  }
+  impl_norm_forward(kind, x, weight, bias, out, mean, rstd, eps, out.defined() ? kernel_amax(out_amax) : out_amax);
   finish_amax(out, out_amax);
 }
 
@@ -161,7 +167,7 @@ Tensor Backend::kernel_amax(const Tensor& out_amax) const {
 }
 
 void Backend::finish_amax(const Tensor& out, const Tensor& out_amax) {
-  if (out_amax.defined() && !records_output_amax()) impl_amax(out, out_amax, false, false);
+  if (out.defined() && out_amax.defined() && !records_output_amax()) impl_amax(out, out_amax, false, false);
 }
 
 void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb, const Tensor& sum,
@@ -404,21 +410,29 @@ void Backend::rope_forward(const Tensor& qkv, const AttentionShape& shape, const
   double rotated = static_cast<double>(qkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
   record({OpKind::rope_forward, phase_, qkv.dtype, 3 * rotated,
           2 * rotated * dtype_bits(qkv.dtype) / 8.0});
-  impl_rope(qkv, shape, rope, false, Tensor());
+  impl_rope(qkv, shape, rope, false, Tensor(), true);
 }
 
 void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope,
-                            const Tensor& out_amax) {
+                            const Tensor& out_amax, bool amax_only) {
   check_attention_shape(shape, dqkv, "rope_backward");
+  MXTRAIN_ASSERT(!amax_only || out_amax.defined(), "rope_backward: an amax-only pass needs the amax");
   double rotated = static_cast<double>(dqkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
-  // The amax also reads the v heads.
-  const double v_bytes = out_amax.defined() ? static_cast<double>(dqkv.rows() * shape.kv_heads * shape.head_dim) *
-                                                  dtype_bits(dqkv.dtype) / 8.0
-                                            : 0.0;
+  // The amax also reads the v heads; an amax-only pass reads everything once and writes nothing.
+  const double element = dtype_bits(dqkv.dtype) / 8.0;
+  const double v_bytes =
+      out_amax.defined() ? static_cast<double>(dqkv.rows() * shape.kv_heads * shape.head_dim) * element : 0.0;
   record({OpKind::rope_backward, phase_, dqkv.dtype, 3 * rotated,
-          2 * rotated * dtype_bits(dqkv.dtype) / 8.0 + v_bytes});
-  impl_rope(dqkv, shape, rope, true, kernel_amax(out_amax));
-  finish_amax(dqkv, out_amax);
+          (amax_only ? 1 : 2) * rotated * element + v_bytes});
+  if (amax_only && !records_output_amax()) {
+    Buffer scratch = allocate("rope_backward.amax_pass", dqkv.shape, dqkv.dtype, Lifetime::scratch);
+    impl_copy(dqkv, scratch);
+    impl_rope(scratch, shape, rope, true, Tensor(), true);
+    impl_amax(scratch, out_amax, false, false);
+    return;
+  }
+  impl_rope(dqkv, shape, rope, true, amax_only ? out_amax : kernel_amax(out_amax), !amax_only);
+  if (!amax_only) finish_amax(dqkv, out_amax);
 }
 
 // Causal attention does half of the full T×T work: QKᵀ and PV forward (2 GEMMs), and in
@@ -499,10 +513,18 @@ void Backend::swiglu_forward(const Tensor& gate_up, const Tensor& out, const Ten
 
 void Backend::swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
                               const Tensor& out_amax) {
-  require_same_shape(gate_up, dgate_up, "swiglu_backward");
+  MXTRAIN_ASSERT(dgate_up.defined() || out_amax.defined(), "swiglu_backward: no gradient and no amax to compute");
+  if (dgate_up.defined()) require_same_shape(gate_up, dgate_up, "swiglu_backward");
   MXTRAIN_ASSERT(gate_up.cols() == 2 * dout.cols() && gate_up.rows() == dout.rows(), "swiglu_backward: shapes");
   record({OpKind::swiglu_backward, phase_, dout.dtype, 12 * n(dout), b(dout) + b(gate_up) + b(dgate_up)});
-  impl_swiglu_backward(dout, gate_up, dgate_up, kernel_amax(out_amax));
+  if (!dgate_up.defined() && !records_output_amax()) {
+    // The amax of the gradient not written: the gradient into a scratch here.
+    Buffer scratch = allocate("swiglu_backward.amax_pass", gate_up.shape, gate_up.dtype, Lifetime::scratch);
+    impl_swiglu_backward(dout, gate_up, scratch, Tensor());
+    impl_amax(scratch, out_amax, false, false);
+    return;
+  }
+  impl_swiglu_backward(dout, gate_up, dgate_up, dgate_up.defined() ? kernel_amax(out_amax) : out_amax);
   finish_amax(dgate_up, out_amax);
 }
 
@@ -728,9 +750,9 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
   MXTRAIN_ASSERT(!from.defined() || (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
                  "quantize: a scale from an amax is per-tensor FP8's");
   if (producer.defined()) {
-    MXTRAIN_ASSERT(!from.defined() && (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
-                   "quantize: a fused producer needs per-tensor FP8 with a known scale");
-    impl_quantize_produced(x, scale, rowwise, columnwise, amax_out, producer);
+    MXTRAIN_ASSERT((rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
+                   "quantize: a fused producer needs per-tensor FP8");
+    impl_quantize_produced(x, scale, rowwise, columnwise, amax_out, from, producer);
     return;
   }
   impl_quantize(x, scale, rowwise, columnwise, amax_out, from);

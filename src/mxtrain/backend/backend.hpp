@@ -228,8 +228,10 @@ struct ScaleFromAmax {
 // computes x from the op's inputs instead of reading it, so x is never written (its Tensor gives
 // only shape and dtype; data may be null). Each value is the op's output rounded to x's dtype,
 // as the op's own kernel rounds it, so the codes and the recorded amax are those of the op
-// followed by the cast, bit for bit. Per-tensor FP8 with a known scale only (delayed scaling):
-// current scaling needs the amax before the pass, and the block formats cast from x itself.
+// followed by the cast, bit for bit. Per-tensor FP8 only (the block formats cast from x itself):
+// with a known scale (delayed scaling), or with the scale formed from an amax the op's amax-only
+// pass recorded first (current scaling: norm_forward without an output, swiglu_backward without
+// dgate_up, rope_backward with amax_only).
 struct CastProducer {
   enum class Op : uint8_t {
     none,
@@ -302,6 +304,8 @@ class Backend {
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
   // Whether the norm and activation kernels record their output's amax themselves (out_amax).
+  // Where they do not, an op's amax-only pass (no output) runs the op into a scratch and the amax
+  // pass over it.
   virtual bool records_output_amax() const { return false; }
   virtual void synchronize() = 0;
   // Timing in stream order: record_timestamp() marks the point after all work queued so far;
@@ -362,7 +366,8 @@ class Backend {
   //
   // out = norm(x) * weight (+ bias). RMS: rstd = 1/sqrt(mean(x^2) + eps), mean undefined.
   // Layer: mean, rstd of x. mean and rstd are f32 [rows]. out may be undefined: the statistics
-  // alone, for a cast that computes the output itself (CastProducer::Op::norm_forward).
+  // alone, for a cast that computes the output itself (CastProducer::Op::norm_forward); out_amax
+  // then receives the amax of the output the op would have written (the same pass).
   void norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
                     const Tensor& mean, const Tensor& rstd, float eps, const Tensor& out_amax = {});
   // sum = a + b, then out = norm(sum): the residual add fused with the next norm (out may be
@@ -383,7 +388,10 @@ class Backend {
   // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
   void rope_forward(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope);
   // The inverse rotation; out_amax (as the norms'): the amax of all of dqkv after it, v included.
-  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope, const Tensor& out_amax = {});
+  // amax_only: dqkv is left as it is and out_amax (required) receives that amax alone, for a
+  // cast that computes the rotation itself (CastProducer::Op::rope_backward, current scaling).
+  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope, const Tensor& out_amax = {},
+                     bool amax_only = false);
   // Causal grouped-query attention. qkv packed as above; out [batch*seq, heads*head_dim];
   // lse f32 [batch, heads, seq] = log-sum-exp of each softmax row (kept for backward).
   void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape);
@@ -400,6 +408,9 @@ class Backend {
                           const Tensor& dqkv, const AttentionShape& shape);
   // out[N,F] = silu(gate) * up with gate_up [N, 2F] = [gate | up].
   void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax = {});
+  // dgate_up may be undefined when out_amax is defined: nothing is written and out_amax receives the
+  // amax of the gradient the op would have written (CastProducer::Op::swiglu_backward under
+  // current scaling).
   void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& out_amax = {});
   // GELU, tanh approximation.
   void gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax = {});
@@ -433,7 +444,8 @@ class Backend {
   // set from from.amax first (ScaleFromAmax).
   // mxfp8: block scales computed here. nvfp4: each copy's amax must already hold its matrix's
   // amax (the amax op). Both copies use one read of x where the backend can.
-  // producer (optional; per-tensor FP8 without from): x is computed in the cast (CastProducer).
+  // producer (optional; per-tensor FP8): x is computed in the cast (CastProducer), with the scale
+  // given or formed from `from` (the amax the producer's amax-only pass recorded).
   void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
                 const Tensor& amax, const ScaleFromAmax& from = {}, const CastProducer& producer = {});
   // out (f32/bf16/f16) = the values q encodes, in x's layout [R, C] (a columnwise copy is
@@ -493,8 +505,9 @@ class Backend {
   static bool has_separable_epilogue(const GemmArgs& args) {
     return args.residual.defined() || args.epilogue != GemmEpilogue::none;
   }
+  // write = false (an amax-only pass, records_output_amax() backends only): qkv is left as it is.
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                         const Tensor& out_amax) = 0;
+                         const Tensor& out_amax, bool write) = 0;
   virtual void impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& out, const AttentionShape& shape) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -518,7 +531,7 @@ class Backend {
   // op into a temporary and casts it (the same values by construction).
   virtual void impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                                       const QuantizedTensor& columnwise, const Tensor& amax,
-                                      const CastProducer& producer) = 0;
+                                      const ScaleFromAmax& from, const CastProducer& producer) = 0;
   virtual void impl_dequantize(const QuantizedTensor& q, const Tensor& out) = 0;
   virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                                      const ScaleUpdateArgs& args) = 0;

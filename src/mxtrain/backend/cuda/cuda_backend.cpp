@@ -445,12 +445,13 @@ const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, const RopeSp
 }
 
 void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                            const Tensor& out_amax) {
+                            const Tensor& out_amax, bool write) {
   MXTRAIN_ASSERT(qkv.is_contiguous(), "rope: %s must be contiguous", qkv.describe().c_str());
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && rope.theta > 0, "rope: head_dim %lld, theta %g",
                  static_cast<long long>(shape.head_dim), static_cast<double>(rope.theta));
   const int64_t positions = private_buffers::rope_table_positions(shape.seq, shape.position_offset);
-  cuda_kernels::rope(qkv, shape, rope_table(positions, shape.head_dim, rope), positions, inverse, out_amax, stream_);
+  cuda_kernels::rope(qkv, shape, rope_table(positions, shape.head_dim, rope), positions, inverse, out_amax, write,
+                     stream_);
 }
 
 void CudaBackend::impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
@@ -528,14 +529,14 @@ void CudaBackend::impl_quantize(const Tensor& x, const Tensor& scale, const Quan
 
 void CudaBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                                          const QuantizedTensor& columnwise, const Tensor& amax,
-                                         const CastProducer& producer) {
+                                         const ScaleFromAmax& from, const CastProducer& producer) {
   const float* table = nullptr;
   int64_t positions = 0;
   if (producer.op == CastProducer::Op::rope_backward) {
     positions = private_buffers::rope_table_positions(producer.shape.seq, producer.shape.position_offset);
     table = rope_table(positions, producer.shape.head_dim, producer.rope);
   }
-  cuda_kernels::quantize_produced(x, scale, rowwise, columnwise, amax, producer, table, positions, stream_);
+  cuda_kernels::quantize_produced(x, scale, rowwise, columnwise, amax, from, producer, table, positions, stream_);
 }
 
 void CudaBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {

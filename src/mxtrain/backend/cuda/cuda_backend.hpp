@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
   // The GEMMs through cuBLASLt (gemm.hpp), epilogues fused where it has them.
   void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                 const Tensor& out_amax) override;
+                 const Tensor& out_amax, bool write) override;
   void impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                              const AttentionShape& shape) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -123,7 +123,7 @@ class CudaBackend final : public Backend {
                      const QuantizedTensor& columnwise, const Tensor& amax,
                      const ScaleFromAmax& from) override;
   void impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                              const QuantizedTensor& columnwise, const Tensor& amax,
+                              const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from,
                               const CastProducer& producer) override;
   void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,

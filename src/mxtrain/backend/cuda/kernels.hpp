@@ -58,8 +58,9 @@ void reduce_column_partials(const float* partials, int64_t chunks, const Tensor&
 // table: f32 [table_positions, head_dim/2] cos followed by f32 [table_positions, head_dim/2] sin;
 // row r takes position shape.position_offset + r % shape.seq, which must lie in the table.
 // out_amax (optional): the amax of all of qkv afterwards, v heads included (they are only read).
+// write = false: qkv is left as it is and out_amax (defined) receives the amax alone.
 void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, int64_t table_positions, bool inverse,
-          const Tensor& out_amax, cudaStream_t stream);
+          const Tensor& out_amax, bool write, cudaStream_t stream);
 
 // ---- attention_cached.cu ----------------------------------------------------------------------
 // Backend::attention_cached: stores the new rows' keys and values in the caches, then attends.
@@ -86,8 +87,9 @@ void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwi
 // quantize's per-tensor FP8 cast with the producing op fused in (CastProducer). rope_backward
 // reads the rotation table the rope op uses (rope_positions positions: cosines, then sines).
 void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                       const QuantizedTensor& columnwise, const Tensor& amax, const CastProducer& producer,
-                       const float* rope_table, int64_t rope_positions, cudaStream_t stream);
+                       const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from,
+                       const CastProducer& producer, const float* rope_table, int64_t rope_positions,
+                       cudaStream_t stream);
 void dequantize(const QuantizedTensor& q, const Tensor& out, cudaStream_t stream);
 void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                       const ScaleUpdateArgs& args, cudaStream_t stream);
