@@ -249,11 +249,11 @@ class WatchedDryrun final : public DryrunBackend {
     watch("linear_backward_weight", expected, [&] { DryrunBackend::impl_gemm(args); });
   }
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                 const Tensor& out_amax, bool write) override {
+                 const Tensor& out_amax) override {
     pb::PrivateBuffers expected;
     if (ropes_.insert(std::make_tuple(shape.seq, shape.head_dim, rope)).second)
       expected.push_back(pb::rope_table(shape.seq, shape.head_dim));
-    watch("rope", expected, [&] { DryrunBackend::impl_rope(qkv, shape, rope, inverse, out_amax, write); });
+    watch("rope", expected, [&] { DryrunBackend::impl_rope(qkv, shape, rope, inverse, out_amax); });
   }
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               const AttentionShape& shape) override {

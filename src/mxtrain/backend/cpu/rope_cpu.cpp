@@ -12,12 +12,10 @@
 
 namespace mxtrain {
 
-// out_amax: never defined here, and write always true (records_output_amax() is false: Backend
-// runs the amax pass, and an amax-only pass rotates a scratch copy).
+// out_amax: never defined here (records_output_amax() is false; Backend runs the pass).
 void CpuBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                           const Tensor&, bool write) {
+                           const Tensor&) {
   const char* op = inverse ? "rope_backward" : "rope_forward";
-  MXTRAIN_ASSERT(write, "%s: the cpu backend's rotation writes its result", op);
   cpu::require_f32(op, {&qkv});
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && shape.seq > 0, "%s: head_dim %lld must be even", op,
                  static_cast<long long>(shape.head_dim));

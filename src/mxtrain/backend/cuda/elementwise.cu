@@ -156,7 +156,7 @@ void launch_binary(const Tensor& a, const Tensor& b, const Tensor& out, Op op, c
 void require_same_dtype(const char* op, std::initializer_list<const Tensor*> tensors) {
   DType first = (*tensors.begin())->dtype;
   for (const Tensor* t : tensors) {
-    if (t->defined() && t->dtype != first)
+    if (t->dtype != first)
       throw Error(ErrorKind::unsupported,
                   strf("cuda %s needs one dtype for all operands, got %s and %s", op,
                        std::string(dtype_name(first)).c_str(), std::string(dtype_name(t->dtype)).c_str()),
@@ -219,10 +219,8 @@ __global__ void swiglu_backward_kernel(const T* dout, const T* gate_up, T* dgate
     load<W>(gate_up + in_offset + ffn, u);
 #pragma unroll
     for (int i = 0; i < W; ++i) swiglu_gradients(d[i], g[i], u[i], dg[i], du[i]);
-    if (dgate_up != nullptr) {  // null: the amax-only pass (the cast computes the gradient again)
-      store<W>(dgate_up + in_offset, dg);
-      store<W>(dgate_up + in_offset + ffn, du);
-    }
+    store<W>(dgate_up + in_offset, dg);
+    store<W>(dgate_up + in_offset + ffn, du);
     if (amax_out != nullptr) {
 #pragma unroll
       for (int i = 0; i < W; ++i) amax = max(amax, max(abs_bits(dg[i]), abs_bits(du[i])));

@@ -4,8 +4,7 @@
 // backend, so the angles are bit-identical to the CPU's. Backward applies the inverse
 // rotation (sin negated). Each thread rotates W pairs of one head of one row. Backward can
 // record the amax of the whole dqkv for the QKV projection's FP8 cast (current scaling): its
-// threads then also cover the v heads, which they read but leave as they are. An amax-only pass
-// (write = false) stores nothing: the cast computes the rotation again (CastFromRopeBackward).
+// threads then also cover the v heads, which they read but leave as they are.
 #include <cstdint>
 
 #include "mxtrain/backend/cuda/device_common.cuh"
@@ -20,7 +19,7 @@ constexpr int kThreads = 256;
 template <int W, typename I, typename T>
 __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_table, int64_t items, int64_t seq,
                             int64_t position_offset, int rotated_heads, int heads, int head_dim, int64_t row_stride, float sin_sign,
-                            unsigned* amax, bool write) {
+                            unsigned* amax) {
   // heads: the rotated ones, or with an amax record every head of the row (v's only read).
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = item < items;
@@ -51,10 +50,8 @@ __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_tab
         x1[k] = y1;
         x2[k] = y2;
       }
-      if (write) {
-        store<W>(first, x1);
-        store<W>(second, x2);
-      }
+      store<W>(first, x1);
+      store<W>(second, x2);
     }
     if (amax != nullptr) {
 #pragma unroll
@@ -67,8 +64,7 @@ __global__ void rope_kernel(T* qkv, const float* cos_table, const float* sin_tab
 }  // namespace
 
 void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, int64_t table_positions, bool inverse,
-          const Tensor& out_amax, bool write, cudaStream_t stream) {
-  MXTRAIN_ASSERT(write || out_amax.defined(), "rope: an amax-only pass needs the amax");
+          const Tensor& out_amax, cudaStream_t stream) {
   const int head_dim = static_cast<int>(shape.head_dim);
   const int half = head_dim / 2;
   const int rotated_heads = static_cast<int>(shape.heads + shape.kv_heads);
@@ -93,7 +89,7 @@ void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, in
       auto kernel = vector ? rope_kernel<8, I, T> : rope_kernel<1, I, T>;
       kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(data, cos_table, sin_table, items, shape.seq,
                                                                   shape.position_offset, rotated_heads, heads, head_dim, qkv.cols(), sin_sign,
-                                                                  amax, write);
+                                                                  amax);
     });
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });

@@ -168,8 +168,7 @@ void DryrunBackend::gemm_quantized(const QuantizedTensor& a) {
   std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::linear_quantized(a.spec.mode));
 }
 
-void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, const RopeSpec& rope, bool, const Tensor&,
-                              bool) {
+void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, const RopeSpec& rope, bool, const Tensor&) {
   if (!cuda_.enabled) return;
   const int64_t positions = private_buffers::rope_table_positions(shape.seq, shape.position_offset);
   auto key = std::make_tuple(positions, shape.head_dim, rope);
