@@ -17,6 +17,7 @@
 //   fp8 (second pass), fp8-current, mxfp8: loss 2e-2, every gradient 0.25; nvfp4: loss 5e-2,
 //   gradients 0.6
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cuda/cuda_test_support.hpp"
@@ -158,10 +159,10 @@ class CudaQuantize : public CudaTest {
   }
 
   // Current scaling with the producer fused in: `amax_pass` (the op's amax-only pass, which
-  // writes nothing) records into its argument the amax of the output the op would write — the
-  // amax pass over `op_output`, byte for byte — and the cast that forms its scale from that
-  // record and computes the output itself gives the codes, decode scales and stored scale of the
-  // cast of `op_output` with the scale formed from its amax.
+  // writes nothing: the norm's statistics pass) records into its argument the amax of the output
+  // the op would write — the amax pass over `op_output`, byte for byte — and the cast that forms
+  // its scale from that record and computes the output itself gives the codes, decode scales and
+  // stored scale of the cast of `op_output` with the scale formed from its amax.
   template <typename AmaxPass>
   void expect_amax_pass_then_fused_cast(const std::string& what, const Tensor& op_output, DType element,
                                         const CastProducer& producer, AmaxPass&& amax_pass) {
@@ -170,7 +171,8 @@ class CudaQuantize : public CudaTest {
     cuda().amax(op_output, amax[0], false);
     amax_pass(amax[1]);
     EXPECT_EQ(raw_bytes(cuda(), amax[0]), raw_bytes(cuda(), amax[1])) << what << ": amax-only pass";
-    EXPECT_GT(download(cuda(), amax[1])[0], 0.0f) << what;
+    const float recorded = download(cuda(), amax[1])[0];
+    EXPECT_TRUE(std::isnan(recorded) || recorded > 0.0f) << what << ": " << recorded;  // NaN: non-finite inputs
     const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, element);
     Copy r[2] = {allocate_copy(cuda(), spec, false, rows, cols), allocate_copy(cuda(), spec, false, rows, cols)};
     Copy c[2] = {allocate_copy(cuda(), spec, true, rows, cols), allocate_copy(cuda(), spec, true, rows, cols)};
@@ -335,15 +337,6 @@ TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
         if (backward) producer.dout = dout;
         expect_fused_cast_is_op_then_cast(label + (backward ? " backward" : " forward"), x, scale,
                                           backward ? DType::e5m2 : DType::e4m3, producer, 0.5f);
-        // Current scaling: the backward's amax-only pass (dgate_up undefined), then the cast.
-        if (backward) {
-          const std::vector<uint8_t> dout_before = raw_bytes(cuda(), dout), gate_up_before = raw_bytes(cuda(), gate_up);
-          expect_amax_pass_then_fused_cast(label + " backward, current", x, DType::e5m2, producer, [&](Buffer& amax) {
-            cuda().swiglu_backward(dout, gate_up, Tensor(), amax);
-          });
-          EXPECT_EQ(dout_before, raw_bytes(cuda(), dout)) << label;
-          EXPECT_EQ(gate_up_before, raw_bytes(cuda(), gate_up)) << label;
-        }
       }
     }
   }
@@ -462,11 +455,6 @@ TEST_F(CudaQuantize, FusedRopeBackwardCastsAreTheOpThenTheCast) {
       const std::vector<uint8_t> codes = expect_fused_cast_is_op_then_cast(what, rotated, scale, DType::e5m2, producer,
                                                                            0.0f);
       EXPECT_EQ(before, raw_bytes(cuda(), dqkv)) << what << ": the input changed";
-      // Current scaling: the rotation's amax-only pass (dqkv left as it is), then the cast.
-      expect_amax_pass_then_fused_cast(what + ", current", rotated, DType::e5m2, producer, [&](Buffer& amax) {
-        cuda().rope_backward(dqkv, shape, rope, amax, true);
-      });
-      EXPECT_EQ(before, raw_bytes(cuda(), dqkv)) << what << ": the amax-only pass changed the input";
       // The rotation moved the codes (the fused cast did not cast the unrotated gradient).
       Copy unrotated = allocate_copy(cuda(), spec_of(ScalingMode::per_tensor, DType::e5m2), false, rows, cols);
       cuda().quantize(dqkv, scale, unrotated.q, QuantizedTensor{}, Tensor());
@@ -654,7 +642,7 @@ TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
 // with the inputs saved (none) and with the norm outputs and the activation recomputed in
 // backward (selective, full): RMSNorm on the Llama, LayerNorm with its bias on GPT-2. Delayed
 // scaling fuses the norms, SwiGLU and RoPE's backward (the scales are known); current scaling the
-// norms' forward, SwiGLU's backward and RoPE's backward after their amax-only passes.
+// norms' forward, after their statistics passes have recorded the outputs' amaxes.
 TEST_F(CudaQuantize, FusedProducersGiveTheStepsBits) {
   for (const char* preset : {"tiny", "tiny-gpt2"}) {
     const ModelConfig config = model_preset(preset);

@@ -167,7 +167,7 @@ Tensor Backend::kernel_amax(const Tensor& out_amax) const {
 }
 
 void Backend::finish_amax(const Tensor& out, const Tensor& out_amax) {
-  if (out.defined() && out_amax.defined() && !records_output_amax()) impl_amax(out, out_amax, false, false);
+  if (out_amax.defined() && !records_output_amax()) impl_amax(out, out_amax, false, false);
 }
 
 void Backend::add_norm_forward(NormKind kind, const Tensor& a, const Tensor& bb, const Tensor& sum,
@@ -410,29 +410,21 @@ void Backend::rope_forward(const Tensor& qkv, const AttentionShape& shape, const
   double rotated = static_cast<double>(qkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
   record({OpKind::rope_forward, phase_, qkv.dtype, 3 * rotated,
           2 * rotated * dtype_bits(qkv.dtype) / 8.0});
-  impl_rope(qkv, shape, rope, false, Tensor(), true);
+  impl_rope(qkv, shape, rope, false, Tensor());
 }
 
 void Backend::rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope,
-                            const Tensor& out_amax, bool amax_only) {
+                            const Tensor& out_amax) {
   check_attention_shape(shape, dqkv, "rope_backward");
-  MXTRAIN_ASSERT(!amax_only || out_amax.defined(), "rope_backward: an amax-only pass needs the amax");
   double rotated = static_cast<double>(dqkv.rows() * (shape.heads + shape.kv_heads) * shape.head_dim);
-  // The amax also reads the v heads; an amax-only pass reads everything once and writes nothing.
-  const double element = dtype_bits(dqkv.dtype) / 8.0;
-  const double v_bytes =
-      out_amax.defined() ? static_cast<double>(dqkv.rows() * shape.kv_heads * shape.head_dim) * element : 0.0;
+  // The amax also reads the v heads.
+  const double v_bytes = out_amax.defined() ? static_cast<double>(dqkv.rows() * shape.kv_heads * shape.head_dim) *
+                                                  dtype_bits(dqkv.dtype) / 8.0
+                                            : 0.0;
   record({OpKind::rope_backward, phase_, dqkv.dtype, 3 * rotated,
-          (amax_only ? 1 : 2) * rotated * element + v_bytes});
-  if (amax_only && !records_output_amax()) {
-    Buffer scratch = allocate("rope_backward.amax_pass", dqkv.shape, dqkv.dtype, Lifetime::scratch);
-    impl_copy(dqkv, scratch);
-    impl_rope(scratch, shape, rope, true, Tensor(), true);
-    impl_amax(scratch, out_amax, false, false);
-    return;
-  }
-  impl_rope(dqkv, shape, rope, true, amax_only ? out_amax : kernel_amax(out_amax), !amax_only);
-  if (!amax_only) finish_amax(dqkv, out_amax);
+          2 * rotated * dtype_bits(dqkv.dtype) / 8.0 + v_bytes});
+  impl_rope(dqkv, shape, rope, true, kernel_amax(out_amax));
+  finish_amax(dqkv, out_amax);
 }
 
 // Causal attention does half of the full T×T work: QKᵀ and PV forward (2 GEMMs), and in
@@ -513,18 +505,10 @@ void Backend::swiglu_forward(const Tensor& gate_up, const Tensor& out, const Ten
 
 void Backend::swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
                               const Tensor& out_amax) {
-  MXTRAIN_ASSERT(dgate_up.defined() || out_amax.defined(), "swiglu_backward: no gradient and no amax to compute");
-  if (dgate_up.defined()) require_same_shape(gate_up, dgate_up, "swiglu_backward");
+  require_same_shape(gate_up, dgate_up, "swiglu_backward");
   MXTRAIN_ASSERT(gate_up.cols() == 2 * dout.cols() && gate_up.rows() == dout.rows(), "swiglu_backward: shapes");
   record({OpKind::swiglu_backward, phase_, dout.dtype, 12 * n(dout), b(dout) + b(gate_up) + b(dgate_up)});
-  if (!dgate_up.defined() && !records_output_amax()) {
-    // The amax of the gradient not written: the gradient into a scratch here.
-    Buffer scratch = allocate("swiglu_backward.amax_pass", gate_up.shape, gate_up.dtype, Lifetime::scratch);
-    impl_swiglu_backward(dout, gate_up, scratch, Tensor());
-    impl_amax(scratch, out_amax, false, false);
-    return;
-  }
-  impl_swiglu_backward(dout, gate_up, dgate_up, dgate_up.defined() ? kernel_amax(out_amax) : out_amax);
+  impl_swiglu_backward(dout, gate_up, dgate_up, kernel_amax(out_amax));
   finish_amax(dgate_up, out_amax);
 }
 

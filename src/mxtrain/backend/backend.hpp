@@ -229,9 +229,9 @@ struct ScaleFromAmax {
 // only shape and dtype; data may be null). Each value is the op's output rounded to x's dtype,
 // as the op's own kernel rounds it, so the codes and the recorded amax are those of the op
 // followed by the cast, bit for bit. Per-tensor FP8 only (the block formats cast from x itself):
-// with a known scale (delayed scaling), or with the scale formed from an amax the op's amax-only
-// pass recorded first (current scaling: norm_forward without an output, swiglu_backward without
-// dgate_up, rope_backward with amax_only).
+// with a known scale (delayed scaling), or with the scale formed from an amax recorded first
+// (current scaling: the norm_forward producer, whose statistics pass records the amax of the
+// output it does not write).
 struct CastProducer {
   enum class Op : uint8_t {
     none,
@@ -304,8 +304,8 @@ class Backend {
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
   // Whether the norm and activation kernels record their output's amax themselves (out_amax).
-  // Where they do not, an op's amax-only pass (no output) runs the op into a scratch and the amax
-  // pass over it.
+  // Where they do not, norm_forward's amax-only pass (no output) runs the norm into a scratch and
+  // the amax pass over it.
   virtual bool records_output_amax() const { return false; }
   virtual void synchronize() = 0;
   // Timing in stream order: record_timestamp() marks the point after all work queued so far;
@@ -388,10 +388,7 @@ class Backend {
   // rotate-half convention (pairs i and i+head_dim/2), position = row % seq.
   void rope_forward(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope);
   // The inverse rotation; out_amax (as the norms'): the amax of all of dqkv after it, v included.
-  // amax_only: dqkv is left as it is and out_amax (required) receives that amax alone, for a
-  // cast that computes the rotation itself (CastProducer::Op::rope_backward, current scaling).
-  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope, const Tensor& out_amax = {},
-                     bool amax_only = false);
+  void rope_backward(const Tensor& dqkv, const AttentionShape& shape, const RopeSpec& rope, const Tensor& out_amax = {});
   // Causal grouped-query attention. qkv packed as above; out [batch*seq, heads*head_dim];
   // lse f32 [batch, heads, seq] = log-sum-exp of each softmax row (kept for backward).
   void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape);
@@ -408,9 +405,6 @@ class Backend {
                           const Tensor& dqkv, const AttentionShape& shape);
   // out[N,F] = silu(gate) * up with gate_up [N, 2F] = [gate | up].
   void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax = {});
-  // dgate_up may be undefined when out_amax is defined: nothing is written and out_amax receives the
-  // amax of the gradient the op would have written (CastProducer::Op::swiglu_backward under
-  // current scaling).
   void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& out_amax = {});
   // GELU, tanh approximation.
   void gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax = {});
@@ -505,9 +499,8 @@ class Backend {
   static bool has_separable_epilogue(const GemmArgs& args) {
     return args.residual.defined() || args.epilogue != GemmEpilogue::none;
   }
-  // write = false (an amax-only pass, records_output_amax() backends only): qkv is left as it is.
   virtual void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                         const Tensor& out_amax, bool write) = 0;
+                         const Tensor& out_amax) = 0;
   virtual void impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& out, const AttentionShape& shape) = 0;
   virtual void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,

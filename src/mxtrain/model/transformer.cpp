@@ -302,13 +302,11 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   }
   s.act.reset();
   {
-    // Under FP8 scaling SwiGLU's backward runs inside the up projection's gradient cast (both
-    // copies, one pass; LinearRecipe::fuses_producers): the gradient of gate_up is never written
-    // in BF16 and read back, and gate_up and dact live until that cast instead. Current scaling
-    // (fuses_producers_after_amax) first runs the op as an amax-only pass that writes nothing.
+    // Under delayed FP8 scaling SwiGLU's backward runs inside the up projection's gradient cast
+    // (both copies, one pass; LinearRecipe::fuses_producers): the gradient of gate_up is never
+    // written in BF16 and read back, and gate_up and dact live until that cast instead.
     const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
-    const bool amax_first = linears_.fuses_producers_after_amax(l);
-    const bool fused_dup = llama && (linears_.fuses_producers(l) || amax_first) && !dup_params.bias.defined();
+    const bool fused_dup = llama && linears_.fuses_producers(l) && !dup_params.bias.defined();
     Buffer dup, dact;
     Tensor dup_operand = produced(config_.up_cols());
     CastProducer dup_producer;
@@ -323,8 +321,6 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                                           .out = dact});
       if (fused_dup) {
         dup_producer = {.op = CastProducer::Op::swiglu_backward, .gate_up = s.up, .dout = dact};
-        if (amax_first)
-          backend_.swiglu_backward(dact, s.up, Tensor(), linears_.amax_record(l, LinearKind::up, true, dup_operand));
       } else {
         backend_.swiglu_backward(dact, s.up, dup, dup_amax);
         dact.reset();
@@ -389,21 +385,16 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     s.qkv.reset();
     s.attn.reset();
     s.lse.reset();
-    // Under FP8 scaling RoPE's backward runs inside the QKV projection's gradient cast (both
-    // copies, one pass): the rotated gradient is never written in BF16 and read back. Current
-    // scaling first runs the rotation as an amax-only pass that leaves dqkv as it is.
+    // Under delayed FP8 scaling RoPE's backward runs inside the QKV projection's gradient cast
+    // (both copies, one pass): the rotated gradient is never written in BF16 and read back.
     const GradPair dqkv_params = dw(l, p.qkv_weight, p.qkv_bias);
-    const bool rope_amax_first = linears_.fuses_producers_after_amax(l);
-    const bool fused_rope = llama && (linears_.fuses_producers(l) || rope_amax_first) &&
-                            !dqkv_params.bias.defined() && config_.head_dim() % 16 == 0;
+    const bool fused_rope =
+        llama && linears_.fuses_producers(l) && !dqkv_params.bias.defined() && config_.head_dim() % 16 == 0;
     Tensor dqkv_operand = dqkv;
     CastProducer rope_producer;
     if (fused_rope) {
       dqkv_operand = produced(config_.qkv_cols());
       rope_producer = {.op = CastProducer::Op::rope_backward, .input = dqkv, .shape = shape, .rope = config_.rope()};
-      if (rope_amax_first)
-        backend_.rope_backward(dqkv, shape, config_.rope(),
-                               linears_.amax_record(l, LinearKind::qkv, true, dqkv_operand), true);
     } else if (llama) {
       backend_.rope_backward(dqkv, shape, config_.rope(), linears_.amax_record(l, LinearKind::qkv, true, dqkv));
     }

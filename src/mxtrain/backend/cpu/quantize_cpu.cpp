@@ -189,7 +189,7 @@ void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, co
     }
     case CastProducer::Op::rope_backward:
       std::memcpy(produced.data, producer.input.data, x.bytes());
-      impl_rope(produced, producer.shape, producer.rope, true, Tensor(), true);
+      impl_rope(produced, producer.shape, producer.rope, true, Tensor());
       break;
     case CastProducer::Op::none: MXTRAIN_ASSERT(false, "quantize_produced without a producer");
   }

@@ -445,13 +445,12 @@ const float* CudaBackend::rope_table(int64_t seq, int64_t head_dim, const RopeSp
 }
 
 void CudaBackend::impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                            const Tensor& out_amax, bool write) {
+                            const Tensor& out_amax) {
   MXTRAIN_ASSERT(qkv.is_contiguous(), "rope: %s must be contiguous", qkv.describe().c_str());
   MXTRAIN_ASSERT(shape.head_dim % 2 == 0 && rope.theta > 0, "rope: head_dim %lld, theta %g",
                  static_cast<long long>(shape.head_dim), static_cast<double>(rope.theta));
   const int64_t positions = private_buffers::rope_table_positions(shape.seq, shape.position_offset);
-  cuda_kernels::rope(qkv, shape, rope_table(positions, shape.head_dim, rope), positions, inverse, out_amax, write,
-                     stream_);
+  cuda_kernels::rope(qkv, shape, rope_table(positions, shape.head_dim, rope), positions, inverse, out_amax, stream_);
 }
 
 void CudaBackend::impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,

@@ -58,9 +58,8 @@ void reduce_column_partials(const float* partials, int64_t chunks, const Tensor&
 // table: f32 [table_positions, head_dim/2] cos followed by f32 [table_positions, head_dim/2] sin;
 // row r takes position shape.position_offset + r % shape.seq, which must lie in the table.
 // out_amax (optional): the amax of all of qkv afterwards, v heads included (they are only read).
-// write = false: qkv is left as it is and out_amax (defined) receives the amax alone.
 void rope(const Tensor& qkv, const AttentionShape& shape, const float* table, int64_t table_positions, bool inverse,
-          const Tensor& out_amax, bool write, cudaStream_t stream);
+          const Tensor& out_amax, cudaStream_t stream);
 
 // ---- attention_cached.cu ----------------------------------------------------------------------
 // Backend::attention_cached: stores the new rows' keys and values in the caches, then attends.

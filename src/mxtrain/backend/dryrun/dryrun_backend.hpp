@@ -89,7 +89,7 @@ class DryrunBackend : public Backend {
   // The GEMMs compute nothing; what backend/cuda allocates inside them is replayed.
   void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,
-                 const Tensor& out_amax, bool write) override;
+                 const Tensor& out_amax) override;
   void impl_attention_cached(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                              const AttentionShape& shape) override;
   void impl_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
