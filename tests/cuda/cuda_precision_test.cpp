@@ -17,7 +17,6 @@
 //   fp8 (second pass), fp8-current, mxfp8: loss 2e-2, every gradient 0.25; nvfp4: loss 5e-2,
 //   gradients 0.6
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "cuda/cuda_test_support.hpp"
@@ -156,42 +155,6 @@ class CudaQuantize : public CudaTest {
               static_cast<std::ptrdiff_t>(codes.size() / 2))
         << what;
     return codes;
-  }
-
-  // Current scaling with the producer fused in: `amax_pass` (the op's amax-only pass, which
-  // writes nothing: the norm's statistics pass) records into its argument the amax of the output
-  // the op would write — the amax pass over `op_output`, byte for byte — and the cast that forms
-  // its scale from that record and computes the output itself gives the codes, decode scales and
-  // stored scale of the cast of `op_output` with the scale formed from its amax.
-  template <typename AmaxPass>
-  void expect_amax_pass_then_fused_cast(const std::string& what, const Tensor& op_output, DType element,
-                                        const CastProducer& producer, AmaxPass&& amax_pass) {
-    const int64_t rows = op_output.rows(), cols = op_output.cols();
-    Buffer amax[2] = {upload(cuda(), {-1.0f}, Shape{1, 1}), upload(cuda(), {-1.0f}, Shape{1, 1})};
-    cuda().amax(op_output, amax[0], false);
-    amax_pass(amax[1]);
-    EXPECT_EQ(raw_bytes(cuda(), amax[0]), raw_bytes(cuda(), amax[1])) << what << ": amax-only pass";
-    const float recorded = download(cuda(), amax[1])[0];
-    EXPECT_TRUE(std::isnan(recorded) || recorded > 0.0f) << what << ": " << recorded;  // NaN: non-finite inputs
-    const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, element);
-    Copy r[2] = {allocate_copy(cuda(), spec, false, rows, cols), allocate_copy(cuda(), spec, false, rows, cols)};
-    Copy c[2] = {allocate_copy(cuda(), spec, true, rows, cols), allocate_copy(cuda(), spec, true, rows, cols)};
-    Buffer scale[2] = {upload(cuda(), {123.0f}, Shape{1}), upload(cuda(), {123.0f}, Shape{1})};
-    ScaleFromAmax from[2];
-    for (int i = 0; i < 2; ++i) {
-      from[i].amax = amax[i];
-      from[i].args.rule = ScaleUpdateArgs::Rule::current;
-      from[i].args.scaled_max = element == DType::e5m2 ? numerics::kE5m2Max : numerics::kE4m3Max;
-    }
-    cuda().quantize(op_output, scale[0], r[0].q, c[0].q, Tensor(), from[0]);
-    const Tensor shape_only(nullptr, op_output.shape, op_output.dtype, Device::cuda);
-    cuda().quantize(shape_only, scale[1], r[1].q, c[1].q, Tensor(), from[1], producer);
-    EXPECT_EQ(raw_bytes(cuda(), scale[0]), raw_bytes(cuda(), scale[1])) << what << ": scale";
-    EXPECT_NE(download(cuda(), scale[1])[0], 123.0f) << what << ": the cast stores the scale";
-    EXPECT_EQ(raw_bytes(cuda(), r[0].data), raw_bytes(cuda(), r[1].data)) << what << ": current rowwise";
-    EXPECT_EQ(raw_bytes(cuda(), c[0].data), raw_bytes(cuda(), c[1].data)) << what << ": current columnwise";
-    EXPECT_EQ(raw_bytes(cuda(), r[0].scales), raw_bytes(cuda(), r[1].scales)) << what;
-    EXPECT_EQ(raw_bytes(cuda(), c[0].scales), raw_bytes(cuda(), c[1].scales)) << what;
   }
 };
 
@@ -403,16 +366,6 @@ TEST_F(CudaQuantize, FusedNormCastsAreTheNormThenTheCast) {
             producer.rstd = rstd[1];
             producer.eps = 1e-5f;
             expect_fused_cast_is_op_then_cast(what, y, scale, DType::e4m3, producer, 0.5f);
-            // Current scaling: the statistics pass also records the amax of the output it does
-            // not write (the plain norm; the add-norm is the block formats' and records none).
-            if (!add) {
-              expect_amax_pass_then_fused_cast(what + ", current", y, DType::e4m3, producer, [&](Buffer& amax) {
-                cuda().norm_forward(kind, a, weight, bias_t, Tensor(), mean_t[1], rstd[1], 1e-5f, amax);
-              });
-              EXPECT_EQ(raw_bytes(cuda(), rstd[0]), raw_bytes(cuda(), rstd[1])) << what << ", current";
-              if (kind == NormKind::layer)
-                EXPECT_EQ(raw_bytes(cuda(), mean[0]), raw_bytes(cuda(), mean[1])) << what << ", current";
-            }
           }
         }
       }
@@ -638,31 +591,26 @@ TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
   }
 }
 
-// A step with the producers fused into the casts gives the bits of the step that runs them apart,
-// with the inputs saved (none) and with the norm outputs and the activation recomputed in
-// backward (selective, full): RMSNorm on the Llama, LayerNorm with its bias on GPT-2. Delayed
-// scaling fuses the norms, SwiGLU and RoPE's backward (the scales are known); current scaling the
-// norms' forward, after their statistics passes have recorded the outputs' amaxes.
+// A delayed-scaling step with the norms (and a Llama's SwiGLU) fused into the casts gives the
+// bits of the step that runs them apart (the scales are known: the second pass after a scale
+// update), with the inputs saved (none) and with the norm outputs and the activation recomputed
+// in backward (selective, full): RMSNorm on the Llama, LayerNorm with its bias on GPT-2.
 TEST_F(CudaQuantize, FusedProducersGiveTheStepsBits) {
   for (const char* preset : {"tiny", "tiny-gpt2"}) {
     const ModelConfig config = model_preset(preset);
     for (const char* recompute : {"none", "selective", "full"}) {
       const std::string what = std::string(preset) + " " + recompute;
       LinearRecipeOptions linear;
-      for (const LinearFormat format : {LinearFormat::fp8_delayed, LinearFormat::fp8_current}) {
-        const std::string label = what + " " + linear_format_name(format);
-        linear.format = format;
-        linear.fuse_producers = false;
-        const Gradients apart = step(cuda(), config, linear, recompute);
-        linear.fuse_producers = true;
-        const Gradients fused = step(cuda(), config, linear, recompute);
-        EXPECT_EQ(apart.loss, fused.loss) << label;
-        ASSERT_EQ(apart.values.size(), fused.values.size());
-        for (size_t i = 0; i < apart.values.size(); ++i)
-          EXPECT_EQ(0,
-                    std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
-              << label << " " << apart.names[i];
-      }
+      linear.format = LinearFormat::fp8_delayed;
+      linear.fuse_producers = false;
+      const Gradients apart = step(cuda(), config, linear, recompute);
+      linear.fuse_producers = true;
+      const Gradients fused = step(cuda(), config, linear, recompute);
+      EXPECT_EQ(apart.loss, fused.loss) << what;
+      ASSERT_EQ(apart.values.size(), fused.values.size());
+      for (size_t i = 0; i < apart.values.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(apart.values[i].data(), fused.values[i].data(), apart.values[i].size() * sizeof(float)))
+            << what << " " << apart.names[i];
     }
   }
 }

@@ -144,19 +144,13 @@ void Backend::norm_forward(NormKind kind, const Tensor& x, const Tensor& weight,
                            const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
                            const Tensor& out_amax) {
   if (out.defined()) require_same_shape(x, out, "norm_forward");
+  MXTRAIN_ASSERT(out.defined() || !out_amax.defined(), "norm_forward: an output amax needs the output");
   MXTRAIN_ASSERT(weight.numel() == x.cols() && rstd.numel() == x.rows(), "norm_forward: weight/rstd shape");
   MXTRAIN_ASSERT(kind == NormKind::rms || (mean.numel() == x.rows() && bias.numel() == x.cols()),
                  "layer norm needs mean and bias");
   record({OpKind::norm_forward, phase_, x.dtype, norm_flops(kind, n(x)),
           b(x) + b(out) + b(weight) + b(bias) + b(mean) + b(rstd)});
-  if (!out.defined() && out_amax.defined() && !records_output_amax()) {
-    // The statistics and the amax of the output not written: the output into a scratch here.
-    Buffer scratch = allocate("norm_forward.amax_pass", x.shape, x.dtype, Lifetime::scratch);
-    impl_norm_forward(kind, x, weight, bias, scratch, mean, rstd, eps, Tensor());
-    impl_amax(scratch, out_amax, false, false);
-    return;
-  }
-  impl_norm_forward(kind, x, weight, bias, out, mean, rstd, eps, out.defined() ? kernel_amax(out_amax) : out_amax);
+  impl_norm_forward(kind, x, weight, bias, out, mean, rstd, eps, kernel_amax(out_amax));
   finish_amax(out, out_amax);
 }
 
@@ -734,9 +728,9 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
   MXTRAIN_ASSERT(!from.defined() || (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
                  "quantize: a scale from an amax is per-tensor FP8's");
   if (producer.defined()) {
-    MXTRAIN_ASSERT((rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
-                   "quantize: a fused producer needs per-tensor FP8");
-    impl_quantize_produced(x, scale, rowwise, columnwise, amax_out, from, producer);
+    MXTRAIN_ASSERT(!from.defined() && (rowwise.data.defined() ? rowwise : columnwise).spec.mode == ScalingMode::per_tensor,
+                   "quantize: a fused producer needs per-tensor FP8 with a known scale");
+    impl_quantize_produced(x, scale, rowwise, columnwise, amax_out, producer);
     return;
   }
   impl_quantize(x, scale, rowwise, columnwise, amax_out, from);

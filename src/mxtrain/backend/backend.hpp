@@ -228,10 +228,8 @@ struct ScaleFromAmax {
 // computes x from the op's inputs instead of reading it, so x is never written (its Tensor gives
 // only shape and dtype; data may be null). Each value is the op's output rounded to x's dtype,
 // as the op's own kernel rounds it, so the codes and the recorded amax are those of the op
-// followed by the cast, bit for bit. Per-tensor FP8 only (the block formats cast from x itself):
-// with a known scale (delayed scaling), or with the scale formed from an amax recorded first
-// (current scaling: the norm_forward producer, whose statistics pass records the amax of the
-// output it does not write).
+// followed by the cast, bit for bit. Per-tensor FP8 with a known scale only (delayed scaling):
+// current scaling needs the amax before the pass, and the block formats cast from x itself.
 struct CastProducer {
   enum class Op : uint8_t {
     none,
@@ -304,8 +302,6 @@ class Backend {
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
   // Whether the norm and activation kernels record their output's amax themselves (out_amax).
-  // Where they do not, norm_forward's amax-only pass (no output) runs the norm into a scratch and
-  // the amax pass over it.
   virtual bool records_output_amax() const { return false; }
   virtual void synchronize() = 0;
   // Timing in stream order: record_timestamp() marks the point after all work queued so far;
@@ -366,8 +362,7 @@ class Backend {
   //
   // out = norm(x) * weight (+ bias). RMS: rstd = 1/sqrt(mean(x^2) + eps), mean undefined.
   // Layer: mean, rstd of x. mean and rstd are f32 [rows]. out may be undefined: the statistics
-  // alone, for a cast that computes the output itself (CastProducer::Op::norm_forward); out_amax
-  // then receives the amax of the output the op would have written (the same pass).
+  // alone, for a cast that computes the output itself (CastProducer::Op::norm_forward).
   void norm_forward(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
                     const Tensor& mean, const Tensor& rstd, float eps, const Tensor& out_amax = {});
   // sum = a + b, then out = norm(sum): the residual add fused with the next norm (out may be
@@ -438,8 +433,7 @@ class Backend {
   // set from from.amax first (ScaleFromAmax).
   // mxfp8: block scales computed here. nvfp4: each copy's amax must already hold its matrix's
   // amax (the amax op). Both copies use one read of x where the backend can.
-  // producer (optional; per-tensor FP8): x is computed in the cast (CastProducer), with the scale
-  // given or formed from `from` (the amax the producer's amax-only pass recorded).
+  // producer (optional; per-tensor FP8 without from): x is computed in the cast (CastProducer).
   void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise, const QuantizedTensor& columnwise,
                 const Tensor& amax, const ScaleFromAmax& from = {}, const CastProducer& producer = {});
   // out (f32/bf16/f16) = the values q encodes, in x's layout [R, C] (a columnwise copy is
@@ -524,7 +518,7 @@ class Backend {
   // op into a temporary and casts it (the same values by construction).
   virtual void impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                                       const QuantizedTensor& columnwise, const Tensor& amax,
-                                      const ScaleFromAmax& from, const CastProducer& producer) = 0;
+                                      const CastProducer& producer) = 0;
   virtual void impl_dequantize(const QuantizedTensor& q, const Tensor& out) = 0;
   virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                                      const ScaleUpdateArgs& args) = 0;

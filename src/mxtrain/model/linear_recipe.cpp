@@ -261,10 +261,6 @@ bool LinearRecipe::fuses_producers(int64_t layer) const {
   return options_.fuse_producers && quantized(layer) && quantizer_->fuses_producers();
 }
 
-bool LinearRecipe::fuses_producers_after_amax(int64_t layer) const {
-  return options_.fuse_producers && quantized(layer) && quantizer_->fuses_producers_after_amax();
-}
-
 namespace {
 
 // What identifies the tensor a gradient stash was cast from: a produced gradient has no data of
@@ -285,9 +281,8 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
   MXTRAIN_ASSERT(!options.out_amax.defined() || args.epilogue != GemmEpilogue::none,
                  "LinearRecipe::gemm: an out_amax is recorded by a GELU epilogue");
   const CastProducer& producer = options.producer;
-  MXTRAIN_ASSERT(!producer.defined() ||
-                     ((fuses_producers(layer) || fuses_producers_after_amax(layer)) &&
-                      args.epilogue == GemmEpilogue::none && !args.bias_gradient.defined()),
+  MXTRAIN_ASSERT(!producer.defined() || (fuses_producers(layer) && args.epilogue == GemmEpilogue::none &&
+                                         !args.bias_gradient.defined()),
                  "LinearRecipe::gemm: layer %lld's casts take no fused producer here", static_cast<long long>(layer));
   MXTRAIN_ASSERT(!options.input_producer.defined() ||
                      (fuses_producers(layer) && args.role == GemmRole::backward_weight && !has_saved_input(layer, kind)),

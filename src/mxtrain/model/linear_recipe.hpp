@@ -60,10 +60,8 @@ struct LinearRecipeOptions {
   // false: every cast runs its own amax pass (the same values; tests compare the two).
   bool producer_amaxes = true;
   // Delayed scaling: the casts compute their input from the op that writes it where the model
-  // hands one over (LinearGemmOptions::producer). Current scaling (with producer_amaxes): the
-  // block norms' forward runs as statistics passes that record their outputs' amaxes, and the
-  // casts compute the outputs. false: the model runs the ops apart (the same bits; tests
-  // compare the two).
+  // hands one over (LinearGemmOptions::producer); false: the model runs the op apart (the same
+  // bits; tests compare the two).
   bool fuse_producers = true;
 
   // Whether block `layer` of `layers` runs its linear GEMMs quantized.
@@ -138,11 +136,6 @@ class LinearRecipe {
   // Whether block `layer`'s casts take a fused producer (LinearGemmOptions::producer): delayed
   // scaling, whose scale is known before the pass.
   bool fuses_producers(int64_t layer) const;
-  // Whether they take one after the op's amax-only pass has recorded the produced tensor's amax
-  // (amax_record of the produced tensor, then the cast): current scaling. The model uses it for
-  // the block norms' forward (norm_forward without an output records the amax), where the norm's
-  // output is then not written and read back; producer only, not input_producer.
-  bool fuses_producers_after_amax(int64_t layer) const;
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1); the stochastic-rounding streams move on.

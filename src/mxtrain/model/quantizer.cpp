@@ -32,8 +32,8 @@ void Quantizer::cast_scale(const Tensor&, const QuantizeRequest&, Tensor*, Tenso
 void Quantizer::copy_amax(const Tensor&, const std::string&, bool, QuantizedOperand&, Buffer&, QuantizedTensor&) {}
 
 QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& request) {
-  MXTRAIN_ASSERT(!request.producer.defined() || fuses_producers() || fuses_producers_after_amax(),
-                 "quantize: %s casts no fused producer", std::string(dtype_name(format_dtype())).c_str());
+  MXTRAIN_ASSERT(!request.producer.defined() || fuses_producers(), "quantize: %s casts no fused producer",
+                 std::string(dtype_name(format_dtype())).c_str());
   QuantizedOperand operand;
   Tensor scale, amax_out;
   ScaleFromAmax from;
@@ -165,18 +165,11 @@ void Fp8CurrentQuantizer::cast_scale(const Tensor& x, const QuantizeRequest& req
   *scale = scale_.tensor().slice_flat(index, Shape{1});
   *amax_out = Tensor();
   Tensor& source = source_[static_cast<size_t>(index)];
-  const bool produced = request.producer.defined();
-  if (request.reuse_scale && !produced && source.defined() && source.data == x.data) return;
-  // A produced tensor has no data to recognise it by in a later cast: its scale is not reused.
-  source = request.role == QuantizedRole::gradient || produced ? Tensor() : x;
-  // The kernel that wrote x may have recorded its amax in this slot already (amax_record); a
-  // produced x's amax must have been (its amax-only pass), as there is nothing to take it over.
+  if (request.reuse_scale && source.defined() && source.data == x.data) return;
+  source = request.role == QuantizedRole::gradient ? Tensor() : x;
+  // The kernel that wrote x may have recorded its amax in this slot already (amax_record).
   const void*& recorded = recorded_[static_cast<size_t>(index)];
-  MXTRAIN_ASSERT(!produced || recorded == produced_key(),
-                 "quantize: linear %lld's %s is produced in its cast, but no amax-only pass recorded its amax",
-                 static_cast<long long>(request.linear),
-                 request.role == QuantizedRole::gradient ? "output gradient" : "input");
-  if (recorded != record_key(x)) backend_.amax(x, amax, false);
+  if (recorded != x.data) backend_.amax(x, amax, false);
   recorded = nullptr;
   from->amax = amax;
   from->args.rule = ScaleUpdateArgs::Rule::current;
@@ -188,7 +181,7 @@ void Fp8CurrentQuantizer::cast_scale(const Tensor& x, const QuantizeRequest& req
 Tensor Fp8CurrentQuantizer::amax_record(int64_t linear, QuantizedRole role, const Tensor& x) {
   if (!producer_amaxes_) return Tensor();
   const int64_t index = 3 * linear + static_cast<int64_t>(role);
-  recorded_[static_cast<size_t>(index)] = record_key(x);
+  recorded_[static_cast<size_t>(index)] = x.data;
   return amax_.tensor().slice_flat(index, Shape{1});
 }
 

@@ -74,9 +74,6 @@ class Quantizer {
   // Whether a cast can compute its input from the producing op (QuantizeRequest::producer): the
   // scale must be known before the pass (delayed scaling).
   virtual bool fuses_producers() const { return false; }
-  // Whether it can where the op's amax-only pass recorded the input's amax first (amax_record of
-  // the produced tensor): the cast then forms the scale from that record (current scaling).
-  virtual bool fuses_producers_after_amax() const { return false; }
 
   QuantizedOperand quantize(const Tensor& x, const QuantizeRequest& request);
 
@@ -171,7 +168,6 @@ class Fp8CurrentQuantizer final : public Quantizer {
   Fp8CurrentQuantizer(Backend& backend, int64_t linears, DType gradient_element, bool producer_amaxes);
   DType format_dtype() const override { return DType::e4m3; }
   bool per_tensor() const override { return true; }
-  bool fuses_producers_after_amax() const override { return producer_amaxes_; }
   Tensor amax_record(int64_t linear, QuantizedRole role, const Tensor& x) override;
   std::vector<WeightAmax> weight_amaxes() override;
   void weight_amax_recorded(const WeightAmax& weight) override;
@@ -191,11 +187,8 @@ class Fp8CurrentQuantizer final : public Quantizer {
   // weights cast this step, for weight_amaxes).
   std::vector<Tensor> source_;
   // The tensor whose amax a producing kernel recorded in each slot (amax_record), until the cast
-  // that takes it: its data, or produced_key() for a produced tensor (no data: an amax-only pass
-  // recorded it, and the cast computes it from its producer).
+  // that takes it.
   std::vector<const void*> recorded_;
-  const void* produced_key() const { return &recorded_; }
-  const void* record_key(const Tensor& x) const { return x.data != nullptr ? x.data : produced_key(); }
 };
 
 // MXFP8 (§2.4): one E8M0 scale per 32 elements along K, computed by the cast; RCEIL or OCP

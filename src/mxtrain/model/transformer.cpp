@@ -141,14 +141,11 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   const bool save_inputs = keep_all && linears_.saves_inputs(l);
   const bool keep_inputs = keep_all && !save_inputs;
 
-  // Under FP8 scaling (LinearRecipe::fuses_producers, delayed; fuses_producers_after_amax,
-  // current) the norms feed their linears through the casts: the norm kernel saves only its
-  // statistics (and the residual sum) — under current scaling with the amax of the output it
-  // would write — and the cast computes the norm's output from them as it reads the input: the
-  // output is never written in BF16 and read back.
-  const bool fused_norms =
-      !keep_inputs && (linears_.fuses_producers(l) || linears_.fuses_producers_after_amax(l));
-  const Tensor normed = produced(config_.hidden);
+  // Under delayed FP8 scaling (LinearRecipe::fuses_producers) the norms feed their linears
+  // through the casts: the norm kernel saves only its statistics (and the residual sum), and the
+  // cast computes the norm's output from them as it reads the input — the output is never
+  // written in BF16 and read back.
+  const bool fused_norms = !keep_inputs && linears_.fuses_producers(l);
 
   // Attention half.
   if (!fused_norms)
@@ -158,10 +155,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   // (Under current FP8 scaling the norm and activation kernels record the amaxes of the tensors
   // the linears cast next: LinearRecipe::amax_record.)
   backend_.norm_forward(norm, x, w(l, p.attn_norm_weight), w(l, p.attn_norm_bias), s.norm1, s.mean1, s.rstd1,
-                        config_.norm_eps,
-                        linears_.amax_record(l, LinearKind::qkv, false, fused_norms ? normed : s.norm1));
+                        config_.norm_eps, linears_.amax_record(l, LinearKind::qkv, false, s.norm1));
   s.qkv = activation("qkv", l, config_.qkv_cols(), Lifetime::activation);
-  linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = fused_norms ? normed : s.norm1,
+  linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm1,
                                      .b = w(l, p.qkv_weight), .out = s.qkv, .bias = w(l, p.qkv_bias)},
                 {.save_input = save_inputs,
                  .producer = fused_norms ? norm_producer(l, BlockNorm::attention, x, s) : CastProducer{}});
@@ -189,8 +185,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
       linears_.gemm(l, LinearKind::out, {.role = GemmRole::forward, .a = s.attn, .b = w(l, p.out_weight), .out = s.mid,
                                          .bias = w(l, p.out_bias), .residual = x}, {.save_input = save_inputs});
       backend_.norm_forward(norm, s.mid, w(l, p.mlp_norm_weight), w(l, p.mlp_norm_bias), s.norm2, s.mean2, s.rstd2,
-                            config_.norm_eps,
-                            linears_.amax_record(l, LinearKind::up, false, fused_norms ? normed : s.norm2));
+                            config_.norm_eps, linears_.amax_record(l, LinearKind::up, false, s.norm2));
     } else {
       // The block formats (MXFP8, NVFP4): the add rides on the norm (add_norm_forward reads x
       // and the projection, writes mid and the norm).
@@ -219,7 +214,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
                    .epilogue = GemmEpilogue::gelu_aux_bias, .bias = w(l, p.up_bias), .aux = s.up},
                   {.out_amax = linears_.amax_record(l, LinearKind::down, false, s.act)});
   } else {
-    linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = fused_norms ? normed : s.norm2,
+    linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm2,
                                       .b = w(l, p.up_weight), .out = s.up, .bias = w(l, p.up_bias)},
                   {.save_input = save_inputs,
                    .producer = fused_norms ? norm_producer(l, BlockNorm::mlp, s.mid, s) : CastProducer{}});

@@ -169,7 +169,7 @@ void CpuBackend::impl_quantize(const Tensor& x, const Tensor& scale, const Quant
 
 void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                                         const QuantizedTensor& columnwise, const Tensor& amax,
-                                        const ScaleFromAmax& from, const CastProducer& producer) {
+                                        const CastProducer& producer) {
   // The op into a temporary of x's dtype, then the cast: the values the unfused ops make.
   std::vector<uint8_t> storage(x.bytes());
   const Tensor produced(storage.data(), x.shape, x.dtype, Device::cpu);
@@ -193,7 +193,7 @@ void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, co
       break;
     case CastProducer::Op::none: MXTRAIN_ASSERT(false, "quantize_produced without a producer");
   }
-  impl_quantize(produced, scale, rowwise, columnwise, amax, from);
+  impl_quantize(produced, scale, rowwise, columnwise, amax, ScaleFromAmax{});
 }
 
 void CpuBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {

@@ -528,14 +528,14 @@ void CudaBackend::impl_quantize(const Tensor& x, const Tensor& scale, const Quan
 
 void CudaBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
                                          const QuantizedTensor& columnwise, const Tensor& amax,
-                                         const ScaleFromAmax& from, const CastProducer& producer) {
+                                         const CastProducer& producer) {
   const float* table = nullptr;
   int64_t positions = 0;
   if (producer.op == CastProducer::Op::rope_backward) {
     positions = private_buffers::rope_table_positions(producer.shape.seq, producer.shape.position_offset);
     table = rope_table(positions, producer.shape.head_dim, producer.rope);
   }
-  cuda_kernels::quantize_produced(x, scale, rowwise, columnwise, amax, from, producer, table, positions, stream_);
+  cuda_kernels::quantize_produced(x, scale, rowwise, columnwise, amax, producer, table, positions, stream_);
 }
 
 void CudaBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {

@@ -123,7 +123,7 @@ class CudaBackend final : public Backend {
                      const QuantizedTensor& columnwise, const Tensor& amax,
                      const ScaleFromAmax& from) override;
   void impl_quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                              const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from,
+                              const QuantizedTensor& columnwise, const Tensor& amax,
                               const CastProducer& producer) override;
   void impl_dequantize(const QuantizedTensor& q, const Tensor& out) override;
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,

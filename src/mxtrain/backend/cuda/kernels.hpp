@@ -86,9 +86,8 @@ void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwi
 // quantize's per-tensor FP8 cast with the producing op fused in (CastProducer). rope_backward
 // reads the rotation table the rope op uses (rope_positions positions: cosines, then sines).
 void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                       const QuantizedTensor& columnwise, const Tensor& amax, const ScaleFromAmax& from,
-                       const CastProducer& producer, const float* rope_table, int64_t rope_positions,
-                       cudaStream_t stream);
+                       const QuantizedTensor& columnwise, const Tensor& amax, const CastProducer& producer,
+                       const float* rope_table, int64_t rope_positions, cudaStream_t stream);
 void dequantize(const QuantizedTensor& q, const Tensor& out, cudaStream_t stream);
 void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                       const ScaleUpdateArgs& args, cudaStream_t stream);

@@ -117,9 +117,7 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
     rstd_out[row] = rstd;
     if constexpr (kLayer) mean_out[row] = mean;
   }
-  // Statistics only (and the sum): a cast computes the output (CastFromNorm); with an amax record,
-  // the amax of the output it would have written.
-  if (out == nullptr && amax_out == nullptr) return;
+  if (out == nullptr) return;  // statistics only (and the sum): a cast computes the output (CastFromNorm)
   unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
     float v[W], w[W], y[W];
@@ -139,7 +137,7 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
 #pragma unroll
       for (int i = 0; i < W; ++i) y[i] = rms_norm_value(v[i], rstd, w[i]);
     }
-    if (out != nullptr) store<W>(out + base + c, y);
+    store<W>(out + base + c, y);
     if (amax_out != nullptr) {
 #pragma unroll
       for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(y[i]));
@@ -220,9 +218,7 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
     rstd_out[row] = rstd;
     if constexpr (kLayer) mean_out[row] = mean;
   }
-  // Statistics only (and the sum): a cast computes the output (CastFromNorm); with an amax record,
-  // the amax of the output it would have written.
-  if (out == nullptr && amax_out == nullptr) return;
+  if (out == nullptr) return;  // statistics only (and the sum): a cast computes the output (CastFromNorm)
   unsigned amax = 0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -245,7 +241,7 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
 #pragma unroll
       for (int i = 0; i < 8; ++i) y[i] = rms_norm_value(v[i], rstd, w[i]);
     }
-    if (out != nullptr) store<8>(out + base + c, y);
+    store<8>(out + base + c, y);
     if (amax_out != nullptr) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax = max(amax, abs_bits(y[i]));

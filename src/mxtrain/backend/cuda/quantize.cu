@@ -732,8 +732,8 @@ void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Ten
 // The norm producer's cast: the weight is stored as T or as f32 (FP32 masters).
 template <typename T>
 void launch_norm_cast(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                      const QuantizedTensor& columnwise, const Tensor& amax_out, const ScaleFromAmax& from,
-                      const CastProducer& p, cudaStream_t stream) {
+                      const QuantizedTensor& columnwise, const Tensor& amax_out, const CastProducer& p,
+                      cudaStream_t stream) {
   const bool vector = x.cols() % 8 == 0 && aligned16(p.input) && aligned16(p.weight) && aligned16(p.bias);
   auto go = [&](auto weight_tag, auto layer) {
     using Wt = decltype(weight_tag);
@@ -741,7 +741,7 @@ void launch_norm_cast(const Tensor& x, const Tensor& scale, const QuantizedTenso
     const CastFromNorm<T, Wt, kLayer> source{static_cast<const T*>(p.input.data), static_cast<const Wt*>(p.weight.data),
                                              data_or_null<const Wt>(p.bias), data_or_null<const float>(p.mean),
                                              static_cast<const float*>(p.rstd.data), x.cols(), vector};
-    launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, from, stream);
+    launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
   };
   const bool layer = p.norm == NormKind::layer;
   if (p.weight.dtype == x.dtype) {
@@ -795,16 +795,15 @@ void quantize(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwi
 }
 
 void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTensor& rowwise,
-                       const QuantizedTensor& columnwise, const Tensor& amax_out, const ScaleFromAmax& from,
-                       const CastProducer& producer, const float* rope_table, int64_t rope_positions,
-                       cudaStream_t stream) {
+                       const QuantizedTensor& columnwise, const Tensor& amax_out, const CastProducer& producer,
+                       const float* rope_table, int64_t rope_positions, cudaStream_t stream) {
   dispatch_float<true>(x.dtype, "quantize (fused producer)", [&](auto tag) {
     using T = decltype(tag);
     const T* gate_up = static_cast<const T*>(producer.gate_up.data);
     const int64_t ffn = producer.gate_up.cols() / 2;
     switch (producer.op) {
       case CastProducer::Op::norm_forward:
-        launch_norm_cast<T>(x, scale, rowwise, columnwise, amax_out, from, producer, stream);
+        launch_norm_cast<T>(x, scale, rowwise, columnwise, amax_out, producer, stream);
         return;
       case CastProducer::Op::rope_backward: {
         const AttentionShape& shape = producer.shape;
@@ -817,18 +816,18 @@ void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTens
                                              shape.position_offset, static_cast<int>(shape.head_dim),
                                              static_cast<int>((shape.heads + shape.kv_heads) * shape.head_dim),
                                              x.cols() % 8 == 0 && aligned16(producer.input)};
-        launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, from, stream);
+        launch_fp8_cast<T>(source, x.rows(), x.cols(), scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
         return;
       }
       case CastProducer::Op::swiglu_forward: {
         const CastFromSwiglu<T> source{gate_up, ffn, ffn % 8 == 0 && aligned16(producer.gate_up)};
-        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, from, stream);
+        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
         return;
       }
       case CastProducer::Op::swiglu_backward: {
         const CastFromSwigluBackward<T> source{static_cast<const T*>(producer.dout.data), gate_up, ffn,
                                                ffn % 8 == 0 && aligned16(producer.gate_up) && aligned16(producer.dout)};
-        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, from, stream);
+        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
         return;
       }
       case CastProducer::Op::none:

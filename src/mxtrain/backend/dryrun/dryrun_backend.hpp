@@ -58,9 +58,6 @@ class DryrunBackend : public Backend {
   Device device() const override { return Device::none; }
   DeviceProperties properties() const override;
   bool supports(OpKind kind, DType dtype) const override;
-  // As the cuda backend it models: its kernels record output amaxes (an amax-only pass allocates
-  // no scratch).
-  bool records_output_amax() const override { return cuda_.enabled; }
   void synchronize() override {}
   const CudaAllocationModel& cuda_model() const { return cuda_; }
   // Every device fact the private buffers were sized with so far, keyed as the cuda backend's
@@ -108,7 +105,7 @@ class DryrunBackend : public Backend {
   void impl_quantize(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&, const Tensor&,
                      const ScaleFromAmax&) override {}
   void impl_quantize_produced(const Tensor&, const Tensor&, const QuantizedTensor&, const QuantizedTensor&,
-                              const Tensor&, const ScaleFromAmax&, const CastProducer&) override {}
+                              const Tensor&, const CastProducer&) override {}
   void impl_dequantize(const QuantizedTensor&, const Tensor&) override {}
   void impl_fp8_scale_update(const Tensor&, const Tensor&, const Tensor&, const ScaleUpdateArgs&) override {}
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
