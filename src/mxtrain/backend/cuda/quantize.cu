@@ -187,7 +187,7 @@ struct NoLane {};
 
 template <typename T>
 struct CastFromX {  // x itself
-  static constexpr int kInputs = 1, kOutputs = 1, kMinBlocks = sizeof(T) == 2 ? 4 : 3;  // no spills (ptxas -v)
+  static constexpr int kInputs = 1, kOutputs = 1, kMinBlocks = sizeof(T) == 2 ? 5 : 3;  // no spills (ptxas -v)
   using Fetched = Packs<T, kInputs>;
   using Lane = NoLane;
   const T* x;
