@@ -176,9 +176,8 @@ __device__ __forceinline__ void load_pack(const T* row, int64_t gc, int64_t cols
 // kFull: the row exists and its 8 values are whole and 16-byte loadable); it has kOutputs parts
 // of `cols` columns each, side by side in x ([rows, kOutputs · cols]); values(in, lane, v) gives
 // the 8 values of every part from one fetch (SwiGLU's backward computes both gradients of an
-// element at once). The fused producers
-// round each value to T as the op's kernel stores it. kMinBlocks: the launch bound's blocks an
-// SM (registers: the packs in flight must not spill).
+// element at once). The fused producers round each value to T as the op's kernel stores it.
+// kMinBlocks: the launch bound's blocks an SM (registers: the packs in flight must not spill).
 template <typename T, int kInputs>
 struct Packs {
   Pack8<T> pack[kInputs];
@@ -719,8 +718,9 @@ struct CastFromRopeBackward {
   int64_t cols, seq, position_offset;
   int head_dim, rotated_cols;  // rotated_cols = (H + KV) · d
   bool vector;
-  // The divisions happen once a thread here, not once a row in fetch: a 64-bit remainder a row
-  // left this cast issue-bound at 1.9 TB/s on an H200.
+  // The divisions happen once a thread here, not once a row in fetch: a 64-bit remainder a row was
+  // part of what kept this cast issue-bound (llama-1b's dqkv on an H200: 1.9 TB/s before, 2.2
+  // after; bench/results/h200_ncu_fp8_casts_d71ab65.md).
   __device__ __forceinline__ Lane lane(int64_t gr0, int64_t gc) const {
     Lane c;
     c.half = head_dim / 2;
