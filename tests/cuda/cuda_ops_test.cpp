@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "cuda/cuda_test_support.hpp"
+#include "mxtrain/model/parameters.hpp"
 #include "mxtrain/numerics/host_device.hpp"
 #include "mxtrain/numerics/split_master.hpp"
 
@@ -631,6 +632,91 @@ TEST_F(CudaDataOps, AdamWRecordsEachSegmentsAmax) {
             << tag << " segment " << i << " [" << segment.begin << ", " << segment.end << "): " << got << " vs " << want;
         EXPECT_GE(want, 9.0f) << tag << " segment " << i;  // the planted value, decayed a little
         EXPECT_LT(want, 50.0f) << tag << " segment " << i;
+      }
+    }
+  }
+}
+
+// AdamW's weight casts (delayed scaling): each segment's FP8 copy, decode scale and amax record
+// are the quantize op's over the new compute copy (the master without one) there, byte for byte.
+// Boundaries off the 8-element vectors, more casts than one launch takes (the rest get cast
+// passes), both kernel widths, an f32 master, a bf16 copy and a split master.
+TEST_F(CudaDataOps, AdamWCastsEachWeightLikeTheQuantizeOp) {
+  enum class Master { f32, bf16_copy, split };
+  for (int64_t n : {int64_t{8 * 4099}, int64_t{10007}}) {
+    for (Master master : {Master::f32, Master::bf16_copy, Master::split}) {
+      const std::string tag = "n " + std::to_string(n) +
+                              (master == Master::f32 ? " f32 master" : master == Master::bf16_copy ? " bf16 copy" : " split");
+      std::vector<float> param = random_vector(static_cast<size_t>(n), 93);
+      std::vector<WeightCastSegment> casts;
+      std::vector<Buffer> buffers;
+      for (int i = 0; i < 10; ++i) {
+        const int64_t begin = i * n / 10 + (i % 3 == 1 ? 3 : 0), end = (i + 1) * n / 10 - (i % 4 == 2 ? 5 : 0);
+        param[static_cast<size_t>(begin + i)] = 3.0f + static_cast<float>(i);
+        WeightCastSegment cast;
+        cast.begin = begin;
+        cast.end = end;
+        buffers.push_back(upload(cuda(), {std::ldexp(0.7f, 2 * i - 6)}, Shape{1}));
+        cast.scale = buffers.back();
+        buffers.push_back(upload(cuda(), {0.0f}, Shape{1}));
+        cast.amax = buffers.back();
+        cast.out.spec.mode = ScalingMode::per_tensor;
+        cast.out.spec.element = DType::e4m3;
+        buffers.push_back(cuda().allocate("cast", Shape{1, end - begin}, DType::e4m3, Lifetime::scratch));
+        cast.out.data = buffers.back();
+        buffers.push_back(cuda().allocate("cast.scale_inverse", Shape{1}, DType::f32, Lifetime::scratch));
+        cast.out.scale_inverse = buffers.back();
+        casts.push_back(cast);
+      }
+      AdamWArgs args;
+      args.learning_rate = 1e-3f;
+      args.weight_decay = 0.1f;
+      args.step = 2;
+      args.decay_count = n / 2;
+      args.weight_casts = casts;
+      Buffer gg = upload(cuda(), random_vector(static_cast<size_t>(n), 94), Shape{n}),
+             gm = upload(cuda(), std::vector<float>(static_cast<size_t>(n), 0.0f), Shape{n}),
+             gv = upload(cuda(), std::vector<float>(static_cast<size_t>(n), 0.0f), Shape{n});
+      Buffer gp, gcopy, glow;
+      if (master == Master::split) {
+        gcopy = cuda().allocate("copy", Shape{n}, DType::bf16, Lifetime::scratch);
+        glow = cuda().allocate("low", Shape{2 * n}, DType::u8, Lifetime::scratch);
+        ParamShard shard;
+        shard.count = n;
+        shard.compute_copy = gcopy;
+        shard.master_low = glow;
+        upload_master(cuda(), shard, param.data());
+        args.master_low = glow;
+      } else {
+        gp = upload(cuda(), param, Shape{n});
+        if (master == Master::bf16_copy) gcopy = cuda().allocate("copy", Shape{n}, DType::bf16, Lifetime::scratch);
+      }
+      cuda().adamw(gp.defined() ? gp.tensor() : Tensor(), gg, gm, gv, gcopy.defined() ? gcopy.tensor() : Tensor(),
+                   Tensor(), args);
+      const Tensor written = gcopy.defined() ? gcopy.tensor() : gp.tensor();
+      for (size_t i = 0; i < casts.size(); ++i) {
+        const WeightCastSegment& cast = casts[i];
+        const int64_t count = cast.end - cast.begin;
+        QuantizedTensor want = cast.out;
+        Buffer data = cuda().allocate("want", Shape{1, count}, DType::e4m3, Lifetime::scratch);
+        Buffer inverse = cuda().allocate("want.scale_inverse", Shape{1}, DType::f32, Lifetime::scratch);
+        Buffer amax = upload(cuda(), {0.0f}, Shape{1});
+        want.data = data;
+        want.scale_inverse = inverse;
+        cuda().quantize(written.slice_flat(cast.begin, Shape{1, count}), cast.scale, want, QuantizedTensor{}, amax,
+                        ScaleFromAmax{});
+        std::vector<uint8_t> got_bytes(static_cast<size_t>(count)), want_bytes(got_bytes.size());
+        cuda().copy_to_host(cast.out.data, got_bytes.data());
+        cuda().copy_to_host(data, want_bytes.data());
+        size_t differ = 0;
+        for (size_t j = 0; j < got_bytes.size(); ++j) differ += got_bytes[j] != want_bytes[j];
+        EXPECT_EQ(differ, 0u) << tag << " cast " << i << " [" << cast.begin << ", " << cast.end << ")";
+        EXPECT_EQ(numerics::float_to_bits(cuda().read_scalar(cast.out.scale_inverse)),
+                  numerics::float_to_bits(cuda().read_scalar(inverse)))
+            << tag << " cast " << i;
+        EXPECT_EQ(numerics::float_to_bits(cuda().read_scalar(cast.amax)), numerics::float_to_bits(cuda().read_scalar(amax)))
+            << tag << " cast " << i;
+        EXPECT_GT(cuda().read_scalar(amax), 2.5f) << tag << " cast " << i;  // the planted value
       }
     }
   }

@@ -167,15 +167,17 @@ struct SessionRun {
 // bench/vs_torch.sh's runs.
 // pipelined: steps other than 4 and 8 only launched (TrainingSession::launch_step, as `mxtrain
 // bench` times them), their results never read (NaN in `losses`).
-// precision_name: train.precision; nvfp4_rounding: precision.nvfp4_stochastic_rounding.
+// precision_name: train.precision; nvfp4_rounding: precision.nvfp4_stochastic_rounding;
+// weight_casts: precision.fp8_optimizer_weight_casts.
 SessionRun run_session(const char* preset, bool cuda_graph, bool lean = false, bool pipelined = false,
-                       const char* precision_name = "bf16", bool nvfp4_rounding = true) {
+                       const char* precision_name = "bf16", bool nvfp4_rounding = true, bool weight_casts = true) {
   const int micro_batches = lean ? 1 : 2;
   RunConfig config;
   config.model = model_preset(preset);
   config.train.device = "cuda";
   config.train.precision = precision_name;
   config.precision.nvfp4_stochastic_rounding = nvfp4_rounding;
+  config.precision.fp8_optimizer_weight_casts = weight_casts;
   config.train.micro_batch_size = 2;
   config.train.global_batch_size = 2 * micro_batches;
   if (lean) config.optimizer.grad_clip = 0;
@@ -300,6 +302,30 @@ TEST_P(CudaStep, QuantizedRecipesReplayTheirStepWithTheSameBits) {
         EXPECT_EQ(0,
                   std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
             << "parameter group " << i;
+    }
+  }
+}
+
+// Delayed scaling's FP8 weight copies written by the AdamW pass (precision.fp8_optimizer_weight_casts):
+// op by op and replayed, the runs have the bits of runs whose forwards cast the weights, and the
+// graph keeps replaying (the copies a step's forward takes lie where its optimizer writes the
+// next ones, so a replay reads what the last one wrote).
+TEST_P(CudaStep, OptimizerWeightCastsGiveTheForwardCastsBits) {
+  for (bool lean : {false, true}) {
+    SCOPED_TRACE(lean ? "one micro-batch" : "two micro-batches");
+    SessionRun forward = run_session(GetParam(), false, lean, false, "fp8", true, false);
+    SessionRun eager = run_session(GetParam(), false, lean, false, "fp8", true, true);
+    SessionRun graph = run_session(GetParam(), true, lean, false, "fp8", true, true);
+    EXPECT_EQ(graph.replayed, std::vector<bool>({false, false, true, true, false, false, true, true}));
+    for (const SessionRun* run : {&eager, &graph}) {
+      ASSERT_EQ(run->losses.size(), forward.losses.size());
+      for (size_t i = 0; i < forward.losses.size(); ++i)
+        EXPECT_EQ(run->losses[i], forward.losses[i]) << (run == &eager ? "op by op" : "replayed") << ", loss " << i;
+      ASSERT_EQ(run->weights.size(), forward.weights.size());
+      for (size_t i = 0; i < forward.weights.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(run->weights[i].data(), forward.weights[i].data(),
+                                 forward.weights[i].size() * sizeof(float)))
+            << (run == &eager ? "op by op" : "replayed") << ", parameter group " << i;
     }
   }
 }

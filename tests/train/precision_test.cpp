@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -236,6 +237,102 @@ TEST(Precision, TheOptimizerRecordsTheQuantizedWeightsAmaxesForCurrentScaling) {
     EXPECT_EQ(passes[0], (kept + 4) * config.model.layers) << family;
     EXPECT_EQ(passes[1], kept * config.model.layers) << family;
     EXPECT_EQ(passes[2], kept * config.model.layers) << family;
+  }
+}
+
+// Delayed scaling: the optimizer step writes each quantized weight's next rowwise FP8 copy as it
+// updates the weight (AdamWArgs::weight_casts), and the next forward takes it instead of casting
+// the weight: from the second step on, 4 casts a block fewer a step, and the run's losses,
+// evaluation, weights, scales and amax histories are those of the forward's own casts bit for
+// bit (the newest history slot holds the weights' records a step earlier: the optimizer makes
+// them). With the FP32 master or the BF16 copy as the weight the casts read, one or two
+// micro-batches (the second casts again), on Llama and GPT-2 (its GELU casts in the forward).
+TEST(Precision, DelayedScalingTakesTheOptimizersWeightCopiesWithTheSameBits) {
+  struct CastCounter final : TraceObserver {
+    int64_t count = 0;
+    void on_op(const OpRecord& record) override { count += record.kind == OpKind::quantize; }
+    void on_allocation(const AllocationEvent&) override {}
+  };
+  struct Run {
+    std::vector<double> losses;
+    std::vector<int64_t> casts;
+    std::vector<std::vector<float>> masters, state;
+    std::vector<float> newest_slot;
+  };
+  for (ModelFamily family_kind : {ModelFamily::llama, ModelFamily::gpt2}) {
+    for (const char* quantized_weights : {"true", "false"}) {
+      for (int micro_batches : {1, 2}) {
+        const std::string what = std::string(family_name(family_kind)) + ", quantized_weights " + quantized_weights +
+                                 ", " + std::to_string(micro_batches) + " micro-batches";
+        Run runs[2];
+        for (int on = 0; on < 2; ++on) {
+          RunConfig config = tiny("fp8");
+          config.model.family = family_kind;
+          if (family_kind == ModelFamily::gpt2) config.model.kv_heads = config.model.heads;
+          config.precision.quantized_weights = quantized_weights;
+          config.precision.fp8_optimizer_weight_casts = on == 1;
+          config.precision.amax_history_len = 4;
+          CpuBackend backend(1);
+          const PrecisionPlan plan = resolve_precision(config, backend);
+          TrainingSession session(config, backend, plan, make_parameter_store(backend, config, plan, nullptr, 1));
+          const int64_t batch = config.train.micro_batch_size, seq = config.train.seq_len;
+          std::vector<std::vector<int32_t>> data;
+          for (int i = 0; i < 2 * micro_batches; ++i) {
+            data.emplace_back(static_cast<size_t>(batch * seq));
+            for (size_t j = 0; j < data.back().size(); ++j)
+              data.back()[j] = static_cast<int32_t>((j * (7 + 2 * i) + 3 * i + 1) % 97);
+          }
+          std::vector<TokenBatch> batches;
+          for (int i = 0; i < micro_batches; ++i)
+            batches.push_back(TokenBatch{data[2 * i].data(), data[2 * i + 1].data(), batch, seq});
+          CastCounter counter;
+          backend.set_observer(&counter);
+          Run& run = runs[on];
+          for (int64_t step = 1; step <= 4; ++step) {
+            counter.count = 0;
+            const StepResult result = session.step(batches, micro_batches * batch * seq, 1e-2, step);
+            run.casts.push_back(counter.count);
+            run.losses.push_back(result.loss);
+            run.losses.push_back(result.grad_norm);
+            if (step == 2) run.losses.push_back(session.evaluate(batches));
+          }
+          backend.set_observer(nullptr);
+          for (const ParamShard& shard : session.params().shards()) {
+            std::vector<float> master(static_cast<size_t>(shard.count));
+            download_master(backend, shard, master.data());
+            run.masters.push_back(std::move(master));
+          }
+          const LinearRecipe& linears = session.model().linears();
+          std::vector<float> forward = test::download(backend, linears.forward_history());
+          const size_t slot = static_cast<size_t>(linears.forward_history().cols());
+          run.newest_slot.assign(forward.begin(), forward.begin() + static_cast<std::ptrdiff_t>(slot));
+          forward.erase(forward.begin(), forward.begin() + static_cast<std::ptrdiff_t>(slot));
+          run.state = {forward, test::download(backend, linears.backward_history()),
+                       test::download(backend, linears.forward_scale()), test::download(backend, linears.backward_scale())};
+        }
+        ASSERT_EQ(runs[0].losses.size(), runs[1].losses.size());
+        for (size_t i = 0; i < runs[0].losses.size(); ++i)
+          EXPECT_EQ(runs[0].losses[i], runs[1].losses[i]) << what << ", loss " << i;
+        for (size_t i = 0; i < runs[0].masters.size(); ++i)
+          EXPECT_EQ(0, std::memcmp(runs[0].masters[i].data(), runs[1].masters[i].data(),
+                                   runs[0].masters[i].size() * sizeof(float)))
+              << what << ", group " << i;
+        for (size_t i = 0; i < runs[0].state.size(); ++i) EXPECT_EQ(runs[0].state[i], runs[1].state[i]) << what << " " << i;
+        // The newest slot: the inputs' entries (even) are zero in both, the weights' (odd) hold the
+        // optimizer's records of the next weights where it casts them.
+        const int64_t layers = 2;
+        for (size_t i = 0; i < runs[0].newest_slot.size(); ++i) {
+          EXPECT_EQ(runs[0].newest_slot[i], 0.0f) << what << " entry " << i;
+          if (i % 2 == 0) EXPECT_EQ(runs[1].newest_slot[i], 0.0f) << what << " entry " << i;
+          else EXPECT_GT(runs[1].newest_slot[i], 0.0f) << what << " entry " << i;
+        }
+        // The first step casts every weight in its forwards; later ones take the copies (the second
+        // micro-batch's forward casts again).
+        EXPECT_EQ(runs[1].casts[0], runs[0].casts[0]) << what;
+        for (size_t step = 1; step < runs[0].casts.size(); ++step)
+          EXPECT_EQ(runs[1].casts[step], runs[0].casts[step] - 4 * layers) << what << ", step " << step + 1;
+      }
+    }
   }
 }
 

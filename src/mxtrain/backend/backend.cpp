@@ -835,17 +835,32 @@ void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, co
                  "adamw: the squared gradient norm comes out of the update only without clipping, into an f32 tensor");
   // A split master reads and writes both halves; an f32 one reads and writes it, and writes the copy.
   const double master_bytes = split ? 2 * b(args.master_low) + 2 * b(compute_copy) : 2 * b(param) + b(compute_copy);
+  // A weight cast writes a byte an element (its scale and amax are a few bytes).
+  double cast_bytes = 0;
+  for (const WeightCastSegment& segment : args.weight_casts) cast_bytes += b(segment.out.data);
   record({OpKind::adamw, phase_, grad.dtype, (norm_out ? 18 : 16) * n(grad),
-          master_bytes + b(grad) + 2 * b(m) + 2 * b(v)});
+          master_bytes + b(grad) + 2 * b(m) + 2 * b(v) + cast_bytes});
   const Tensor& written = compute_copy.defined() ? compute_copy : param;
   for (const AmaxSegment& segment : args.weight_amaxes)
     MXTRAIN_ASSERT(segment.begin >= 0 && segment.begin < segment.end && segment.end <= count &&
                        segment.amax.dtype == DType::f32 && segment.amax.numel() >= 1,
                    "adamw: amax segment [%lld, %lld) of %lld elements", static_cast<long long>(segment.begin),
                    static_cast<long long>(segment.end), static_cast<long long>(count));
+  for (const WeightCastSegment& segment : args.weight_casts)
+    MXTRAIN_ASSERT(segment.begin >= 0 && segment.begin < segment.end && segment.end <= count &&
+                       segment.out.spec.mode == ScalingMode::per_tensor && segment.out.spec.element == DType::e4m3 &&
+                       !segment.out.transposed && segment.out.data.numel() == segment.end - segment.begin &&
+                       segment.scale.dtype == DType::f32 && segment.amax.dtype == DType::f32,
+                   "adamw: weight cast [%lld, %lld) of %lld elements into %s", static_cast<long long>(segment.begin),
+                   static_cast<long long>(segment.end), static_cast<long long>(count),
+                   segment.out.data.describe().c_str());
   impl_adamw(param, grad, m, v, compute_copy, grad_norm_sq, args);
+  // Part of the op, untraced (as finish_amax): the passes a fusing kernel spares.
+  if (!casts_weights_in_adamw())
+    for (const WeightCastSegment& segment : args.weight_casts)
+      impl_quantize(written.slice_flat(segment.begin, segment.out.data.shape), segment.scale, segment.out,
+                    QuantizedTensor{}, segment.amax, ScaleFromAmax{});
   if (records_output_amax()) return;
-  // Part of the op, untraced (as finish_amax): the pass a recording kernel spares.
   for (const AmaxSegment& segment : args.weight_amaxes)
     impl_amax(written.slice_flat(segment.begin, Shape{segment.end - segment.begin}), segment.amax, true, false);
 }

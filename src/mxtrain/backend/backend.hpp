@@ -259,6 +259,19 @@ struct AmaxSegment {
   Tensor amax;  // f32 [1]: max= the amax of the new compute copy (the master without one) there
 };
 
+// A weight inside an optimizer shard, elements [begin, end), that the optimizer step also casts
+// to its per-tensor FP8 rowwise copy as it writes the new values (delayed scaling: the next
+// forward's copy, which that forward then takes instead of casting the weight). Exactly what
+// quantize(weight, scale, out, {}, amax) would do on the new compute copy (the master without
+// one) viewed as out's [rows, k]: out.data = fp8(value · scale[0]), out.scale_inverse[0] =
+// 1 / scale[0], amax max= the amax of the new values.
+struct WeightCastSegment {
+  int64_t begin = 0, end = 0;
+  Tensor scale;         // f32 [1]
+  QuantizedTensor out;  // per-tensor E4M3, rowwise, end - begin elements
+  Tensor amax;          // f32 [1]
+};
+
 struct AdamWArgs {
   float learning_rate = 0;
   float beta1 = 0.9f, beta2 = 0.95f, epsilon = 1e-8f;
@@ -268,6 +281,7 @@ struct AdamWArgs {
   float grad_multiplier = 1;   // e.g. 1/loss_scale; applied before clipping
   float max_grad_norm = 0;     // 0 = no clipping
   std::vector<AmaxSegment> weight_amaxes;  // recorded on the way where the backend can
+  std::vector<WeightCastSegment> weight_casts;  // cast on the way where the backend can
   // Optional f32 [3] on the device holding adamw_step_factors() of this step, read in place of
   // the ones formed from learning_rate and step: a step captured in a graph (begin_capture)
   // replays with the factors its session copies there from the host before each replay.
@@ -303,6 +317,8 @@ class Backend {
   virtual bool supports(OpKind kind, DType dtype) const = 0;
   // Whether the norm and activation kernels record their output's amax themselves (out_amax).
   virtual bool records_output_amax() const { return false; }
+  // Whether adamw's kernel writes args.weight_casts itself (else a quantize pass each after it).
+  virtual bool casts_weights_in_adamw() const { return false; }
   virtual void synchronize() = 0;
   // Timing in stream order: record_timestamp() marks the point after all work queued so far;
   // elapsed_ms(a, b) waits for b and returns the time between the marks. Default: host clock
@@ -453,6 +469,8 @@ class Backend {
   // receives the rounded new weights. args.weight_amaxes: each segment's amax max= the amax of
   // the new weights there, as the amax op would take it over that slice of compute_copy (param
   // without one) — recorded by the kernel where records_output_amax(), else a pass after it.
+  // args.weight_casts: each segment's new values cast to its FP8 copy (WeightCastSegment) — by
+  // the kernel where casts_weights_in_adamw(), else a quantize pass after it.
   // With args.master_low the master is split (param undefined; compute_copy bf16 holds the
   // high halves): joined, updated as above, split again (numerics/split_master.hpp).
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,

@@ -241,6 +241,10 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(boolean("precision.nvfp4_stochastic_rounding", p.nvfp4_stochastic_rounding,
                          "nvfp4: stochastic rounding of gradients"));
   list.push_back(boolean("precision.nvfp4_2d_weights", p.nvfp4_2d_weights, "nvfp4: one scale per 16x16 weight tile"));
+  list.push_back(boolean("precision.fp8_optimizer_weight_casts", p.fp8_optimizer_weight_casts,
+                         "fp8 (delayed scaling) without sharded masters: the AdamW step writes each quantized "
+                         "weight's FP8 copy for the next forward as it updates the weight, so the forward casts no "
+                         "weight (false: the forward casts them; the same bits)"));
   list.push_back(real("precision.loss_scale_init", p.loss_scale_init, "fp16: initial dynamic loss scale", 1, 4294967296.0));
   list.push_back(integer("precision.loss_scale_growth_interval", p.loss_scale_growth_interval,
                          "fp16: steps without overflow before the loss scale grows", 1, kMaxSteps));

@@ -57,6 +57,7 @@ struct PrecisionConfig {
   bool nvfp4_rht = true;                    // 16-point RHT on the wgrad operands
   bool nvfp4_stochastic_rounding = true;    // of gradients
   bool nvfp4_2d_weights = true;             // 16x16 weight tiles
+  bool fp8_optimizer_weight_casts = true;   // fp8: AdamW writes the next forward's FP8 weight copies
   double loss_scale_init = 65536;           // fp16 dynamic loss scaling (PyTorch GradScaler's defaults)
   int64_t loss_scale_growth_interval = 2000;
   double loss_scale_backoff = 0.5;

@@ -250,6 +250,24 @@ void LinearRecipe::weight_amax_recorded(const WeightAmax& weight) {
   if (quantizer_) quantizer_->weight_amax_recorded(weight);
 }
 
+std::vector<LinearRecipe::WeightCast> LinearRecipe::weight_casts() {
+  if (!quantizer_ || !options_.optimizer_weight_casts || weight_casts_stopped_) return {};
+  return quantizer_->weight_casts();
+}
+
+void LinearRecipe::prepare_weight_cast(WeightCast& cast) {
+  if (quantizer_) quantizer_->prepare_weight_cast(cast);
+}
+
+void LinearRecipe::weight_cast_written(WeightCast&& cast) {
+  if (quantizer_) quantizer_->weight_cast_written(std::move(cast));
+}
+
+void LinearRecipe::stop_weight_casts() {
+  weight_casts_stopped_ = true;
+  if (quantizer_) quantizer_->drop_weight_casts();
+}
+
 bool LinearRecipe::saves_inputs(int64_t layer) const { return quantized(layer) && quantizer_->per_tensor(); }
 
 bool LinearRecipe::has_saved_input(int64_t layer, LinearKind kind) const {
@@ -445,7 +463,7 @@ void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Ten
 void LinearRecipe::finish_step() {
   stash_.reset();
   for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();
-  if (quantizer_) quantizer_->finish_step();
+  if (quantizer_) quantizer_->end_step();
   ++steps_;
 }
 

@@ -63,6 +63,12 @@ struct LinearRecipeOptions {
   // hands one over (LinearGemmOptions::producer); false: the model runs the op apart (the same
   // bits; tests compare the two).
   bool fuse_producers = true;
+  // Delayed scaling with a local optimizer (the master of every weight on this rank): the
+  // optimizer step writes each quantized weight's next rowwise FP8 copy as it updates the
+  // weight, and the next forward takes it instead of casting (TransformerEngine's FP8 weights
+  // made once per step, here without a pass of their own); false: the forward casts (the same
+  // bits; tests compare the two).
+  bool optimizer_weight_casts = true;
 
   // Whether block `layer` of `layers` runs its linear GEMMs quantized.
   bool quantized(int64_t layer, int64_t layers) const;
@@ -129,6 +135,22 @@ class LinearRecipe {
   using WeightAmax = mxtrain::WeightAmax;
   std::vector<WeightAmax> weight_amaxes();
   void weight_amax_recorded(const WeightAmax& weight);
+  // Delayed scaling, right before the optimizer step (optimizer_weight_casts): the next step's
+  // scales are computed here, and each quantized weight cast this step comes with the rowwise
+  // copy its next forward casts, for the optimizer to write as it updates the weight
+  // (AdamWArgs::weight_casts); the caller hands back each one it wrote (weight_cast_written),
+  // which the next forward of that linear then takes (Quantizer::weight_casts). Empty for other
+  // formats, or once stop_weight_casts.
+  using WeightCast = mxtrain::WeightCast;
+  std::vector<WeightCast> weight_casts();
+  void prepare_weight_cast(WeightCast& cast);  // allocates its copy, right before its update
+  void weight_cast_written(WeightCast&& cast);
+  // Whether the last step's forward took its weight copies where its optimizer wrote the next
+  // ones (a step graph needs the addresses to repeat; the session captures again otherwise).
+  bool weight_casts_repeat() const { return !quantizer_ || quantizer_->weight_casts_repeat(); }
+  // The forwards cast the weights again from here on (a session whose step graphs never see
+  // the copies' addresses repeat).
+  void stop_weight_casts();
   // Whether forward can keep block `layer`'s quantized inputs (per-tensor FP8 layers), and
   // whether it holds one for this linear now.
   bool saves_inputs(int64_t layer) const;
@@ -138,7 +160,8 @@ class LinearRecipe {
   bool fuses_producers(int64_t layer) const;
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
-  // histories and rolls them (§2.1); the stochastic-rounding streams move on.
+  // histories and rolls them (§2.1) unless weight_casts did; the stochastic-rounding streams
+  // move on.
   void finish_step();
   // Whether a step's launches are the same from step to step (Quantizer::step_invariant), so a
   // session may capture one in a CUDA graph and replay it (train.cuda_graph).
@@ -171,10 +194,14 @@ class LinearRecipe {
   std::vector<std::pair<std::string, Tensor>> resume_state() const;
   // Around a held-out evaluation (Quantizer::begin_evaluation).
   void begin_evaluation() {
-    if (quantizer_) quantizer_->begin_evaluation();
+    if (!quantizer_) return;
+    quantizer_->begin_evaluation();
+    quantizer_->set_evaluating(true);
   }
   void end_evaluation() {
-    if (quantizer_) quantizer_->end_evaluation();
+    if (!quantizer_) return;
+    quantizer_->end_evaluation();
+    quantizer_->set_evaluating(false);
   }
   uint64_t rounding_streams() const { return quantizer_ ? quantizer_->rounding_streams() : 0; }
   void set_rounding_streams(uint64_t streams) {
@@ -208,6 +235,7 @@ class LinearRecipe {
   Backend& backend_;
   int64_t layers_;
   bool native_ = false;
+  bool weight_casts_stopped_ = false;
   int64_t steps_ = 0;
   // The format's quantizer (none for high_precision): every format-specific rule and state.
   std::unique_ptr<Quantizer> quantizer_;

@@ -143,6 +143,8 @@ void LocalParameterStore::grad_norm_sq(const Tensor& out) {
   for (size_t g = 0; g < groups_.size(); ++g) backend_.sum_of_squares(complete_grad(g), out, g > 0);
 }
 
+void LocalParameterStore::release_grad(int group) { groups_.at(static_cast<size_t>(group)).grad.reset(); }
+
 void LocalParameterStore::zero_grads() {
   for (GroupStorage& storage : groups_) storage.grad.reset();
 }

@@ -50,6 +50,7 @@ class LocalParameterStore final : public ParameterStore {
   std::vector<ParamShard> shards() override;
   void grad_norm_sq(const Tensor& out) override;
   void zero_grads() override;
+  void release_grad(int group) override;
   bool shards_are_whole_groups() const override { return true; }
   bool step_graph_capturable() const override { return true; }
   std::string strategy_name() const override { return "local"; }

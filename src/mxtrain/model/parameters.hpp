@@ -97,6 +97,9 @@ class ParameterStore {
   // out f32[1] = global sum of squared gradients (over all ranks).
   virtual void grad_norm_sq(const Tensor& out) = 0;
   virtual void zero_grads() = 0;
+  // After the update of `group`'s shard, before zero_grads: a store that allocates gradients per
+  // step may free that group's now (the optimizer's FP8 weight copies take the room).
+  virtual void release_grad(int group) { (void)group; }
   virtual int world_size() const { return 1; }
 
   // ---- what the store is, for the trainer's decisions ---------------------------------------

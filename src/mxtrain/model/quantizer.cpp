@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/numerics/fp8.hpp"
@@ -31,31 +32,79 @@ void Quantizer::cast_scale(const Tensor&, const QuantizeRequest&, Tensor*, Tenso
 
 void Quantizer::copy_amax(const Tensor&, const std::string&, bool, QuantizedOperand&, Buffer&, QuantizedTensor&) {}
 
+void Quantizer::allocate_copy(const Tensor& x, const QuantizeRequest& request, bool transposed,
+                              QuantizedOperand& operand) {
+  Buffer& data = transposed ? operand.col_data : operand.row_data;
+  Buffer& scales = transposed ? operand.col_scales : operand.row_scales;
+  Buffer& amax = transposed ? operand.col_amax : operand.row_amax;
+  QuantizedTensor& q = transposed ? operand.columnwise : operand.rowwise;
+  q.spec = spec(request.role, transposed);
+  q.transposed = transposed;
+  const int64_t rows = transposed ? x.cols() : x.rows(), k = transposed ? x.rows() : x.cols();
+  const std::string copy = request.name + (transposed ? ".columnwise" : ".rowwise");
+  const Lifetime lifetime = transposed ? request.columnwise_lifetime : Lifetime::scratch;
+  data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime);
+  q.data = data;
+  scales = backend_.allocate(copy + ".scale_inverse", block_scale_shape(q.spec, rows, k),
+                             block_scale_dtype(q.spec.mode), lifetime);
+  q.scale_inverse = scales;
+  copy_amax(x, copy, transposed, operand, amax, q);
+}
+
 QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& request) {
   MXTRAIN_ASSERT(!request.producer.defined() || fuses_producers(), "quantize: %s casts no fused producer",
                  std::string(dtype_name(format_dtype())).c_str());
+  // A weight's rowwise copy the optimizer step wrote for this forward (weight_casts).
+  if (request.role == QuantizedRole::weight && request.rowwise && !request.columnwise) {
+    auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == request.linear; });
+    if (ready != ready_.end()) {
+      const bool same = ready->second.source == x.data;
+      if (same && evaluating_) return quantize_now(x, request);
+      QuantizedOperand operand = std::move(ready->second.operand);
+      ready_.erase(ready);
+      if (same) {
+        taken_.emplace_back(request.linear, operand.rowwise.data.data, operand.rowwise.scale_inverse.data);
+        return operand;
+      }
+    }
+  }
+  return quantize_now(x, request);
+}
+
+QuantizedOperand Quantizer::quantize_now(const Tensor& x, const QuantizeRequest& request) {
   QuantizedOperand operand;
   Tensor scale, amax_out;
   ScaleFromAmax from;
   cast_scale(x, request, &scale, &amax_out, &from);
-  auto make = [&](bool transposed, Buffer& data, Buffer& scales, Buffer& amax, QuantizedTensor& q) {
-    q.spec = spec(request.role, transposed);
-    q.transposed = transposed;
-    const int64_t rows = transposed ? x.cols() : x.rows(), k = transposed ? x.rows() : x.cols();
-    const std::string copy = request.name + (transposed ? ".columnwise" : ".rowwise");
-    const Lifetime lifetime = transposed ? request.columnwise_lifetime : Lifetime::scratch;
-    data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime);
-    q.data = data;
-    scales = backend_.allocate(copy + ".scale_inverse", block_scale_shape(q.spec, rows, k),
-                               block_scale_dtype(q.spec.mode), lifetime);
-    q.scale_inverse = scales;
-    copy_amax(x, copy, transposed, operand, amax, q);
-  };
-  if (request.rowwise) make(false, operand.row_data, operand.row_scales, operand.row_amax, operand.rowwise);
-  if (request.columnwise) make(true, operand.col_data, operand.col_scales, operand.col_amax, operand.columnwise);
+  if (request.rowwise) allocate_copy(x, request, false, operand);
+  if (request.columnwise) allocate_copy(x, request, true, operand);
   backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_out, from, request.producer);
   return operand;
 }
+
+void Quantizer::prepare_weight_cast(WeightCast& cast) {
+  const QuantizeRequest request{.linear = cast.linear, .role = QuantizedRole::weight, .rowwise = true,
+                                .name = cast.name};
+  allocate_copy(cast.weight, request, false, cast.operand);
+}
+
+void Quantizer::weight_cast_written(WeightCast&& cast) {
+  written_.emplace_back(cast.linear, cast.operand.rowwise.data.data, cast.operand.rowwise.scale_inverse.data);
+  auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == cast.linear; });
+  if (ready == ready_.end()) ready = ready_.insert(ready_.end(), {cast.linear, Ready{}});
+  ready->second = Ready{cast.weight.data, std::move(cast.operand)};
+}
+
+void Quantizer::end_step() {
+  std::sort(taken_.begin(), taken_.end());
+  std::sort(written_.begin(), written_.end());
+  weight_casts_repeat_ = taken_ == written_;
+  taken_.clear();
+  written_.clear();
+  finish_step();
+}
+
+void Quantizer::drop_weight_casts() { ready_.clear(); }
 
 // ---- per-tensor FP8, delayed scaling ------------------------------------------------------------
 
@@ -90,8 +139,17 @@ QuantizeSpec Fp8DelayedQuantizer::spec(QuantizedRole role, bool) {
   return spec;
 }
 
-void Fp8DelayedQuantizer::cast_scale(const Tensor&, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
+void Fp8DelayedQuantizer::cast_scale(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
                                      ScaleFromAmax*) {
+  if (request.role == QuantizedRole::weight) {
+    const size_t linear = static_cast<size_t>(request.linear);
+    if (weights_.size() <= linear) {
+      weights_.resize(linear + 1);
+      weight_names_.resize(linear + 1);
+    }
+    weights_[linear] = x;
+    weight_names_[linear] = request.name;
+  }
   // This step's scale (from the history up to the last step); the cast records its amax in
   // history slot 0, which is the first row of the slot-major history.
   const bool forward = request.role != QuantizedRole::gradient;
@@ -127,7 +185,35 @@ void Fp8DelayedQuantizer::end_evaluation() {
   held_slot_.clear();
 }
 
+std::vector<WeightCast> Fp8DelayedQuantizer::weight_casts() {
+  std::vector<WeightCast> casts;
+  // The next step's scales first: the copies are cast with them, and record their amaxes in the
+  // newest slot of the rolled histories, as the next forward's casts would.
+  update_scales();
+  scales_updated_ = true;
+  for (size_t linear = 0; linear < weights_.size(); ++linear) {
+    const Tensor& weight = weights_[linear];
+    if (!weight.defined()) continue;
+    WeightCast cast;
+    cast.linear = static_cast<int64_t>(linear);
+    cast.weight = weight;
+    cast.name = weight_names_[linear];
+    const int64_t index = 2 * cast.linear + 1;
+    cast.scale = forward_scale_.tensor().slice_flat(index, Shape{1});
+    cast.amax = forward_history_.tensor().slice_flat(index, Shape{1});
+    casts.push_back(std::move(cast));
+  }
+  return casts;
+}
+
 void Fp8DelayedQuantizer::finish_step() {
+  if (!scales_updated_) update_scales();
+  scales_updated_ = false;
+  weights_.clear();
+  weight_names_.clear();
+}
+
+void Fp8DelayedQuantizer::update_scales() {
   ScaleUpdateArgs args;
   args.rule = ScaleUpdateArgs::Rule::delayed;
   args.most_recent = algorithm_ == numerics::AmaxAlgorithm::most_recent;

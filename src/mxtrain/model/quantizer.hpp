@@ -13,6 +13,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,17 @@ struct WeightAmax {
   Tensor amax;    // f32 [1]
 };
 
+// A weight the optimizer step casts as it writes the new values (delayed scaling): the rowwise
+// copy the next forward of its linear would cast, with that cast's scale and amax slot
+// (LinearRecipe::weight_casts).
+struct WeightCast {
+  int64_t linear = 0;
+  Tensor weight;             // as the casts see it (a view of the store's compute copy or master)
+  std::string name;          // the cast's (copies are named name + ".rowwise")
+  QuantizedOperand operand;  // the rowwise copy to fill (data, scale_inverse): prepare_weight_cast
+  Tensor scale, amax;        // f32 [1]: the scale to cast with, the slot the cast records its amax in
+};
+
 class Quantizer {
  public:
   virtual ~Quantizer();
@@ -84,8 +96,26 @@ class Quantizer {
   virtual Tensor amax_record(int64_t linear, QuantizedRole role, const Tensor& x);
   virtual std::vector<WeightAmax> weight_amaxes() { return {}; }
   virtual void weight_amax_recorded(const WeightAmax& weight) { (void)weight; }
-  // After the optimizer step.
-  virtual void finish_step() {}
+  // Delayed scaling (nothing elsewhere), right before the optimizer step: computes the next
+  // step's scales (finish_step then leaves them) and returns, for each weight cast this step, its
+  // next forward's rowwise cast for the step to do (AdamWArgs::weight_casts). The step hands
+  // back each copy it wrote (weight_cast_written); the next forward cast of that weight outside an
+  // evaluation takes it instead of casting (the same bytes, scale and amax record).
+  virtual std::vector<WeightCast> weight_casts() { return {}; }
+  // Allocates a cast's copy (right before the update that writes it, so the copies of a step
+  // come one group at a time as the gradients they replace go).
+  void prepare_weight_cast(WeightCast& cast);
+  void weight_cast_written(WeightCast&& cast);
+  // After the optimizer step: the step's record of the copies its forward took and its
+  // optimizer wrote (see weight_casts_repeat), then the format's own finish_step.
+  void end_step();
+  // Whether the copies the last step's forward took lay where its optimizer wrote the next ones
+  // (a step graph replays with the addresses of its capture, so it needs them to); true when
+  // neither happened.
+  bool weight_casts_repeat() const { return weight_casts_repeat_; }
+  // Drops the copies written for the next forward (its casts then run).
+  void drop_weight_casts();
+  void set_evaluating(bool evaluating) { evaluating_ = evaluating; }
   // Whether every step launches the same casts with the same arguments, so a step can be
   // captured in a CUDA graph and replayed: the decisions the host takes between casts (current
   // scaling's recorded amaxes and reused scales) are the same from the second step on, and the
@@ -119,9 +149,27 @@ class Quantizer {
   // After a copy's data and scales are allocated (NVFP4: the amax its global scale comes from).
   virtual void copy_amax(const Tensor& x, const std::string& copy, bool transposed, QuantizedOperand& operand,
                          Buffer& amax, QuantizedTensor& q);
+  // After the optimizer step (end_step).
+  virtual void finish_step() {}
+  // The cast itself: scale, copies, Backend::quantize.
+  QuantizedOperand quantize_now(const Tensor& x, const QuantizeRequest& request);
+  // Allocates the rowwise (or columnwise) copy of x named name + ".rowwise" (".columnwise").
+  void allocate_copy(const Tensor& x, const QuantizeRequest& request, bool transposed, QuantizedOperand& operand);
 
   Backend& backend_;
   DType forward_element_, gradient_element_;
+
+ private:
+  struct Ready {
+    const void* source = nullptr;  // the weight tensor the copy is of
+    QuantizedOperand operand;
+  };
+  std::vector<std::pair<int64_t, Ready>> ready_;  // by linear
+  // This step's copies taken by a forward and written by the optimizer: (linear, data, scale).
+  using CopyAddress = std::tuple<int64_t, const void*, const void*>;
+  std::vector<CopyAddress> taken_, written_;
+  bool weight_casts_repeat_ = true;
+  bool evaluating_ = false;
 };
 
 // Per-tensor FP8, delayed scaling (§2.1): each cast uses the scale computed after the last step
@@ -135,7 +183,7 @@ class Fp8DelayedQuantizer final : public Quantizer {
   DType format_dtype() const override { return DType::e4m3; }
   bool per_tensor() const override { return true; }
   bool fuses_producers() const override { return true; }
-  void finish_step() override;
+  std::vector<WeightCast> weight_casts() override;
   const Tensor& forward_history() const { return forward_history_.tensor(); }
   const Tensor& backward_history() const { return backward_history_.tensor(); }
   const Tensor& forward_scale() const { return forward_scale_.tensor(); }
@@ -148,9 +196,16 @@ class Fp8DelayedQuantizer final : public Quantizer {
   QuantizeSpec spec(QuantizedRole role, bool columnwise) override;
   void cast_scale(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
                   ScaleFromAmax* from) override;
+  void finish_step() override;
 
  private:
   Tensor newest_forward_slot() const;  // the forward history's slot 0, every linear's entry
+  void update_scales();                // the next step's scales from the histories, which roll
+
+  // The weights cast this step (by linear; undefined = none), for weight_casts.
+  std::vector<Tensor> weights_;
+  std::vector<std::string> weight_names_;
+  bool scales_updated_ = false;  // by weight_casts, this step
 
   numerics::AmaxAlgorithm algorithm_;
   int margin_;
@@ -171,10 +226,10 @@ class Fp8CurrentQuantizer final : public Quantizer {
   Tensor amax_record(int64_t linear, QuantizedRole role, const Tensor& x) override;
   std::vector<WeightAmax> weight_amaxes() override;
   void weight_amax_recorded(const WeightAmax& weight) override;
-  void finish_step() override;
   const Tensor& amaxes() const { return amax_.tensor(); }
 
  protected:
+  void finish_step() override;
   QuantizeSpec spec(QuantizedRole role, bool columnwise) override;
   void cast_scale(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
                   ScaleFromAmax* from) override;

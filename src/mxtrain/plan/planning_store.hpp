@@ -54,6 +54,7 @@ class ObservedStore final : public ParameterStore {
   std::vector<ParamShard> shards() override { return inner_->shards(); }
   void grad_norm_sq(const Tensor& out) override { inner_->grad_norm_sq(out); }
   void zero_grads() override { inner_->zero_grads(); }
+  void release_grad(int group) override { inner_->release_grad(group); }
   int world_size() const override { return inner_->world_size(); }
   bool shards_are_whole_groups() const override { return inner_->shards_are_whole_groups(); }
   bool step_graph_capturable() const override { return inner_->step_graph_capturable(); }

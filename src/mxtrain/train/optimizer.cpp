@@ -46,6 +46,10 @@ void Optimizer::update(AdamWArgs args, const Tensor& norm_sq) {
   // Current scaling: the step records the new amax of each quantized weight it writes whole
   // (a local store's weights are views of its shards), sparing the next casts their passes.
   const std::vector<LinearRecipe::WeightAmax> weights = linears_.weight_amaxes();
+  // Delayed scaling: the step writes each quantized weight's next rowwise FP8 copy as well, when
+  // every weight lies whole in one shard here (a sharded store's forward casts what it gathers).
+  std::vector<LinearRecipe::WeightCast> casts;
+  if (params_.shards_are_whole_groups()) casts = linears_.weight_casts();
   bool first_shard = true;
   for (const ParamShard& shard : params_.shards()) {
     args.decay_count = shard.decay_count;
@@ -53,10 +57,31 @@ void Optimizer::update(AdamWArgs args, const Tensor& norm_sq) {
       args.grad_norm_output = first_shard ? AdamWArgs::NormOutput::overwrite : AdamWArgs::NormOutput::add;
     first_shard = false;
     const std::vector<const LinearRecipe::WeightAmax*> recorded = amax_segments(shard, weights, args.weight_amaxes);
+    const std::vector<LinearRecipe::WeightCast*> cast = cast_segments(shard, casts, args.weight_casts);
     args.master_low = shard.master_low;  // a split master: (compute_copy, master_low)
     backend_.adamw(shard.master, shard.grad, shard.m, shard.v, shard.compute_copy, norm_sq, args);
     for (const LinearRecipe::WeightAmax* weight : recorded) linears_.weight_amax_recorded(*weight);
+    for (LinearRecipe::WeightCast* written : cast) linears_.weight_cast_written(std::move(*written));
+    // The shard's gradient is read: where the store frees it now, the next shard's copies take
+    // (a quarter of) its place, so the copies add nothing to the step's peak.
+    if (!cast.empty()) params_.release_grad(shard.group);
   }
+}
+
+std::vector<LinearRecipe::WeightCast*> Optimizer::cast_segments(const ParamShard& shard,
+                                                                std::vector<LinearRecipe::WeightCast>& casts,
+                                                                std::vector<WeightCastSegment>& segments) {
+  segments.clear();
+  std::vector<LinearRecipe::WeightCast*> in_shard;
+  const Tensor& written = shard.compute_copy.defined() ? shard.compute_copy : shard.master;
+  for (LinearRecipe::WeightCast& cast : casts) {
+    const int64_t offset = element_offset(written, cast.weight);
+    if (offset < 0) continue;
+    linears_.prepare_weight_cast(cast);
+    segments.push_back({offset, offset + cast.weight.numel(), cast.scale, cast.operand.rowwise, cast.amax});
+    in_shard.push_back(&cast);
+  }
+  return in_shard;
 }
 
 std::vector<const LinearRecipe::WeightAmax*> Optimizer::amax_segments(

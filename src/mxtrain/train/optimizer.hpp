@@ -1,7 +1,8 @@
 // The optimizer step of a session: AdamW over the parameter store's shards with its arguments
 // built from optimizer.*, the global gradient norm (a pass of its own, or summed by the AdamW
-// pass itself when nothing reads it before the update), and current scaling's weight amaxes,
-// recorded as the update writes the weights. The session decides when each part runs (after
+// pass itself when nothing reads it before the update), current scaling's weight amaxes,
+// recorded as the update writes the weights, and delayed scaling's next FP8 weight copies,
+// written by the update too. The session decides when each part runs (after
 // backward; the update after fp16's unscaling and skip decision); this decides how.
 #pragma once
 #include <cstdint>
@@ -38,6 +39,12 @@ class Optimizer {
   static std::vector<const LinearRecipe::WeightAmax*> amax_segments(const ParamShard& shard,
                                                                     const std::vector<LinearRecipe::WeightAmax>& weights,
                                                                     std::vector<AmaxSegment>& segments);
+
+  // The weight casts whose weights lie wholly in what the update of `shard` writes, as segments
+  // of the shard (into `segments`), their copies allocated; returns those casts.
+  std::vector<LinearRecipe::WeightCast*> cast_segments(const ParamShard& shard,
+                                                              std::vector<LinearRecipe::WeightCast>& casts,
+                                                              std::vector<WeightCastSegment>& segments);
 
   OptimizerConfig config_;
   Backend& backend_;

@@ -119,6 +119,7 @@ LinearRecipeOptions linear_recipe_options(const RunConfig& config, const Precisi
   options.nvfp4_hadamard = p.nvfp4_rht;
   options.nvfp4_stochastic_rounding = p.nvfp4_stochastic_rounding;
   options.nvfp4_weight_tiles = p.nvfp4_2d_weights;
+  options.optimizer_weight_casts = p.fp8_optimizer_weight_casts;
   // NVIDIA's NVFP4 Llama recipes keep the last 4 blocks in BF16; smaller models keep a quarter.
   const int64_t layers = config.model.layers;
   const int64_t last_auto = plan.linear == LinearFormat::nvfp4 ? std::min<int64_t>(4, layers / 4) : 0;

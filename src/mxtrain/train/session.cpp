@@ -204,6 +204,21 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   return apply;
 }
 
+// The captured step's forward took FP8 weight copies (LinearRecipe::weight_casts) from other
+// addresses than those its optimizer wrote the next ones to: a second replay would read stale
+// copies. Its one replay was right (it read what the step before wrote); the graph goes, and the
+// next steps run op by op and capture again. The allocator usually settles within a few steps;
+// if it does not, the forwards cast the weights again, and the next capture holds.
+void TrainingSession::drop_unrepeated_capture() {
+  backend_.drop_capture();
+  graph_ready_ = false;
+  eager_steps_ = 0;
+  if (++unrepeated_captures_ < kUnrepeatedCaptures) return;
+  model_->linears().stop_weight_casts();
+  log::info("FP8 weight copies: the optimizer's copies do not land where the step graph reads them; the forward "
+            "casts the weights from now on");
+}
+
 bool TrainingSession::step_is_finite() {
   const double loss = all_reduce_sum(backend_.read_scalar(loss_sum_));
   return std::isfinite(loss) && std::isfinite(backend_.read_scalar(grad_norm_sq_));
@@ -281,6 +296,7 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
       replayed_ = graph_ready_ && backend_.replay();
       // Refused by the device (logged): nothing ran; this step and all later ones go op by op.
       if (!replayed_) graph_eligible_ = false;
+      if (replayed_ && !model_->linears().weight_casts_repeat()) drop_unrepeated_capture();
     }
     if (!replayed_) {
       apply = run_step(micro_batches, global_tokens, learning_rate, step_number, false, loss_scale);

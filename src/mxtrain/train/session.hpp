@@ -153,6 +153,11 @@ class TrainingSession {
     int64_t micro_batches = 0, batch = 0, seq = 0, global_tokens = 0;
     bool operator==(const GraphShape&) const = default;
   };
+  // Captures whose FP8 weight copies did not repeat their addresses (drop_unrepeated_capture),
+  // and how many of those end the optimizer's weight casts.
+  static constexpr int kUnrepeatedCaptures = 3;
+  int unrepeated_captures_ = 0;
+  void drop_unrepeated_capture();
   bool graph_eligible_ = false;
   bool graph_ready_ = false;
   bool replayed_ = false;

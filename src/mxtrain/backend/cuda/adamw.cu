@@ -8,9 +8,14 @@
 // Current scaling's weight amaxes (args.weight_amaxes) are recorded as the new weights are
 // written: each warp adds the max |value| of its vectors to its segment's amax, so the next
 // cast of each weight skips its own pass (a read of every quantized weight a step).
+// Delayed scaling's weight casts (args.weight_casts) are written the same way: each vector of a
+// cast segment leaves as its FP8 codes too (cast8, the cast kernels' conversion), one byte more a
+// weight than the update moves anyway, and the next forward takes the copy instead of reading the
+// weight again in a cast of its own (4 bytes a weight from an FP32 master, and a launch).
 // A split master (AdamWArgs::master_low) is read as its two 16-bit halves, joined, updated as
 // above and split again: 26 bytes a parameter with bf16 gradients instead of 28.
 #include "mxtrain/backend/cuda/device_common.cuh"
+#include "mxtrain/backend/cuda/fp8_codes.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 #include "mxtrain/numerics/split_master.hpp"
 
@@ -33,14 +38,53 @@ struct AmaxSegments {
   unsigned* bits[kSegments] = {};
 };
 
+// Up to kSegments weight casts a launch (AdamWArgs::weight_casts; E4M3, rowwise); the rest take
+// a cast pass after the step. Their amaxes ride in AmaxSegments.
+struct CastSegments {
+  int count = 0;
+  int64_t begin[kSegments] = {}, end[kSegments] = {};
+  uint8_t* out[kSegments] = {};
+  const float* scale[kSegments] = {};
+  float* scale_inverse[kSegments] = {};
+};
+
 // Elements [first, first + n): the segment holding all of them, -1 if none holds any, -2 if
 // they are split (segments are disjoint).
-__device__ __forceinline__ int segment_of(const AmaxSegments& a, int64_t first, int64_t n) {
+template <typename Segments>
+__device__ __forceinline__ int segment_of(const Segments& a, int64_t first, int64_t n) {
   for (int i = 0; i < a.count; ++i) {
     const int64_t low = max(first, a.begin[i]), high = min(first + n, a.end[i]);
     if (low < high) return low == first && high == first + n ? i : -2;
   }
   return -1;
+}
+
+// The new weights [base, base + W) as stored (`stored`) into the cast segments that hold them:
+// 8-byte stores of cast8's codes where a whole aligned vector lies in one segment, else each
+// element through the reference conversion (the same bits).
+template <int W>
+__device__ __forceinline__ void write_casts(const CastSegments& casts, int64_t base, const float (&stored)[W]) {
+  const int segment = segment_of(casts, base, W);
+  if (segment == -1) return;
+  if constexpr (W == 8) {
+    if (segment >= 0 && (base - casts.begin[segment]) % 8 == 0) {
+      const float scale = casts.scale[segment][0];
+      float scaled[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) scaled[i] = numerics::mul_rn(stored[i], scale);
+      uint32_t words[2];
+      cast8<numerics::Fp8Format::e4m3>(scaled, words);
+      *reinterpret_cast<uint2*>(casts.out[segment] + (base - casts.begin[segment])) = make_uint2(words[0], words[1]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const int own = segment_of(casts, base + i, 1);
+    if (own >= 0)
+      casts.out[own][base + i - casts.begin[own]] =
+          numerics::float_to_fp8(numerics::mul_rn(stored[i], casts.scale[own][0]), numerics::Fp8Format::e4m3);
+  }
 }
 
 struct AdamWScalars {
@@ -87,14 +131,14 @@ template <int W> __device__ __forceinline__ void store_words(uint16_t* p, const 
 template <int W, typename G, typename C, bool kSplit>
 __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C* copy, uint16_t* low,
                              const float* grad_norm_sq, const float* step_factors, int64_t vectors, AdamWScalars s,
-                             AmaxSegments amaxes, float* norm_partials) {
+                             AmaxSegments amaxes, CastSegments casts, float* norm_partials) {
   // The weights' values as stored: the compute copy's type, or the master's.
   using Stored = std::conditional_t<std::is_same_v<C, NoCopy>, float, C>;
   static_assert(!kSplit || std::is_same_v<C, bf16>, "a split master's high half is the bf16 copy");
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   // Past the end a thread leaves, unless its block still meets: whole warps for the amax
   // record, the whole block for the norm's block sum.
-  if (amaxes.count == 0 && norm_partials == nullptr && vec >= vectors) return;
+  if (amaxes.count == 0 && norm_partials == nullptr && casts.count == 0 && vec >= vectors) return;
   const bool active = vec < vectors;
   if (step_factors != nullptr) {  // this step's factors, written on the device (a replayed graph)
     s.decay_factor = step_factors[0];
@@ -149,7 +193,16 @@ __global__ void adamw_kernel(float* param, const G* grad, float* m, float* v, C*
     store<W>(m + base, first);
     store<W>(v + base, second);
     if constexpr (!kSplit && !std::is_same_v<C, NoCopy>) store<W>(copy + base, p);
+    if (casts.count > 0) {
+      float stored[W];  // the values a cast of the compute copy (the master without one) reads
+#pragma unroll
+      for (int i = 0; i < W; ++i) stored[i] = kSplit ? p[i] : round_to<Stored>(p[i]);
+      write_casts<W>(casts, base, stored);
+    }
   }
+  // Each copy carries its decode scale, as the cast kernels write it (the reference's 1 / scale).
+  if (blockIdx.x == 0 && threadIdx.x < casts.count)
+    casts.scale_inverse[threadIdx.x][0] = numerics::div_rn(1.0f, casts.scale[threadIdx.x][0]);
   if (norm_partials != nullptr) {  // one partial a block, added in block order after the kernel
     squares = block_sum(squares);
     if (threadIdx.x == 0) norm_partials[blockIdx.x] = squares;
@@ -209,13 +262,34 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
   // The vector width, the grid and the norm's partials (one a block): private_buffers.hpp.
   const private_buffers::AdamwPlan plan = private_buffers::adamw(param, grad, m, v, compute_copy, args);
   const bool vector = plan.vector;
+  // Amax records: current scaling's, then the weight casts' (each cast in the launch records its
+  // amax here; one past the capacity gets a cast pass of its own below, which records it).
   AmaxSegments segments;
-  for (const AmaxSegment& segment : args.weight_amaxes) {
-    if (segments.count == kSegments) break;
-    segments.begin[segments.count] = segment.begin;
-    segments.end[segments.count] = segment.end;
-    segments.bits[segments.count] = static_cast<unsigned*>(segment.amax.data);
+  std::vector<AmaxSegment> overflow_amaxes;
+  auto add_amax = [&](int64_t begin, int64_t end, const Tensor& amax) {
+    if (segments.count == kSegments) return false;
+    segments.begin[segments.count] = begin;
+    segments.end[segments.count] = end;
+    segments.bits[segments.count] = static_cast<unsigned*>(amax.data);
     ++segments.count;
+    return true;
+  };
+  for (const AmaxSegment& segment : args.weight_amaxes)
+    if (!add_amax(segment.begin, segment.end, segment.amax)) overflow_amaxes.push_back(segment);
+  CastSegments casts;
+  std::vector<WeightCastSegment> overflow_casts;
+  for (const WeightCastSegment& cast : args.weight_casts) {
+    if (casts.count == kSegments || segments.count == kSegments) {
+      overflow_casts.push_back(cast);
+      continue;
+    }
+    add_amax(cast.begin, cast.end, cast.amax);
+    casts.begin[casts.count] = cast.begin;
+    casts.end[casts.count] = cast.end;
+    casts.out[casts.count] = static_cast<uint8_t*>(cast.out.data.data);
+    casts.scale[casts.count] = static_cast<const float*>(cast.scale.data);
+    casts.scale_inverse[casts.count] = static_cast<float*>(cast.out.scale_inverse.data);
+    ++casts.count;
   }
   std::vector<Buffer> scratch;  // the norm's partials
   auto launch = [&](auto grad_tag, auto copy_tag, auto split_tag) {
@@ -233,7 +307,7 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
     scratch = private_buffers::allocate_private(backend, plan.buffers);
     float* partials = norm_out ? scratch.at(0).tensor().ptr<float>() : nullptr;
     kernel<<<blocks, kThreads, 0, stream>>>(p, g, first, second, copy, static_cast<uint16_t*>(args.master_low.data),
-                                            norm, step_factors, vectors, s, segments, partials);
+                                            norm, step_factors, vectors, s, segments, casts, partials);
     MXTRAIN_CUDA_CHECK_LAUNCH();
     if (norm_out)
       sum_partials_final(partials, blocks, grad_norm_sq.ptr<float>(),
@@ -255,12 +329,13 @@ void adamw(Backend& backend, const Tensor& param, const Tensor& grad, const Tens
       case DType::f32: launch(grad_tag, float{}, Plain{}); return;
       default: unsupported_dtype("adamw (compute copy)", compute_copy.dtype);
     }
-  });  // Segments past the launch's capacity: an amax pass each over the new weights.
+  });  // Segments past the launch's capacity: an amax or cast pass each over the new weights.
   const Tensor& written = compute_copy.defined() ? compute_copy : param;
-  for (size_t i = kSegments; i < args.weight_amaxes.size(); ++i) {
-    const AmaxSegment& segment = args.weight_amaxes[i];
+  for (const AmaxSegment& segment : overflow_amaxes)
     amax(written.slice_flat(segment.begin, Shape{segment.end - segment.begin}), segment.amax, true, false, stream);
-  }
+  for (const WeightCastSegment& cast : overflow_casts)
+    quantize(written.slice_flat(cast.begin, cast.out.data.shape), cast.scale, cast.out, QuantizedTensor{}, cast.amax,
+             ScaleFromAmax{}, stream);
 }
 
 }  // namespace mxtrain::cuda_kernels

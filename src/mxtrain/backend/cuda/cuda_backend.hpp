@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   DeviceProperties properties() const override { return properties_; }
   bool supports(OpKind kind, DType dtype) const override;
   bool records_output_amax() const override { return true; }
+  bool casts_weights_in_adamw() const override { return true; }
   void synchronize() override;
   // CUDA events on the backend's stream; up to kTimestampSlots marks may be outstanding.
   uint64_t record_timestamp() override;
