@@ -190,6 +190,36 @@ bool expected_support(OpKind kind, DType dtype) {
   return reads_any_float && (dtype == DType::bf16 || dtype == DType::f16);
 }
 
+// An allocation asked at an address (CachingAllocator::allocate's `at`) starts there when the
+// free memory there holds it, the free memory before it staying free and reusable; where that
+// memory is taken, it is placed by best fit as without the address.
+TEST(CachingAllocator, PlacesABufferAtTheAddressAskedWhereThatMemoryIsFree) {
+  CpuBackend backend(1);
+  constexpr int64_t kMiB = 1 << 20;
+  Buffer first = backend.allocate("first", Shape{8 * kMiB}, DType::u8, Lifetime::scratch);
+  Buffer second = backend.allocate("second", Shape{8 * kMiB}, DType::u8, Lifetime::scratch);
+  auto* const base = static_cast<uint8_t*>(first.tensor().data);
+  const size_t live = backend.memory_stats().live_bytes;
+  first.reset();
+  Buffer inside = backend.allocate("inside", Shape{4 * kMiB}, DType::u8, Lifetime::scratch, base + 2 * kMiB);
+  EXPECT_EQ(inside.tensor().data, base + 2 * kMiB);
+  EXPECT_EQ(backend.memory_stats().live_bytes, live - 4 * kMiB);
+  // The 2 MiB before it stay free.
+  Buffer before = backend.allocate("before", Shape{2 * kMiB}, DType::u8, Lifetime::scratch, base);
+  EXPECT_EQ(before.tensor().data, base);
+  // Asked inside a live buffer: placed elsewhere.
+  Buffer elsewhere =
+      backend.allocate("elsewhere", Shape{kMiB + 512}, DType::u8, Lifetime::scratch, second.tensor().data);
+  EXPECT_NE(elsewhere.tensor().data, second.tensor().data);
+  // Small-pool buffers too.
+  Buffer small = backend.allocate("small", Shape{256}, DType::f32, Lifetime::scratch);
+  auto* const small_at = static_cast<uint8_t*>(small.tensor().data);
+  small.reset();
+  Buffer other = backend.allocate("other", Shape{8}, DType::f32, Lifetime::scratch);
+  Buffer again = backend.allocate("again", Shape{8}, DType::f32, Lifetime::scratch, small_at + 512);
+  EXPECT_EQ(again.tensor().data, small_at + 512);
+}
+
 TEST(CpuSupports, F32EverywhereNarrowStorageOnlyWhereDocumented) {
   CpuBackend backend(1);
   for (OpKind kind : kFp32Ops) {

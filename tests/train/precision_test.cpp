@@ -245,7 +245,8 @@ TEST(Precision, TheOptimizerRecordsTheQuantizedWeightsAmaxesForCurrentScaling) {
 // the weight: from the second step on, 4 casts a block fewer a step, and the run's losses,
 // evaluation, weights, scales and amax histories are those of the forward's own casts bit for
 // bit (the newest history slot holds the weights' records a step earlier: the optimizer makes
-// them). With the FP32 master or the BF16 copy as the weight the casts read, one or two
+// them); from the second step on the copies come back to the addresses the forward took them
+// from. With the FP32 master or the BF16 copy as the weight the casts read, one or two
 // micro-batches (the second casts again), on Llama and GPT-2 (its GELU casts in the forward).
 TEST(Precision, DelayedScalingTakesTheOptimizersWeightCopiesWithTheSameBits) {
   struct CastCounter final : TraceObserver {
@@ -292,6 +293,10 @@ TEST(Precision, DelayedScalingTakesTheOptimizersWeightCopiesWithTheSameBits) {
             counter.count = 0;
             const StepResult result = session.step(batches, micro_batches * batch * seq, 1e-2, step);
             run.casts.push_back(counter.count);
+            // From the second step on the optimizer puts each copy where the forward took the
+            // last one (what lets a step graph replay; the CPU's allocator is the GPU's).
+            if (on == 1 && step >= 2)
+              EXPECT_TRUE(session.model().linears().weight_casts_repeat()) << what << ", step " << step;
             run.losses.push_back(result.loss);
             run.losses.push_back(result.grad_norm);
             if (step == 2) run.losses.push_back(session.evaluate(batches));

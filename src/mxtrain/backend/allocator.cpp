@@ -70,6 +70,33 @@ CachingAllocator::Block* CachingAllocator::find_free_block(bool small, size_t si
   return block;
 }
 
+// The free block holding [at, at + size), taken out of its pool with the free memory before
+// `at` left behind as a free block of its own; null when no free block holds it.
+CachingAllocator::Block* CachingAllocator::take_free_block_at(bool small, size_t size, uintptr_t at) {
+  auto& pool = small ? free_small_ : free_large_;
+  for (auto it = pool.begin(); it != pool.end(); ++it) {
+    Block* block = *it;
+    if (block->address > at || at + size > block->address + block->size) continue;
+    pool.erase(it);
+    if (block->address == at) return block;
+    auto rest = std::make_unique<Block>();
+    rest->segment = block->segment;
+    rest->address = at;
+    rest->size = block->address + block->size - at;
+    rest->small = block->small;
+    rest->previous = block;
+    rest->next = block->next;
+    if (block->next) block->next->previous = rest.get();
+    block->next = rest.get();
+    block->size = at - block->address;
+    pool.insert(block);
+    Block* taken = rest.get();
+    block->segment->blocks.push_back(std::move(rest));
+    return taken;
+  }
+  return nullptr;
+}
+
 CachingAllocator::Block* CachingAllocator::split_block(Block* block, size_t size) {
   size_t remaining = block->size - size;
   // Small-pool blocks split down to the rounding unit; large ones only when the rest is itself
@@ -91,11 +118,13 @@ CachingAllocator::Block* CachingAllocator::split_block(Block* block, size_t size
   return block;
 }
 
-CachingAllocator::Allocation CachingAllocator::allocate(size_t bytes, const std::string& name, Lifetime lifetime) {
+CachingAllocator::Allocation CachingAllocator::allocate(size_t bytes, const std::string& name, Lifetime lifetime,
+                                                        const void* at) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t size = round_size(bytes);
   bool small = size <= kSmallLimit;
-  Block* block = find_free_block(small, size);
+  Block* block = at != nullptr ? take_free_block_at(small, size, reinterpret_cast<uintptr_t>(at)) : nullptr;
+  if (block == nullptr) block = find_free_block(small, size);
   if (block == nullptr) {
     size_t segment_size = small ? kSmallSegment : (size + kSegmentRound - 1) / kSegmentRound * kSegmentRound;
     void* base = source_->allocate_segment(segment_size);

@@ -90,8 +90,11 @@ class CachingAllocator {
 
   static size_t round_size(size_t bytes);
 
-  // Throws Error(out_of_memory) with the request, use, reservation and capacity.
-  Allocation allocate(size_t bytes, const std::string& name, Lifetime lifetime);
+  // Throws Error(out_of_memory) with the request, use, reservation and capacity. at: where the
+  // block should start, if the free memory there holds it (else best fit as without it): a
+  // buffer that lives from one step into the next can come back to the address a step graph
+  // holds for it.
+  Allocation allocate(size_t bytes, const std::string& name, Lifetime lifetime, const void* at = nullptr);
   void release(Block* block);
 
   MemoryStats stats() const;
@@ -106,6 +109,7 @@ class CachingAllocator {
  private:
   struct Segment;
   Block* find_free_block(bool small, size_t size);
+  Block* take_free_block_at(bool small, size_t size, uintptr_t at);
   Block* split_block(Block* block, size_t size);
   void free_unused_segments();
   [[noreturn]] void throw_out_of_memory(size_t requested, const std::string& name);

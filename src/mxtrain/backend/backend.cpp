@@ -46,9 +46,9 @@ uint64_t Backend::record_timestamp() {
 
 double Backend::elapsed_ms(uint64_t start, uint64_t end) { return static_cast<double>(end - start) / 1e6; }
 
-Buffer Backend::allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime) {
+Buffer Backend::allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime, const void* at) {
   size_t bytes = dtype_bytes(dtype, static_cast<size_t>(shape.numel()));
-  CachingAllocator::Allocation allocation = allocator_->allocate(bytes, name, lifetime);
+  CachingAllocator::Allocation allocation = allocator_->allocate(bytes, name, lifetime, at);
   if (observer_) {
     observer_->on_allocation(AllocationEvent{name, lifetime, bytes, CachingAllocator::round_size(bytes), false,
                                              allocator_->stats().live_bytes});

@@ -345,7 +345,8 @@ class Backend {
   virtual void drop_capture() {}
 
   // ---- memory -----------------------------------------------------------------------------
-  Buffer allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime);
+  // at: where the buffer should start if that memory is free (CachingAllocator::allocate).
+  Buffer allocate(const std::string& name, Shape shape, DType dtype, Lifetime lifetime, const void* at = nullptr);
   MemoryStats memory_stats() const { return allocator_->stats(); }
   void reset_peak_memory() { allocator_->reset_peak(); }
   CachingAllocator& allocator() { return *allocator_; }

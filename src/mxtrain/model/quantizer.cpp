@@ -33,7 +33,7 @@ void Quantizer::cast_scale(const Tensor&, const QuantizeRequest&, Tensor*, Tenso
 void Quantizer::copy_amax(const Tensor&, const std::string&, bool, QuantizedOperand&, Buffer&, QuantizedTensor&) {}
 
 void Quantizer::allocate_copy(const Tensor& x, const QuantizeRequest& request, bool transposed,
-                              QuantizedOperand& operand) {
+                              QuantizedOperand& operand, const void* data_at, const void* scales_at) {
   Buffer& data = transposed ? operand.col_data : operand.row_data;
   Buffer& scales = transposed ? operand.col_scales : operand.row_scales;
   Buffer& amax = transposed ? operand.col_amax : operand.row_amax;
@@ -43,10 +43,10 @@ void Quantizer::allocate_copy(const Tensor& x, const QuantizeRequest& request, b
   const int64_t rows = transposed ? x.cols() : x.rows(), k = transposed ? x.rows() : x.cols();
   const std::string copy = request.name + (transposed ? ".columnwise" : ".rowwise");
   const Lifetime lifetime = transposed ? request.columnwise_lifetime : Lifetime::scratch;
-  data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime);
+  data = backend_.allocate(copy, Shape{rows, k}, q.spec.element, lifetime, data_at);
   q.data = data;
   scales = backend_.allocate(copy + ".scale_inverse", block_scale_shape(q.spec, rows, k),
-                             block_scale_dtype(q.spec.mode), lifetime);
+                             block_scale_dtype(q.spec.mode), lifetime, scales_at);
   q.scale_inverse = scales;
   copy_amax(x, copy, transposed, operand, amax, q);
 }
@@ -85,7 +85,15 @@ QuantizedOperand Quantizer::quantize_now(const Tensor& x, const QuantizeRequest&
 void Quantizer::prepare_weight_cast(WeightCast& cast) {
   const QuantizeRequest request{.linear = cast.linear, .role = QuantizedRole::weight, .rowwise = true,
                                 .name = cast.name};
-  allocate_copy(cast.weight, request, false, cast.operand);
+  // Where this step's forward took the last copy, if that memory is free again: in a steady run
+  // every step then reads its copies where a captured step graph reads them.
+  const void *data_at = nullptr, *scales_at = nullptr;
+  for (const CopyAddress& taken : taken_)
+    if (std::get<0>(taken) == cast.linear) {
+      data_at = std::get<1>(taken);
+      scales_at = std::get<2>(taken);
+    }
+  allocate_copy(cast.weight, request, false, cast.operand, data_at, scales_at);
 }
 
 void Quantizer::weight_cast_written(WeightCast&& cast) {

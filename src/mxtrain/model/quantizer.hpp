@@ -153,8 +153,10 @@ class Quantizer {
   virtual void finish_step() {}
   // The cast itself: scale, copies, Backend::quantize.
   QuantizedOperand quantize_now(const Tensor& x, const QuantizeRequest& request);
-  // Allocates the rowwise (or columnwise) copy of x named name + ".rowwise" (".columnwise").
-  void allocate_copy(const Tensor& x, const QuantizeRequest& request, bool transposed, QuantizedOperand& operand);
+  // Allocates the rowwise (or columnwise) copy of x named name + ".rowwise" (".columnwise"), its
+  // data and scales at the addresses given where that memory is free.
+  void allocate_copy(const Tensor& x, const QuantizeRequest& request, bool transposed, QuantizedOperand& operand,
+                     const void* data_at = nullptr, const void* scales_at = nullptr);
 
   Backend& backend_;
   DType forward_element_, gradient_element_;
