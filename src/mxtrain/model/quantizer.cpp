@@ -63,7 +63,7 @@ QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& req
       QuantizedOperand operand = std::move(ready->second.operand);
       ready_.erase(ready);
       if (same) {
-        taken_.emplace_back(request.linear, operand.rowwise.data.data, operand.rowwise.scale_inverse.data);
+        taken_.push_back({request.linear, operand.rowwise.data, operand.rowwise.scale_inverse});
         return operand;
       }
     }
@@ -89,15 +89,15 @@ void Quantizer::prepare_weight_cast(WeightCast& cast) {
   // every step then reads its copies where a captured step graph reads them.
   const void *data_at = nullptr, *scales_at = nullptr;
   for (const CopyAddress& taken : taken_)
-    if (std::get<0>(taken) == cast.linear) {
-      data_at = std::get<1>(taken);
-      scales_at = std::get<2>(taken);
+    if (taken.linear == cast.linear) {
+      data_at = taken.data.data;
+      scales_at = taken.scale.data;
     }
   allocate_copy(cast.weight, request, false, cast.operand, data_at, scales_at);
 }
 
 void Quantizer::weight_cast_written(WeightCast&& cast) {
-  written_.emplace_back(cast.linear, cast.operand.rowwise.data.data, cast.operand.rowwise.scale_inverse.data);
+  written_.push_back({cast.linear, cast.operand.rowwise.data, cast.operand.rowwise.scale_inverse});
   auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == cast.linear; });
   if (ready == ready_.end()) ready = ready_.insert(ready_.end(), {cast.linear, Ready{}});
   ready->second = Ready{cast.weight.data, std::move(cast.operand)};
@@ -107,12 +107,44 @@ void Quantizer::end_step() {
   std::sort(taken_.begin(), taken_.end());
   std::sort(written_.begin(), written_.end());
   weight_casts_repeat_ = taken_ == written_;
+  last_taken_ = std::move(taken_);
+  last_written_ = std::move(written_);
   taken_.clear();
   written_.clear();
   finish_step();
 }
 
 void Quantizer::drop_weight_casts() { ready_.clear(); }
+
+bool Quantizer::relocate_weight_casts() {
+  if (last_taken_.size() != last_written_.size()) return false;
+  auto overlap = [](const Tensor& a, const Tensor& b) {
+    const auto* a0 = static_cast<const uint8_t*>(a.data);
+    const auto* b0 = static_cast<const uint8_t*>(b.data);
+    return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+  };
+  for (size_t i = 0; i < last_taken_.size(); ++i) {
+    const CopyAddress &taken = last_taken_[i], &written = last_written_[i];
+    if (taken.linear != written.linear || taken.data.bytes() != written.data.bytes() ||
+        taken.scale.bytes() != written.scale.bytes() || taken.data.bytes() % 4 != 0 || taken.scale.bytes() % 4 != 0)
+      return false;
+    for (const CopyAddress& any : last_written_)
+      if (overlap(taken.data, any.data) || overlap(taken.data, any.scale) || overlap(taken.scale, any.data) ||
+          overlap(taken.scale, any.scale))
+        return false;
+  }
+  // The bytes as f32 words (a copy of one dtype moves the bits): every copy is a whole number of them.
+  auto words = [](const Tensor& t) {
+    return Tensor(t.data, Shape{static_cast<int64_t>(t.bytes() / 4)}, DType::f32, t.device);
+  };
+  for (size_t i = 0; i < last_taken_.size(); ++i) {
+    const CopyAddress &taken = last_taken_[i], &written = last_written_[i];
+    if (taken == written) continue;
+    backend_.copy(words(written.data), words(taken.data));
+    backend_.copy(words(written.scale), words(taken.scale));
+  }
+  return true;
+}
 
 // ---- per-tensor FP8, delayed scaling ------------------------------------------------------------
 
