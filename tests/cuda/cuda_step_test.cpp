@@ -289,8 +289,14 @@ TEST_P(CudaStep, QuantizedRecipesReplayTheirStepWithTheSameBits) {
                    (lean ? ", one micro-batch" : ", two micro-batches"));
       SessionRun eager = run_session(GetParam(), false, lean, false, c.precision, c.nvfp4_rounding);
       SessionRun graph = run_session(GetParam(), true, lean, false, c.precision, c.nvfp4_rounding);
-      const std::vector<bool> expected =
+      std::vector<bool> expected =
           c.replays ? std::vector<bool>{false, false, true, true, false, false, true, true} : std::vector<bool>(8, false);
+      // fp8 on the tiny Llama: its FP8 weight copies written by the optimizer do not come back to
+      // the addresses its captured step read them from (small-pool blocks; the real sizes do:
+      // Precision.OptimizerWeightCopiesKeepTheirAddressesFromStepToStep), so each capture is
+      // replayed once and dropped, and the next steps run op by op and capture again.
+      if (std::string(c.precision) == "fp8" && std::string(GetParam()) == "tiny")
+        expected = {false, false, true, false, false, true, false, false};
       EXPECT_EQ(graph.replayed, expected);
       ASSERT_EQ(graph.losses.size(), eager.losses.size());
       for (size_t i = 0; i < eager.losses.size(); ++i) {
@@ -308,15 +314,20 @@ TEST_P(CudaStep, QuantizedRecipesReplayTheirStepWithTheSameBits) {
 
 // Delayed scaling's FP8 weight copies written by the AdamW pass (precision.fp8_optimizer_weight_casts):
 // op by op and replayed, the runs have the bits of runs whose forwards cast the weights, and the
-// graph keeps replaying (the copies a step's forward takes lie where its optimizer writes the
-// next ones, so a replay reads what the last one wrote).
+// graph keeps replaying where the copies a step's forward takes lie where its optimizer writes
+// the next ones (so a replay reads what the last one wrote); where they do not, the capture is
+// dropped after its one replay, with the same bits.
 TEST_P(CudaStep, OptimizerWeightCastsGiveTheForwardCastsBits) {
   for (bool lean : {false, true}) {
     SCOPED_TRACE(lean ? "one micro-batch" : "two micro-batches");
     SessionRun forward = run_session(GetParam(), false, lean, false, "fp8", true, false);
     SessionRun eager = run_session(GetParam(), false, lean, false, "fp8", true, true);
     SessionRun graph = run_session(GetParam(), true, lean, false, "fp8", true, true);
-    EXPECT_EQ(graph.replayed, std::vector<bool>({false, false, true, true, false, false, true, true}));
+    // The tiny Llama's copies do not keep their addresses: each capture replays once and goes
+    // (QuantizedRecipesReplayTheirStepWithTheSameBits).
+    const bool settles = std::string(GetParam()) != "tiny";
+    EXPECT_EQ(graph.replayed, settles ? std::vector<bool>({false, false, true, true, false, false, true, true})
+                                      : std::vector<bool>({false, false, true, false, false, true, false, false}));
     for (const SessionRun* run : {&eager, &graph}) {
       ASSERT_EQ(run->losses.size(), forward.losses.size());
       for (size_t i = 0; i < forward.losses.size(); ++i)

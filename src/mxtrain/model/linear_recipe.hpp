@@ -151,10 +151,11 @@ class LinearRecipe {
   // The forwards cast the weights again from here on (a session whose step graphs never see
   // the copies' addresses repeat).
   void stop_weight_casts();
-  // At the end of a step being captured whose copies did not repeat their addresses: the
-  // written copies copied to where the forward took them (Quantizer::relocate_weight_casts);
-  // false where that cannot be.
-  bool relocate_weight_casts() { return !quantizer_ || quantizer_->relocate_weight_casts(); }
+  // After the optimizer step has written its copies (every gradient freed): copies that could
+  // not be placed where the forward took the last ones move there (Quantizer::settle_weight_casts).
+  void settle_weight_casts() {
+    if (quantizer_) quantizer_->settle_weight_casts();
+  }
   // Whether forward can keep block `layer`'s quantized inputs (per-tensor FP8 layers), and
   // whether it holds one for this linear now.
   bool saves_inputs(int64_t layer) const;

@@ -94,6 +94,14 @@ void Quantizer::prepare_weight_cast(WeightCast& cast) {
       scales_at = taken.scale.data;
     }
   allocate_copy(cast.weight, request, false, cast.operand, data_at, scales_at);
+  if (data_at != nullptr &&
+      (cast.operand.rowwise.data.data != data_at || cast.operand.rowwise.scale_inverse.data != scales_at)) {
+    const Tensor at_data(const_cast<void*>(data_at), cast.operand.rowwise.data.shape, cast.operand.rowwise.data.dtype,
+                         cast.operand.rowwise.data.device);
+    const Tensor at_scale(const_cast<void*>(scales_at), cast.operand.rowwise.scale_inverse.shape,
+                          cast.operand.rowwise.scale_inverse.dtype, cast.operand.rowwise.data.device);
+    unsettled_.push_back({cast.linear, at_data, at_scale, cast.name + ".rowwise"});
+  }
 }
 
 void Quantizer::weight_cast_written(WeightCast&& cast) {
@@ -107,8 +115,6 @@ void Quantizer::end_step() {
   std::sort(taken_.begin(), taken_.end());
   std::sort(written_.begin(), written_.end());
   weight_casts_repeat_ = taken_ == written_;
-  last_taken_ = std::move(taken_);
-  last_written_ = std::move(written_);
   taken_.clear();
   written_.clear();
   finish_step();
@@ -116,34 +122,50 @@ void Quantizer::end_step() {
 
 void Quantizer::drop_weight_casts() { ready_.clear(); }
 
-bool Quantizer::relocate_weight_casts() {
-  if (last_taken_.size() != last_written_.size()) return false;
-  auto overlap = [](const Tensor& a, const Tensor& b) {
-    const auto* a0 = static_cast<const uint8_t*>(a.data);
-    const auto* b0 = static_cast<const uint8_t*>(b.data);
-    return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
-  };
-  for (size_t i = 0; i < last_taken_.size(); ++i) {
-    const CopyAddress &taken = last_taken_[i], &written = last_written_[i];
-    if (taken.linear != written.linear || taken.data.bytes() != written.data.bytes() ||
-        taken.scale.bytes() != written.scale.bytes() || taken.data.bytes() % 4 != 0 || taken.scale.bytes() % 4 != 0)
-      return false;
-    for (const CopyAddress& any : last_written_)
-      if (overlap(taken.data, any.data) || overlap(taken.data, any.scale) || overlap(taken.scale, any.data) ||
-          overlap(taken.scale, any.scale))
-        return false;
-  }
-  // The bytes as f32 words (a copy of one dtype moves the bits): every copy is a whole number of them.
+void Quantizer::settle_weight_casts() {
+  // The bytes as f32 words (a copy of one dtype moves the bits).
   auto words = [](const Tensor& t) {
     return Tensor(t.data, Shape{static_cast<int64_t>(t.bytes() / 4)}, DType::f32, t.device);
   };
-  for (size_t i = 0; i < last_taken_.size(); ++i) {
-    const CopyAddress &taken = last_taken_[i], &written = last_written_[i];
-    if (taken == written) continue;
-    backend_.copy(words(written.data), words(taken.data));
-    backend_.copy(words(written.scale), words(taken.scale));
+  // A move frees the copy's old place, which may be where another belongs: again while one moves.
+  for (bool moved = true; moved && !unsettled_.empty();) {
+    moved = false;
+    for (auto home = unsettled_.begin(); home != unsettled_.end();) {
+      auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == home->linear; });
+      if (ready == ready_.end()) {
+        home = unsettled_.erase(home);
+        continue;
+      }
+      QuantizedOperand& operand = ready->second.operand;
+      if (operand.rowwise.data.bytes() % 4 != 0 || operand.rowwise.scale_inverse.bytes() % 4 != 0) {
+        ++home;
+        continue;
+      }
+      const std::string& name = home->name;
+      Buffer data = backend_.allocate(name, operand.rowwise.data.shape, operand.rowwise.data.dtype, Lifetime::scratch,
+                                      home->data.data);
+      Buffer scales = backend_.allocate(name + ".scale_inverse", operand.rowwise.scale_inverse.shape,
+                                        operand.rowwise.scale_inverse.dtype, Lifetime::scratch, home->scale.data);
+      if (data.tensor().data != home->data.data || scales.tensor().data != home->scale.data) {
+        ++home;
+        continue;
+      }
+      backend_.copy(words(operand.rowwise.data), words(data));
+      backend_.copy(words(operand.rowwise.scale_inverse), words(scales));
+      operand.row_data = std::move(data);
+      operand.row_scales = std::move(scales);
+      operand.rowwise.data = operand.row_data;
+      operand.rowwise.scale_inverse = operand.row_scales;
+      for (CopyAddress& written : written_)
+        if (written.linear == home->linear) {
+          written.data = operand.rowwise.data;
+          written.scale = operand.rowwise.scale_inverse;
+        }
+      home = unsettled_.erase(home);
+      moved = true;
+    }
   }
-  return true;
+  unsettled_.clear();
 }
 
 // ---- per-tensor FP8, delayed scaling ------------------------------------------------------------

@@ -115,12 +115,11 @@ class Quantizer {
   bool weight_casts_repeat() const { return weight_casts_repeat_; }
   // Drops the copies written for the next forward (its casts then run).
   void drop_weight_casts();
-  // After end_step of a step being captured whose copies did not repeat their addresses: copies
-  // each written copy to where its forward took the last one (memory free at the step's end), so
-  // the graph's forward reads what its optimizer wrote; false (nothing copied) where a written
-  // copy lies over a taken one, or a copy was taken and none written or the other way round.
-  bool relocate_weight_casts();
-  void set_evaluating(bool evaluating) { evaluating_ = evaluating; }
+  // After the optimizer step wrote its copies, with every gradient freed: each copy that could
+  // not be allocated where this step's forward took the last one (a gradient lay there then)
+  // moves there now where that memory is free (a device copy), so that from step to step the
+  // forward reads its copies at the same addresses (what a step graph needs).
+  void settle_weight_casts();  void set_evaluating(bool evaluating) { evaluating_ = evaluating; }
   // Whether every step launches the same casts with the same arguments, so a step can be
   // captured in a CUDA graph and replayed: the decisions the host takes between casts (current
   // scaling's recorded amaxes and reused scales) are the same from the second step on, and the
@@ -176,12 +175,13 @@ class Quantizer {
   struct CopyAddress {
     int64_t linear = 0;
     Tensor data, scale;  // views (the buffers may be gone)
+    std::string name;    // the copy's buffer name (unsettled_)
     auto key() const { return std::make_tuple(linear, data.data, scale.data); }
     bool operator<(const CopyAddress& other) const { return key() < other.key(); }
     bool operator==(const CopyAddress& other) const { return key() == other.key(); }
   };
   std::vector<CopyAddress> taken_, written_;
-  std::vector<CopyAddress> last_taken_, last_written_;  // the last step's, sorted (end_step)
+  std::vector<CopyAddress> unsettled_;  // copies written elsewhere than asked: where they belong
   bool weight_casts_repeat_ = true;
   bool evaluating_ = false;
 };

@@ -200,19 +200,17 @@ bool TrainingSession::run_step(const std::vector<TokenBatch>& micro_batches, int
   if (launched_nonfinite_) apply = false;
   if (apply) optimizer_->update(args, grad_norm_sq_);
   params_->zero_grads();
+  model_->linears().settle_weight_casts();  // FP8 weight copies back where the forward reads them
   model_->linears().finish_step();
-  // A captured step replays from the addresses it took its FP8 weight copies from.
-  if (captured && !model_->linears().weight_casts_repeat())
-    weight_casts_relocated_ = model_->linears().relocate_weight_casts();
   return apply;
 }
 
 // The captured step's forward took FP8 weight copies (LinearRecipe::weight_casts) from other
-// addresses than those its optimizer wrote the next ones to, and they could not be copied back
-// there at its end (a new copy lies over an old one): a second replay would read stale copies.
-// Its one replay was right (it read what the step before wrote); the graph goes, and the next
-// steps run op by op and capture again. If that keeps happening, the forwards cast the weights
-// again, and the next capture holds.
+// addresses than those its optimizer wrote the next ones to (Quantizer::settle_weight_casts
+// could not bring them all back): a second replay would read stale copies. Its one replay was
+// right (it read what the step before wrote); the graph goes, and the next steps run op by op and
+// capture again. If that keeps happening, the forwards cast the weights again, and the next
+// capture holds.
 void TrainingSession::drop_unrepeated_capture() {
   backend_.drop_capture();
   graph_ready_ = false;
@@ -288,7 +286,6 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
   if (!replayed_) {
     const bool capture = graph_eligible_ && eager_steps_ >= kEagerSteps && backend_.begin_capture();
     if (capture) {
-      weight_casts_relocated_ = false;
       stage_graph_inputs(micro_batches, learning_rate, step_number);
       try {
         run_step(micro_batches, global_tokens, learning_rate, step_number, true, loss_scale);
@@ -301,7 +298,7 @@ void TrainingSession::launch_step(const std::vector<TokenBatch>& micro_batches, 
       replayed_ = graph_ready_ && backend_.replay();
       // Refused by the device (logged): nothing ran; this step and all later ones go op by op.
       if (!replayed_) graph_eligible_ = false;
-      if (replayed_ && !model_->linears().weight_casts_repeat() && !weight_casts_relocated_) drop_unrepeated_capture();
+      if (replayed_ && !model_->linears().weight_casts_repeat()) drop_unrepeated_capture();
     }
     if (!replayed_) {
       apply = run_step(micro_batches, global_tokens, learning_rate, step_number, false, loss_scale);

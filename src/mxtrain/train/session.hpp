@@ -157,7 +157,6 @@ class TrainingSession {
   // and how many of those end the optimizer's weight casts.
   static constexpr int kUnrepeatedCaptures = 3;
   int unrepeated_captures_ = 0;
-  bool weight_casts_relocated_ = false;  // by the step being captured (run_step)
   void drop_unrepeated_capture();
   bool graph_eligible_ = false;
   bool graph_ready_ = false;
