@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/numerics/fp8.hpp"
@@ -56,7 +55,7 @@ QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& req
                  std::string(dtype_name(format_dtype())).c_str());
   // A weight's rowwise copy the optimizer step wrote for this forward (weight_casts).
   if (request.role == QuantizedRole::weight && request.rowwise && !request.columnwise) {
-    auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == request.linear; });
+    auto ready = ready_.find(request.linear);
     if (ready != ready_.end()) {
       const bool same = ready->second.source == x.data;
       if (same && evaluating_) return quantize_now(x, request);
@@ -106,9 +105,7 @@ void Quantizer::prepare_weight_cast(WeightCast& cast) {
 
 void Quantizer::weight_cast_written(WeightCast&& cast) {
   written_.push_back({cast.linear, cast.operand.rowwise.data, cast.operand.rowwise.scale_inverse});
-  auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == cast.linear; });
-  if (ready == ready_.end()) ready = ready_.insert(ready_.end(), {cast.linear, Ready{}});
-  ready->second = Ready{cast.weight.data, std::move(cast.operand)};
+  ready_[cast.linear] = Ready{cast.weight.data, std::move(cast.operand)};
 }
 
 void Quantizer::end_step() {
@@ -131,7 +128,7 @@ void Quantizer::settle_weight_casts() {
   for (bool moved = true; moved && !unsettled_.empty();) {
     moved = false;
     for (auto home = unsettled_.begin(); home != unsettled_.end();) {
-      auto ready = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.first == home->linear; });
+      auto ready = ready_.find(home->linear);
       if (ready == ready_.end()) {
         home = unsettled_.erase(home);
         continue;
@@ -203,15 +200,7 @@ QuantizeSpec Fp8DelayedQuantizer::spec(QuantizedRole role, bool) {
 
 void Fp8DelayedQuantizer::cast_scale(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax_out,
                                      ScaleFromAmax*) {
-  if (request.role == QuantizedRole::weight) {
-    const size_t linear = static_cast<size_t>(request.linear);
-    if (weights_.size() <= linear) {
-      weights_.resize(linear + 1);
-      weight_names_.resize(linear + 1);
-    }
-    weights_[linear] = x;
-    weight_names_[linear] = request.name;
-  }
+  if (request.role == QuantizedRole::weight) weights_[request.linear] = {x, request.name};
   // This step's scale (from the history up to the last step); the cast records its amax in
   // history slot 0, which is the first row of the slot-major history.
   const bool forward = request.role != QuantizedRole::gradient;
@@ -253,13 +242,11 @@ std::vector<WeightCast> Fp8DelayedQuantizer::weight_casts() {
   // newest slot of the rolled histories, as the next forward's casts would.
   update_scales();
   scales_updated_ = true;
-  for (size_t linear = 0; linear < weights_.size(); ++linear) {
-    const Tensor& weight = weights_[linear];
-    if (!weight.defined()) continue;
+  for (const auto& [linear, cast_weight] : weights_) {
     WeightCast cast;
-    cast.linear = static_cast<int64_t>(linear);
-    cast.weight = weight;
-    cast.name = weight_names_[linear];
+    cast.linear = linear;
+    cast.weight = cast_weight.weight;
+    cast.name = cast_weight.name;
     const int64_t index = 2 * cast.linear + 1;
     cast.scale = forward_scale_.tensor().slice_flat(index, Shape{1});
     cast.amax = forward_history_.tensor().slice_flat(index, Shape{1});
@@ -272,7 +259,6 @@ void Fp8DelayedQuantizer::finish_step() {
   if (!scales_updated_) update_scales();
   scales_updated_ = false;
   weights_.clear();
-  weight_names_.clear();
 }
 
 void Fp8DelayedQuantizer::update_scales() {

@@ -11,6 +11,7 @@
 // amax first, then per copy — rowwise before columnwise — data, scales and, for NVFP4, the amax),
 // so the planner sees the same trace.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -170,7 +171,7 @@ class Quantizer {
     const void* source = nullptr;  // the weight tensor the copy is of
     QuantizedOperand operand;
   };
-  std::vector<std::pair<int64_t, Ready>> ready_;  // by linear
+  std::map<int64_t, Ready> ready_;  // by linear
   // This step's copies taken by a forward and written by the optimizer: (linear, data, scale).
   struct CopyAddress {
     int64_t linear = 0;
@@ -216,9 +217,12 @@ class Fp8DelayedQuantizer final : public Quantizer {
   Tensor newest_forward_slot() const;  // the forward history's slot 0, every linear's entry
   void update_scales();                // the next step's scales from the histories, which roll
 
-  // The weights cast this step (by linear; undefined = none), for weight_casts.
-  std::vector<Tensor> weights_;
-  std::vector<std::string> weight_names_;
+  // The weights cast this step, by linear, with their casts' names, for weight_casts.
+  struct CastWeight {
+    Tensor weight;
+    std::string name;
+  };
+  std::map<int64_t, CastWeight> weights_;
   bool scales_updated_ = false;  // by weight_casts, this step
 
   numerics::AmaxAlgorithm algorithm_;
