@@ -202,6 +202,38 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
       time("fp8 quantize both + amax" + shape_name,
            [&] { cuda().quantize(input, scale, rowwise, columnwise, amax_out); });
     }
+    // SwiGLU's casts in a backward that recomputes the activation (delayed scaling): the
+    // activation's columnwise cast for the down projection's weight gradient and the gate/up
+    // gradient's cast, apart (two passes over gate_up) and as one pass.
+    auto fp8_copy = [&](const char* name, int64_t rows, int64_t cols, DType element, bool transposed) {
+      QuantizedTensor q;
+      q.spec.element = element;
+      q.transposed = transposed;
+      q.data = cuda().allocate(name, transposed ? Shape{cols, rows} : Shape{rows, cols}, element, Lifetime::scratch);
+      q.scale_inverse = cuda().allocate(std::string(name) + ".si", Shape{1}, DType::f32, Lifetime::scratch);
+      return q;
+    };
+    const QuantizedTensor act_col = fp8_copy("act.col", R, s.ffn, DType::e4m3, true);
+    const QuantizedTensor dup_row = fp8_copy("dup.row", R, 2 * s.ffn, DType::e5m2, false);
+    const QuantizedTensor dup_col = fp8_copy("dup.col", R, 2 * s.ffn, DType::e5m2, true);
+    const QuantizedTensor none;
+    Buffer act_amax = random(Shape{1}, DType::f32, 41), dup_amax = random(Shape{1}, DType::f32, 42);
+    const Tensor act_shape(nullptr, Shape{R, s.ffn}, bf, Device::cuda);
+    const Tensor dup_shape(nullptr, Shape{R, 2 * s.ffn}, bf, Device::cuda);
+    const CastProducer act_producer{.op = CastProducer::Op::swiglu_forward, .gate_up = up};
+    CastProducer dup_producer{.op = CastProducer::Op::swiglu_backward, .gate_up = up, .dout = act};
+    time("fp8 cast of the activation (swiglu_forward fused), columnwise", [&] {
+      cuda().quantize(act_shape, scale, none, act_col, act_amax, ScaleFromAmax{}, act_producer);
+    });
+    time("fp8 cast of dgate_up (swiglu_backward fused), both", [&] {
+      cuda().quantize(dup_shape, scale, dup_row, dup_col, dup_amax, ScaleFromAmax{}, dup_producer);
+    });
+    dup_producer.act_scale = scale;
+    dup_producer.act_amax = act_amax;
+    dup_producer.act_columnwise = act_col;
+    time("fp8 cast of dgate_up with the activation's copy, one pass", [&] {
+      cuda().quantize(dup_shape, scale, dup_row, dup_col, dup_amax, ScaleFromAmax{}, dup_producer);
+    });
   }
 }
 

@@ -276,7 +276,7 @@ TEST_F(CudaQuantize, CastTransposeWritesBothCopiesInOnePass) {
 
 // A cast with SwiGLU fused in (CastProducer) writes the codes, decode scales and amax of
 // SwiGLU's kernel followed by the cast, bit for bit: forward (E4M3) and backward (E5M2, both
-// halves), both copies, on a shape off the 128x64 tiles and the 8-wide vectors (scalar loads
+// halves; and with the activation's own columnwise copy beside), both copies, on a shape off the 128x64 tiles and the 8-wide vectors (scalar loads
 // and stores) and on a model-like one (the vector path), with non-finite inputs mixed in.
 TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
   struct Shape2 {
@@ -300,6 +300,30 @@ TEST_F(CudaQuantize, FusedSwigluCastsAreTheOpThenTheCast) {
         if (backward) producer.dout = dout;
         expect_fused_cast_is_op_then_cast(label + (backward ? " backward" : " forward"), x, scale,
                                           backward ? DType::e5m2 : DType::e4m3, producer, 0.5f);
+        if (!backward) continue;
+        // With the activation's copy beside (CastProducer::act_columnwise): the gradient's copies
+        // as before, and the activation's E4M3 columnwise codes, decode scale and amax those of
+        // swiglu_forward followed by its cast with its own scale.
+        Buffer act = cuda().allocate("act", Shape{rows, ffn}, dtype, Lifetime::scratch);
+        cuda().swiglu_forward(gate_up, act);
+        Buffer act_scale = upload(cuda(), {0.81f}, Shape{1});
+        const QuantizeSpec e4m3 = spec_of(ScalingMode::per_tensor, DType::e4m3);
+        Copy apart = allocate_copy(cuda(), e4m3, true, rows, ffn), side = allocate_copy(cuda(), e4m3, true, rows, ffn);
+        Buffer amax_apart = upload(cuda(), {0.25f}, Shape{1}), amax_side = upload(cuda(), {0.25f}, Shape{1});
+        cuda().quantize(act, act_scale, QuantizedTensor{}, apart.q, amax_apart);
+        CastProducer with_act = producer;
+        with_act.act_scale = act_scale;
+        with_act.act_amax = amax_side;
+        with_act.act_columnwise = side.q;
+        expect_fused_cast_is_op_then_cast(label + " backward with the activation's copy", x, scale, DType::e5m2,
+                                          with_act, 0.5f);
+        EXPECT_EQ(raw_bytes(cuda(), apart.data), raw_bytes(cuda(), side.data)) << label;
+        EXPECT_EQ(raw_bytes(cuda(), apart.scales), raw_bytes(cuda(), side.scales)) << label;
+        EXPECT_EQ(raw_bytes(cuda(), amax_apart), raw_bytes(cuda(), amax_side)) << label;
+        const std::vector<uint8_t> codes = raw_bytes(cuda(), side.data);
+        EXPECT_GT(std::count_if(codes.begin(), codes.end(), [](uint8_t b) { return (b & 0x7f) != 0; }),
+                  static_cast<std::ptrdiff_t>(codes.size() / 2))
+            << label << " activation codes";
       }
     }
   }

@@ -17,6 +17,8 @@ namespace {
 struct Gradients {
   double loss = 0;
   std::vector<std::vector<float>> groups;
+  // Delayed FP8 scaling: the amax histories after the step (what each cast recorded).
+  std::vector<float> forward_history, backward_history;
 };
 
 // Fixed tokens and targets of `rows` positions on the backend.
@@ -46,6 +48,10 @@ Gradients run_step(const ModelConfig& config, const TransformerOptions& options,
   Gradients result;
   result.loss = backend->read_scalar(loss) / (batch * seq);
   for (const ParamShard& shard : store.shards()) result.groups.push_back(test::download(*backend, shard.grad));
+  if (options.linear.format == LinearFormat::fp8_delayed) {
+    result.forward_history = test::download(*backend, model.linears().forward_history());
+    result.backward_history = test::download(*backend, model.linears().backward_history());
+  }
   backend->set_observer(nullptr);
   return result;
 }
@@ -164,9 +170,10 @@ TEST(Transformer, ProducerAmaxesSpareTheCastsTheirPassesAndChangeNoBits) {
 // are those of the separate ops, under every recompute policy. Current scaling keeps its ops.
 TEST(Transformer, FusedProducersDropTheSwigluRopeAndNormPassesAndChangeNoBits) {
   struct SwigluCounter : TraceObserver {
-    int64_t forward = 0, backward = 0, rope_backward = 0;
+    int64_t forward = 0, backward = 0, rope_backward = 0, casts = 0;
     int64_t norm_outputs = 0;  // allocations of a block norm's output (attn_norm, mlp_norm)
     void on_op(const OpRecord& record) override {
+      casts += record.kind == OpKind::quantize;
       forward += record.kind == OpKind::swiglu_forward;
       backward += record.kind == OpKind::swiglu_backward;
       rope_backward += record.kind == OpKind::rope_backward;
@@ -210,7 +217,18 @@ TEST(Transformer, FusedProducersDropTheSwigluRopeAndNormPassesAndChangeNoBits) {
       // RoPE's backward: one a layer unfused; fused, inside the QKV projection's gradient cast.
       EXPECT_EQ(counters[0].rope_backward, config.layers) << label;
       EXPECT_EQ(counters[1].rope_backward, fused ? 0 : config.layers) << label;
+      // Where backward recomputes the activation, the up projection's gradient cast also writes
+      // the activation's copy for the down projection's weight gradient: one cast a layer less.
+      const bool recomputes_act = std::string(policy) != "none";
+      EXPECT_EQ(counters[1].casts, counters[0].casts - (fused && recomputes_act ? config.layers : 0)) << label;
       EXPECT_EQ(result[0].loss, result[1].loss) << label;
+      // Every cast recorded the same amax, those a fused op makes beside its own output too (the
+      // activation's copy that SwiGLU's backward writes for the down projection).
+      EXPECT_EQ(result[0].forward_history, result[1].forward_history) << label;
+      EXPECT_EQ(result[0].backward_history, result[1].backward_history) << label;
+      if (fused) {
+        EXPECT_FALSE(result[1].forward_history.empty()) << label;
+      }
       for (size_t g = 0; g < result[0].groups.size(); ++g)
         EXPECT_EQ(0, std::memcmp(result[0].groups[g].data(), result[1].groups[g].data(),
                                  result[0].groups[g].size() * sizeof(float)))

@@ -657,6 +657,8 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
   // A fused producer reads the op's inputs instead of x.
   double bytes = b(amax_out) * 2 + (from.defined() ? b(from.amax) + b(scale) : 0);
   double flops = 0;
+  MXTRAIN_ASSERT(producer.op == CastProducer::Op::swiglu_backward || !producer.act_columnwise.data.defined(),
+                 "quantize: only a swiglu_backward producer writes an activation copy");
   switch (producer.op) {
     case CastProducer::Op::none: bytes += b(x); break;
     case CastProducer::Op::swiglu_forward:
@@ -678,6 +680,22 @@ void Backend::quantize(const Tensor& x, const Tensor& scale, const QuantizedTens
                      producer.gate_up.describe().c_str(), x.describe().c_str());
       bytes += b(producer.gate_up) + b(producer.dout);
       flops += 12 * n(producer.dout);
+      if (producer.act_columnwise.data.defined()) {
+        const QuantizedTensor& act = producer.act_columnwise;
+        check_quantized(act, "quantize (swiglu_backward producer's activation copy)");
+        MXTRAIN_ASSERT(act.spec.mode == ScalingMode::per_tensor && act.spec.element == DType::e4m3 && act.transposed &&
+                           act.rows() == producer.dout.cols() && act.k() == x.rows() &&
+                           producer.act_scale.dtype == DType::f32 && producer.act_scale.numel() >= 1 &&
+                           (!producer.act_amax.defined() ||
+                            (producer.act_amax.dtype == DType::f32 && producer.act_amax.numel() >= 1)),
+                       "quantize: swiglu_backward's activation copy %s (scale %s, amax %s) for x %s: a per-tensor "
+                       "E4M3 columnwise copy of [%lld, %lld]",
+                       act.data.describe().c_str(), producer.act_scale.describe().c_str(),
+                       producer.act_amax.describe().c_str(), x.describe().c_str(),
+                       static_cast<long long>(x.rows()), static_cast<long long>(producer.dout.cols()));
+        bytes += quantized_bytes(act) + b(producer.act_amax) * 2 + b(producer.act_scale);
+        flops += 8 * n(producer.dout);
+      }
       break;
     case CastProducer::Op::norm_forward: {
       const CastProducer& p = producer;

@@ -241,6 +241,13 @@ struct CastProducer {
   };
   Op op = Op::none;
   Tensor gate_up{}, dout{};
+  // swiglu_backward only, optional: from the same reads of gate_up, also the activation
+  // swiglu_forward(gate_up) [R, F] cast to its own per-tensor E4M3 columnwise copy with its own
+  // scale, its decode scale 1 / scale[0] and its amax recorded (max=) — what quantize(act,
+  // act_scale, {}, act_columnwise, act_amax) would make. The down projection's weight gradient
+  // reads that copy, so gate_up is read once in the MLP's backward instead of twice.
+  Tensor act_scale{}, act_amax{};
+  QuantizedTensor act_columnwise{};
   // norm_forward: the norm's input, weight, bias (layer), and its saved mean (layer) and rstd.
   NormKind norm = NormKind::rms;
   Tensor input{}, weight{}, bias{}, mean{}, rstd{};

@@ -279,6 +279,23 @@ bool LinearRecipe::fuses_producers(int64_t layer) const {
   return options_.fuse_producers && quantized(layer) && quantizer_->fuses_producers();
 }
 
+void LinearRecipe::produce_input_copy(int64_t layer, LinearKind kind, const Tensor& x, CastProducer& producer) {
+  MXTRAIN_ASSERT(fuses_producers(layer) && !has_saved_input(layer, kind),
+                 "produce_input_copy: layer %lld's casts take no fused producer, or its input is saved already",
+                 static_cast<long long>(layer));
+  const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
+  // The request backward_weight's cast of the input makes (columnwise only).
+  Operand operand = quantizer_->copies_for_producer(x,
+                                                    {.linear = linear,
+                                                     .role = QuantizedRole::input,
+                                                     .columnwise = true,
+                                                     .name = name_of(layer, kind) + ".input",
+                                                     .reuse_scale = true},
+                                                    &producer.act_scale, &producer.act_amax);
+  producer.act_columnwise = operand.columnwise;
+  saved_inputs_[static_cast<size_t>(linear)] = std::make_unique<Operand>(std::move(operand));
+}
+
 namespace {
 
 // What identifies the tensor a gradient stash was cast from: a produced gradient has no data of
@@ -306,6 +323,9 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
                      (fuses_producers(layer) && args.role == GemmRole::backward_weight && !has_saved_input(layer, kind)),
                  "LinearRecipe::gemm: layer %lld's input cast takes no fused producer here",
                  static_cast<long long>(layer));
+  MXTRAIN_ASSERT(!options.keep_gradient_columnwise ||
+                     (args.role == GemmRole::backward_input && args.epilogue == GemmEpilogue::none),
+                 "LinearRecipe::gemm: only a backward_input without DGELU keeps its gradient's columnwise copy");
   const Tensor &a = args.a.tensor, &b = args.b.tensor;
   switch (args.role) {
     case GemmRole::forward:
@@ -321,7 +341,7 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
       if (args.epilogue == GemmEpilogue::dgelu) {
         backward_input_gelu(layer, kind, a, b, args.aux, args.out, options.out_amax);
       } else {
-        backward_input(layer, kind, a, b, args.out, args.accumulate, producer);
+        backward_input(layer, kind, a, b, args.out, args.accumulate, producer, options.keep_gradient_columnwise);
       }
       return;
     case GemmRole::backward_weight:
@@ -370,9 +390,16 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   }
   const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
   const std::string name = name_of(layer, kind);
-  // Both copies of the gradient in one pass; the rowwise one waits for backward_input.
-  Operand dq = quantize(dout, linear, QuantizedRole::gradient, true, true, name + ".grad", false, Lifetime::scratch,
-                        producer);
+  // Both copies of the gradient in one pass; the rowwise one waits for backward_input. Unless
+  // that came first and kept the columnwise copy (keep_gradient_columnwise).
+  Operand dq;
+  if (column_stash_ && column_stash_->linear == linear && column_stash_->source == source_of(dout, producer)) {
+    dq = std::move(column_stash_->operand);
+    column_stash_.reset();
+  } else {
+    dq = quantize(dout, linear, QuantizedRole::gradient, true, true, name + ".grad", false, Lifetime::scratch,
+                  producer);
+  }
   {
     Operand xq;
     if (has_saved_input(layer, kind)) {
@@ -399,6 +426,7 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
   dq.col_scales.reset();
   dq.col_amax.reset();
   dq.columnwise = QuantizedTensor{};
+  if (!dq.rowwise.data.defined()) return;  // backward_input came first
   stash_ = std::make_unique<GradientStash>();
   stash_->linear = linear;
   stash_->source = source_of(dout, producer);
@@ -406,7 +434,8 @@ void LinearRecipe::backward_weight(int64_t layer, LinearKind kind, const Tensor&
 }
 
 void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
-                                  const Tensor& dx, bool accumulate, const CastProducer& producer) {
+                                  const Tensor& dx, bool accumulate, const CastProducer& producer,
+                                  bool keep_gradient_columnwise) {
   if (!quantized(layer)) {
     backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx, .accumulate = accumulate});
     return;
@@ -421,7 +450,16 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
     // free what produced it after that cast.
     MXTRAIN_ASSERT(!producer.defined(), "backward_input: %s's produced gradient has no stashed copy (its "
                    "backward_weight must come first)", name.c_str());
-    dq = quantize(dout, linear, QuantizedRole::gradient, true, false, name + ".grad");
+    // Both copies in one pass where the backward_weight after this takes the columnwise one
+    // (per-tensor FP8: its scale and amax record are the tensor's, whichever cast makes it).
+    const bool keep = keep_gradient_columnwise && quantizer_->per_tensor();
+    dq = quantize(dout, linear, QuantizedRole::gradient, true, keep, name + ".grad");
+    if (keep) {
+      column_stash_ = std::make_unique<GradientStash>();
+      column_stash_->linear = linear;
+      column_stash_->source = dout.data;
+      column_stash_->operand = dq.take_columnwise();
+    }
   }
   stash_.reset();
   Operand wq = quantize(weight, linear, QuantizedRole::weight, false, true, name + ".weight", true);
@@ -462,6 +500,7 @@ void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Ten
 
 void LinearRecipe::finish_step() {
   stash_.reset();
+  column_stash_.reset();
   for (std::unique_ptr<Operand>& saved : saved_inputs_) saved.reset();
   if (quantizer_) quantizer_->end_step();
   ++steps_;

@@ -99,6 +99,10 @@ struct LinearGemmOptions {
   // backward_weight where fuses_producers(layer) and no saved input: the op that writes b (the
   // layer's input x; b is then shape and dtype only), run inside x's columnwise cast.
   CastProducer input_producer{};
+  // backward_input of a per-tensor FP8 layer, when its backward_weight comes after it: the cast
+  // of the gradient also makes the columnwise copy and keeps it for that backward_weight, which
+  // then takes it instead of casting the gradient again (same scale, same bits).
+  bool keep_gradient_columnwise = false;
 };
 
 class LinearRecipe {
@@ -163,6 +167,13 @@ class LinearRecipe {
   // Whether block `layer`'s casts take a fused producer (LinearGemmOptions::producer): delayed
   // scaling, whose scale is known before the pass.
   bool fuses_producers(int64_t layer) const;
+  // Where fuses_producers(layer), for a producer that also writes the columnwise copy of linear
+  // `kind`'s input x (x: shape and dtype only) beside its own cast — SwiGLU's backward writes the
+  // down projection's input, the activation, from the gate_up it reads anyway
+  // (CastProducer::act_columnwise): allocates that copy and puts it, with the scale and amax slot
+  // the input's cast would use, into `producer`; that linear's backward_weight then takes it as a
+  // saved input (the same bits as casting there).
+  void produce_input_copy(int64_t layer, LinearKind kind, const Tensor& x, CastProducer& producer);
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1) unless weight_casts did; the stochastic-rounding streams
@@ -223,7 +234,7 @@ class LinearRecipe {
                        const Tensor& dbias, bool accumulate, const CastProducer& producer,
                        const CastProducer& input_producer);
   void backward_input(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight, const Tensor& dx,
-                      bool accumulate, const CastProducer& producer = {});
+                      bool accumulate, const CastProducer& producer = {}, bool keep_gradient_columnwise = false);
   void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Tensor& pre, const Tensor& out, const Tensor& out_amax);
   void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
@@ -247,6 +258,9 @@ class LinearRecipe {
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;
+  // The gradient's columnwise copy kept by backward_input (keep_gradient_columnwise) for the
+  // backward_weight after it.
+  std::unique_ptr<GradientStash> column_stash_;
   // Inputs' columnwise copies kept by forward(save_input) for backward_weight, per linear.
   std::vector<std::unique_ptr<Operand>> saved_inputs_;
 };

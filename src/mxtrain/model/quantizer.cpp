@@ -62,7 +62,7 @@ QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& req
       QuantizedOperand operand = std::move(ready->second.operand);
       ready_.erase(ready);
       if (same) {
-        taken_.push_back({request.linear, operand.rowwise.data, operand.rowwise.scale_inverse});
+        taken_.push_back({request.linear, operand.rowwise.data, operand.rowwise.scale_inverse, {}});
         return operand;
       }
     }
@@ -78,6 +78,18 @@ QuantizedOperand Quantizer::quantize_now(const Tensor& x, const QuantizeRequest&
   if (request.rowwise) allocate_copy(x, request, false, operand);
   if (request.columnwise) allocate_copy(x, request, true, operand);
   backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_out, from, request.producer);
+  return operand;
+}
+
+QuantizedOperand Quantizer::copies_for_producer(const Tensor& x, const QuantizeRequest& request, Tensor* scale,
+                                                Tensor* amax) {
+  MXTRAIN_ASSERT(fuses_producers() && !request.producer.defined(),
+                 "copies_for_producer: %s casts no fused producer", std::string(dtype_name(format_dtype())).c_str());
+  QuantizedOperand operand;
+  ScaleFromAmax from;
+  cast_scale(x, request, scale, amax, &from);
+  if (request.rowwise) allocate_copy(x, request, false, operand);
+  if (request.columnwise) allocate_copy(x, request, true, operand);
   return operand;
 }
 
@@ -104,7 +116,7 @@ void Quantizer::prepare_weight_cast(WeightCast& cast) {
 }
 
 void Quantizer::weight_cast_written(WeightCast&& cast) {
-  written_.push_back({cast.linear, cast.operand.rowwise.data, cast.operand.rowwise.scale_inverse});
+  written_.push_back({cast.linear, cast.operand.rowwise.data, cast.operand.rowwise.scale_inverse, {}});
   ready_[cast.linear] = Ready{cast.weight.data, std::move(cast.operand)};
 }
 

@@ -89,6 +89,10 @@ class Quantizer {
   virtual bool fuses_producers() const { return false; }
 
   QuantizedOperand quantize(const Tensor& x, const QuantizeRequest& request);
+  // fuses_producers() only: the copies quantize(x, request) would make, allocated but not
+  // written, with the scale to cast with and the slot to record x's amax in (max=), for an op
+  // that casts x itself beside its own output (CastProducer::act_columnwise).
+  QuantizedOperand copies_for_producer(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax);
 
   // Current scaling (nothing elsewhere): the amax slot a kernel that writes x, which this linear
   // casts next in that role, may fill (LinearRecipe::amax_record); the weights cast this step

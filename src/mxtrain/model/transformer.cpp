@@ -278,6 +278,17 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
   // activation is not written in BF16 and read back.
   const bool fused_act = llama && !s.act.defined() && !linears_.has_saved_input(l, LinearKind::down) &&
                          linears_.fuses_producers(l);
+  const GradPair d_down = dw(l, p.down_weight, p.down_bias);
+  const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
+  // Under delayed FP8 scaling SwiGLU's backward runs inside the up projection's gradient cast
+  // (both copies, one pass; LinearRecipe::fuses_producers): the gradient of gate_up is never
+  // written in BF16 and read back, and gate_up and dact live until that cast instead.
+  const bool fused_dup = llama && linears_.fuses_producers(l) && !dup_params.bias.defined();
+  // And where the activation is recomputed too, that cast also writes the activation's copy for
+  // the down projection's weight gradient, which then runs after it: gate_up is read once in
+  // this backward instead of twice (the down projection's input gradient goes first, and its
+  // cast keeps the gradient's columnwise copy for the weight gradient).
+  const bool act_with_dup = fused_act && fused_dup && !d_down.bias.defined();
   CastProducer act_producer;
   Tensor act = produced(config_.ffn_hidden);
   if (fused_act) {
@@ -289,19 +300,14 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     });
     if (s.act.defined()) act = s.act;
   }
-  {
-    const GradPair d = dw(l, p.down_weight, p.down_bias);
-    linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_weight, .a = dres, .b = act, .out = d.weight,
-                                        .accumulate = d.accumulate, .bias_gradient = d.bias},
-                  {.input_producer = act_producer});
-  }
+  auto down_weight_gradient = [&](const CastProducer& input_producer) {
+    linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_weight, .a = dres, .b = act, .out = d_down.weight,
+                                        .accumulate = d_down.accumulate, .bias_gradient = d_down.bias},
+                  {.input_producer = input_producer});
+  };
+  if (!act_with_dup) down_weight_gradient(act_producer);
   s.act.reset();
   {
-    // Under delayed FP8 scaling SwiGLU's backward runs inside the up projection's gradient cast
-    // (both copies, one pass; LinearRecipe::fuses_producers): the gradient of gate_up is never
-    // written in BF16 and read back, and gate_up and dact live until that cast instead.
-    const GradPair dup_params = dw(l, p.up_weight, p.up_bias);
-    const bool fused_dup = llama && linears_.fuses_producers(l) && !dup_params.bias.defined();
     Buffer dup, dact;
     Tensor dup_operand = produced(config_.up_cols());
     CastProducer dup_producer;
@@ -313,9 +319,10 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     if (llama) {
       dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
       linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.down_weight),
-                                          .out = dact});
+                                          .out = dact}, {.keep_gradient_columnwise = act_with_dup});
       if (fused_dup) {
         dup_producer = {.op = CastProducer::Op::swiglu_backward, .gate_up = s.up, .dout = dact};
+        if (act_with_dup) linears_.produce_input_copy(l, LinearKind::down, act, dup_producer);
       } else {
         backend_.swiglu_backward(dact, s.up, dup, dup_amax);
         dact.reset();
@@ -348,6 +355,8 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                   {.producer = dup_producer,
                    .input_producer = fused_norm2 ? norm_producer(l, BlockNorm::mlp, s.mid, s) : CastProducer{}});
     s.norm2.reset();
+    // The down projection's weight gradient from the copies the casts above made.
+    if (act_with_dup) down_weight_gradient(CastProducer{});
     // The cast above made both copies of the gradient (the backward_input below takes the
     // stashed rowwise one): what produced it is no longer needed.
     dact.reset();

@@ -194,6 +194,15 @@ void CpuBackend::impl_quantize_produced(const Tensor& x, const Tensor& scale, co
     case CastProducer::Op::none: MXTRAIN_ASSERT(false, "quantize_produced without a producer");
   }
   impl_quantize(produced, scale, rowwise, columnwise, amax, ScaleFromAmax{});
+  if (producer.act_columnwise.data.defined()) {
+    // The activation's copy: swiglu_forward into a temporary, then its own cast.
+    const Shape act_shape{x.rows(), producer.dout.cols()};
+    std::vector<uint8_t> act_storage(dtype_bytes(x.dtype, static_cast<size_t>(act_shape.numel())));
+    const Tensor act(act_storage.data(), act_shape, x.dtype, Device::cpu);
+    impl_swiglu_forward(producer.gate_up, act, Tensor());
+    impl_quantize(act, producer.act_scale, QuantizedTensor{}, producer.act_columnwise, producer.act_amax,
+                  ScaleFromAmax{});
+  }
 }
 
 void CpuBackend::impl_dequantize(const QuantizedTensor& q, const Tensor& out) {

@@ -98,6 +98,16 @@ struct CurrentScaleArgs {
   bool power_of_2_scales = false;
 };
 
+// A source's side output (Source::kSide): a second tensor of one part's shape, made from the same
+// fetches, cast with a scale of its own to its own E4M3 columnwise copy (SwiGLU's backward also
+// casts the activation for the down projection's weight gradient). Unused otherwise.
+struct SideCastArgs {
+  const float* scale = nullptr;
+  uint8_t* columnwise = nullptr;
+  float* columnwise_inverse = nullptr;
+  unsigned* amax_bits = nullptr;
+};
+
 // Four rows of four bytes -> the four columns: column i holds byte i of rows 0, 1, 2, 3 (row 0
 // lowest), in eight byte permutes.
 __device__ __forceinline__ void transpose4x4(const uint32_t (&row)[4], uint32_t (&column)[4]) {
@@ -188,9 +198,13 @@ struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
   }
 };
 
-template <typename T>
+// kWithAct: the side output is the activation silu(gate) · up [R, F] (CastFromSwiglu's values),
+// for the down projection's weight gradient.
+template <typename T, bool kWithAct = false>
 struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] and gate_up [R, 2F]
-  static constexpr int kInputs = 3, kOutputs = 2, kMinBlocks = sizeof(T) == 2 ? 3 : 2;  // no spills (ptxas -v)
+  static constexpr int kInputs = 3, kOutputs = 2;
+  static constexpr int kMinBlocks = sizeof(T) == 2 ? (kWithAct ? 2 : 3) : (kWithAct ? 1 : 2);  // no spills (ptxas -v)
+  static constexpr bool kSide = kWithAct;
   using Fetched = Packs<T, kInputs>;
   using Lane = NoLane;
   const T* dout;
@@ -214,6 +228,11 @@ struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] a
       v[0][i] = round_to<T>(dgate);
       v[1][i] = round_to<T>(dup);
     }
+  }
+  __device__ __forceinline__ void side_values(const Fetched& in, const Lane&, float (&v)[8]) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      v[i] = round_to<T>(swiglu_value(to_float<T>(in.pack[1].v[i]), to_float<T>(in.pack[2].v[i])));
   }
 };
 
@@ -270,6 +289,12 @@ struct CastFromNorm {
   }
 };
 
+// Whether a source has a side output (SideCastArgs): side_values(in, lane, v) gives its 8 values.
+template <typename Source, typename = void>
+struct HasSide : std::false_type {};
+template <typename Source>
+struct HasSide<Source, std::void_t<decltype(Source::kSide)>> : std::bool_constant<Source::kSide> {};
+
 // One block's tile (rows row0.., columns col0.. of every part; rows x cols is one part of x, part
 // p being x's columns [p · cols, (p + 1) · cols)). kFull: the tile lies inside x and the source
 // loads whole 16-byte vectors, so no row or column needs a bounds check.
@@ -278,9 +303,11 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
                                           const float* scale_pointer, uint8_t* __restrict__ rowwise,
                                           uint8_t* __restrict__ columnwise, float* rowwise_inverse,
                                           float* columnwise_inverse, unsigned* amax_bits, const CurrentScaleArgs& current,
-                                          bool vector_rowwise, bool vector_columnwise,
-                                          uint8_t (&tile)[Source::kOutputs][kCastCols][kCastPitch]) {
+                                          bool vector_rowwise, bool vector_columnwise, const SideCastArgs& side,
+                                          uint8_t (&tile)[Source::kOutputs + HasSide<Source>::value][kCastCols]
+                                                         [kCastPitch]) {
   constexpr int kParts = Source::kOutputs;
+  constexpr bool kSide = HasSide<Source>::value;
   // Thread t: columns c0..c0+7 of rows r0..r0+3 (a warp's loads: 4 rows of 128 bytes).
   const int r0 = 4 * (threadIdx.x / 8), c0 = (threadIdx.x % 8) * 8;
   const int64_t gr0 = row0 + r0, gc = col0 + c0;
@@ -301,6 +328,7 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
     // Each copy carries its decode scale, as the reference's 1 / scale.
     if (rowwise_inverse != nullptr) rowwise_inverse[0] = nm::div_rn(1.0f, scale);
     if (columnwise_inverse != nullptr) columnwise_inverse[0] = nm::div_rn(1.0f, scale);
+    if constexpr (kSide) side.columnwise_inverse[0] = nm::div_rn(1.0f, side.scale[0]);
   }
   // A scaled value can be NaN only from a NaN or infinite input, or a scale that is not finite and
   // positive (inf x 0, NaN scale); the scale is the same for the whole tensor.
@@ -308,11 +336,28 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
   // The max of |x| as bits: non-negative floats order like their bit patterns, NaNs above +inf.
   unsigned amax = 0;
   const int64_t x_cols = kParts * cols;
-  // The codes of row r0 + j, columns c0..c0+3 and c0+4..c0+7, of each part.
-  uint32_t words[kParts][2][kCastVectors];
+  // The codes of row r0 + j, columns c0..c0+3 and c0+4..c0+7, of each part (the side's last).
+  uint32_t words[kParts + kSide][2][kCastVectors];
+  unsigned side_amax = 0;
 #pragma unroll
   for (int j = 0; j < kCastVectors; ++j) {
     const int64_t gr = gr0 + j;
+    if constexpr (kSide) {
+      const float side_scale = side.scale[0];
+      float value[8], scaled[8];
+      source.side_values(in[j], lane, value);
+      unsigned vector_max = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        vector_max = max(vector_max, abs_bits(value[i]));
+        scaled[i] = nm::mul_rn(value[i], side_scale);
+      }
+      if (kFull || gr < rows) side_amax = max(side_amax, vector_max);
+      uint32_t w[2];
+      cast8<nm::Fp8Format::e4m3>(scaled, w, !(side_scale > 0.0f && side_scale < INFINITY) || vector_max >= 0x7f800000u);
+      words[kParts][0][j] = w[0];
+      words[kParts][1][j] = w[1];
+    }
     float value[kParts][8];
     source.values(in[j], lane, value);
 #pragma unroll
@@ -341,10 +386,14 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
       }
     }
   }
-  if (columnwise != nullptr) {
-    // Column c0 + 4h + i of a part: rows r0..r0+3, one byte each, in one 32-bit word.
+  if (columnwise != nullptr || kSide) {
+    // Column c0 + 4h + i of a part: rows r0..r0+3, one byte each, in one 32-bit word. Parts
+    // [first, last) go out: the side's alone when there is no columnwise copy of x.
+    constexpr int kLast = kParts + kSide;
+    const int first = columnwise != nullptr ? 0 : kParts;
 #pragma unroll
-    for (int part = 0; part < kParts; ++part)
+    for (int part = 0; part < kLast; ++part) {
+      if (part < first) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t column[4];
@@ -352,13 +401,15 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
 #pragma unroll
         for (int i = 0; i < 4; ++i) *reinterpret_cast<uint32_t*>(&tile[part][c0 + 4 * h + i][r0]) = column[i];
       }
+    }
     __syncthreads();
     // Row c of a part's transposed tile: 128 bytes, 8 threads of 16 bytes each.
-    for (int v = threadIdx.x; v < kParts * kCastCols * kCastRows / 16; v += kCastThreads) {
+    for (int v = threadIdx.x + first * (kCastCols * kCastRows / 16); v < kLast * kCastCols * kCastRows / 16;
+         v += kCastThreads) {
       const int part = v / (kCastCols * kCastRows / 16), c = v / 8 % kCastCols, r = (v % 8) * 16;
       const int64_t gcol = col0 + c, grow = row0 + r;
       if (!kFull && gcol >= cols) continue;
-      uint8_t* out = columnwise + (part * cols + gcol) * rows + grow;
+      uint8_t* out = part < kParts ? columnwise + (part * cols + gcol) * rows + grow : side.columnwise + gcol * rows + grow;
       if (vector_columnwise && (kFull || grow + 16 <= rows)) {
         uint4 packed;
         uint32_t* packed_words = reinterpret_cast<uint32_t*>(&packed);
@@ -372,6 +423,8 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
     }
   }
   if (amax_bits != nullptr) record_warp_amax<T>(amax, amax_bits);
+  if constexpr (kSide)
+    if (side.amax_bits != nullptr) record_warp_amax<T>(side_amax, side.amax_bits);
 }
 
 // Each part has its own shared tile for its transposed codes. Blocks whose tile lies inside x
@@ -382,17 +435,17 @@ __global__ void __launch_bounds__(kCastThreads, Source::kMinBlocks)
     fp8_cast_transpose_kernel(Source source, int64_t rows, int64_t cols, const float* scale_pointer,
                               uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise, float* rowwise_inverse,
                               float* columnwise_inverse, unsigned* amax_bits, CurrentScaleArgs current,
-                              bool vector_rowwise, bool vector_columnwise) {
-  __shared__ __align__(16) uint8_t tile[Source::kOutputs][kCastCols][kCastPitch];
+                              bool vector_rowwise, bool vector_columnwise, SideCastArgs side) {
+  __shared__ __align__(16) uint8_t tile[Source::kOutputs + HasSide<Source>::value][kCastCols][kCastPitch];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCastRows, col0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
   if (source.vector && row0 + kCastRows <= rows && col0 + kCastCols <= cols)
     cast_tile<T, Source, kFormat, true>(source, rows, cols, row0, col0, scale_pointer, rowwise, columnwise,
                                         rowwise_inverse, columnwise_inverse, amax_bits, current, vector_rowwise,
-                                        vector_columnwise, tile);
+                                        vector_columnwise, side, tile);
   else
     cast_tile<T, Source, kFormat, false>(source, rows, cols, row0, col0, scale_pointer, rowwise, columnwise,
                                          rowwise_inverse, columnwise_inverse, amax_bits, current, vector_rowwise,
-                                         vector_columnwise, tile);
+                                         vector_columnwise, side, tile);
 }
 
 // ---- block quantizers: one thread per block of the copy ---------------------------------------
@@ -726,7 +779,8 @@ struct CastFromRopeBackward {
 template <typename T, typename Source>
 void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Tensor& scale,
                      const QuantizedTensor& rowwise, const QuantizedTensor& columnwise, const Tensor& amax_out,
-                     const ScaleFromAmax& from, cudaStream_t stream) {
+                     const ScaleFromAmax& from, cudaStream_t stream, const SideCastArgs& side = {}) {
+  MXTRAIN_ASSERT(HasSide<Source>::value == (side.columnwise != nullptr), "quantize: a side output needs its copy");
   MXTRAIN_ASSERT(!rowwise.data.defined() || !columnwise.data.defined() ||
                      rowwise.spec.element == columnwise.spec.element,
                  "quantize: the two per-tensor FP8 copies share one format");
@@ -735,7 +789,8 @@ void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Ten
   uint8_t* col_out = columnwise.data.defined() ? static_cast<uint8_t*>(columnwise.data.data) : nullptr;
   if (rows == 0 || cols == 0) return;
   const bool vector_rowwise = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(row_out) & 7u) == 0;
-  const bool vector_columnwise = rows % 16 == 0 && (reinterpret_cast<uintptr_t>(col_out) & 15u) == 0;
+  const bool vector_columnwise = rows % 16 == 0 && (reinterpret_cast<uintptr_t>(col_out) & 15u) == 0 &&
+                                 (reinterpret_cast<uintptr_t>(side.columnwise) & 15u) == 0;
   dim3 grid(blocks_for(cols, kCastCols), blocks_for(rows, kCastRows));
   float* row_inverse = rowwise.data.defined() ? static_cast<float*>(rowwise.scale_inverse.data) : nullptr;
   float* col_inverse = columnwise.data.defined() ? static_cast<float*>(columnwise.scale_inverse.data) : nullptr;
@@ -751,7 +806,7 @@ void launch_fp8_cast(const Source& source, int64_t rows, int64_t cols, const Ten
     fp8_cast_transpose_kernel<T, Source, decltype(format)::value><<<grid, kCastThreads, 0, stream>>>(
         source, rows, cols, static_cast<const float*>(scale.data), row_out, col_out, row_inverse, col_inverse,
         amax_out.defined() ? static_cast<unsigned*>(amax_out.data) : nullptr, current, vector_rowwise,
-        vector_columnwise);
+        vector_columnwise, side);
   };
   if (fp8_format(any.spec.element) == nm::Fp8Format::e4m3)
     launch(std::integral_constant<nm::Fp8Format, nm::Fp8Format::e4m3>{});
@@ -856,9 +911,21 @@ void quantize_produced(const Tensor& x, const Tensor& scale, const QuantizedTens
         return;
       }
       case CastProducer::Op::swiglu_backward: {
-        const CastFromSwigluBackward<T> source{static_cast<const T*>(producer.dout.data), gate_up, ffn,
-                                               ffn % 8 == 0 && aligned16(producer.gate_up) && aligned16(producer.dout)};
-        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+        const T* dout = static_cast<const T*>(producer.dout.data);
+        const bool vector = ffn % 8 == 0 && aligned16(producer.gate_up) && aligned16(producer.dout);
+        if (!producer.act_columnwise.data.defined()) {
+          const CastFromSwigluBackward<T> source{dout, gate_up, ffn, vector};
+          launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream);
+          return;
+        }
+        // The activation's copy too; its amax record starts at its slot's value (max=).
+        SideCastArgs side;
+        side.scale = static_cast<const float*>(producer.act_scale.data);
+        side.columnwise = static_cast<uint8_t*>(producer.act_columnwise.data.data);
+        side.columnwise_inverse = static_cast<float*>(producer.act_columnwise.scale_inverse.data);
+        side.amax_bits = producer.act_amax.defined() ? static_cast<unsigned*>(producer.act_amax.data) : nullptr;
+        const CastFromSwigluBackward<T, true> source{dout, gate_up, ffn, vector};
+        launch_fp8_cast<T>(source, x.rows(), ffn, scale, rowwise, columnwise, amax_out, ScaleFromAmax{}, stream, side);
         return;
       }
       case CastProducer::Op::none:
