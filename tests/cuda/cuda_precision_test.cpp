@@ -398,6 +398,81 @@ TEST_F(CudaQuantize, FusedNormCastsAreTheNormThenTheCast) {
   EXPECT_EQ(cases, 24);
 }
 
+// A norm backward that also writes dx's FP8 copies (NormBackwardCast) gives the dx, weight
+// (and bias) gradients of the plain op and the codes, decode scales and amax of the cast of dx
+// after it, bit for bit: RMSNorm and LayerNorm with its bias, E4M3 and E5M2, weights as bf16 and
+// as FP32 masters, rows held in registers (hidden 2048) and re-read (3072), a row count off the
+// 8-row tile (byte stores), f32 rows and a width off the vectors (the cast runs apart there), both
+// copies and the rowwise copy alone, with non-finite gradients mixed in.
+TEST_F(CudaQuantize, NormBackwardWritesTheCastOfItsGradient) {
+  struct Case {
+    int64_t rows, cols;
+    DType dtype, weight_dtype, element;
+    NormKind kind;
+  };
+  const Case cases[] = {{512, 2048, DType::bf16, DType::f32, DType::e5m2, NormKind::rms},
+                        {300, 2048, DType::bf16, DType::bf16, DType::e4m3, NormKind::rms},
+                        {1024, 3072, DType::bf16, DType::f32, DType::e5m2, NormKind::rms},
+                        {200, 768, DType::bf16, DType::bf16, DType::e5m2, NormKind::layer},
+                        {96, 132, DType::bf16, DType::bf16, DType::e4m3, NormKind::rms},
+                        {64, 256, DType::f32, DType::f32, DType::e5m2, NormKind::rms}};
+  for (const Case& c : cases) {
+    for (const bool both : {true, false}) {
+      const int64_t rows = c.rows, cols = c.cols;
+      const bool layer = c.kind == NormKind::layer;
+      const std::string what = strf("%lldx%lld %s weight %s %s %s%s", static_cast<long long>(rows),
+                                    static_cast<long long>(cols), std::string(dtype_name(c.dtype)).c_str(),
+                                    std::string(dtype_name(c.weight_dtype)).c_str(),
+                                    std::string(dtype_name(c.element)).c_str(), layer ? "layer" : "rms",
+                                    both ? "" : " rowwise only");
+      Buffer dout = upload(cuda(), inputs(rows, cols, 51, true), Shape{rows, cols}, c.dtype);
+      Buffer x = upload(cuda(), inputs(rows, cols, 52, false), Shape{rows, cols}, c.dtype);
+      Buffer weight = upload(cuda(), random_vector(static_cast<size_t>(cols), 53, -2.0f, 2.0f), Shape{cols},
+                             c.weight_dtype);
+      Buffer mean = upload(cuda(), random_vector(static_cast<size_t>(rows), 54, -0.5f, 0.5f), Shape{rows});
+      Buffer rstd = upload(cuda(), random_vector(static_cast<size_t>(rows), 55, 0.5f, 2.0f), Shape{rows});
+      const std::vector<float> residual = inputs(rows, cols, 56, false);
+      Buffer dx[2] = {upload(cuda(), residual, Shape{rows, cols}, c.dtype),
+                      upload(cuda(), residual, Shape{rows, cols}, c.dtype)};
+      Buffer dweight[2] = {upload(cuda(), std::vector<float>(static_cast<size_t>(cols), 0.25f), Shape{cols}),
+                           upload(cuda(), std::vector<float>(static_cast<size_t>(cols), 0.25f), Shape{cols})};
+      Buffer dbias[2] = {upload(cuda(), std::vector<float>(static_cast<size_t>(cols), 0.5f), Shape{cols}),
+                         upload(cuda(), std::vector<float>(static_cast<size_t>(cols), 0.5f), Shape{cols})};
+      Buffer scale = upload(cuda(), {0.37f}, Shape{1});
+      const QuantizeSpec spec = spec_of(ScalingMode::per_tensor, c.element);
+      Copy r[2] = {allocate_copy(cuda(), spec, false, rows, cols), allocate_copy(cuda(), spec, false, rows, cols)};
+      Copy t[2] = {allocate_copy(cuda(), spec, true, rows, cols), allocate_copy(cuda(), spec, true, rows, cols)};
+      Buffer amax[2] = {upload(cuda(), {0.5f}, Shape{1}), upload(cuda(), {0.5f}, Shape{1})};
+      const Tensor mean_t = layer ? Tensor(mean) : Tensor();
+      // Apart: the op, then the cast of dx.
+      cuda().norm_backward(c.kind, dout, x, weight, mean_t, rstd, dx[0], dweight[0], layer ? Tensor(dbias[0]) : Tensor(),
+                           true, true);
+      cuda().quantize(dx[0], scale, r[0].q, both ? t[0].q : QuantizedTensor{}, amax[0]);
+      NormBackwardCast cast;
+      cast.scale = scale;
+      cast.rowwise = r[1].q;
+      if (both) cast.columnwise = t[1].q;
+      cast.amax = amax[1];
+      cuda().norm_backward(c.kind, dout, x, weight, mean_t, rstd, dx[1], dweight[1], layer ? Tensor(dbias[1]) : Tensor(),
+                           true, true, Tensor(), cast);
+      EXPECT_EQ(raw_bytes(cuda(), dx[0]), raw_bytes(cuda(), dx[1])) << what << " dx";
+      EXPECT_EQ(raw_bytes(cuda(), dweight[0]), raw_bytes(cuda(), dweight[1])) << what << " dweight";
+      if (layer) EXPECT_EQ(raw_bytes(cuda(), dbias[0]), raw_bytes(cuda(), dbias[1])) << what << " dbias";
+      EXPECT_EQ(raw_bytes(cuda(), r[0].data), raw_bytes(cuda(), r[1].data)) << what << " rowwise";
+      EXPECT_EQ(raw_bytes(cuda(), r[0].scales), raw_bytes(cuda(), r[1].scales)) << what << " rowwise scale";
+      if (both) {
+        EXPECT_EQ(raw_bytes(cuda(), t[0].data), raw_bytes(cuda(), t[1].data)) << what << " columnwise";
+        EXPECT_EQ(raw_bytes(cuda(), t[0].scales), raw_bytes(cuda(), t[1].scales)) << what << " columnwise scale";
+      }
+      EXPECT_EQ(raw_bytes(cuda(), amax[0]), raw_bytes(cuda(), amax[1])) << what << " amax";
+      const std::vector<uint8_t> codes = raw_bytes(cuda(), r[1].data);
+      EXPECT_GT(std::count_if(codes.begin(), codes.end(), [](uint8_t b) { return (b & 0x7f) != 0; }),
+                static_cast<std::ptrdiff_t>(codes.size() / 2))
+          << what;
+    }
+  }
+}
+
 // A cast with RoPE's backward fused in writes the codes, decode scales and amax of the rope
 // kernel's inverse rotation followed by the cast, bit for bit, and leaves its input as it was:
 // grouped-query shapes with head_dim 64 (the partner in the same tile) and 128 (the next one),
