@@ -202,6 +202,9 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
       time("fp8 quantize both + amax" + shape_name,
            [&] { cuda().quantize(input, scale, rowwise, columnwise, amax_out); });
     }
+    // SwiGLU's casts in a backward that recomputes the activation (delayed scaling): the
+    // activation's columnwise cast for the down projection's weight gradient and the gate/up
+    // gradient's cast, apart (two passes over gate_up) and as one pass.
     auto fp8_copy = [&](const char* name, int64_t rows, int64_t cols, DType element, bool transposed) {
       QuantizedTensor q;
       q.spec.element = element;
@@ -210,29 +213,6 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
       q.scale_inverse = cuda().allocate(std::string(name) + ".si", Shape{1}, DType::f32, Lifetime::scratch);
       return q;
     };
-    // The residual gradient's casts (delayed scaling): the norm backward, then the cast of dx,
-    // against the norm backward that writes both copies itself.
-    {
-      const QuantizedTensor dx_row = fp8_copy("dx.row", R, C, DType::e5m2, false);
-      const QuantizedTensor dx_col = fp8_copy("dx.col", R, C, DType::e5m2, true);
-      Buffer master_w = random(Shape{C}, DType::f32, 43, 0.5f, 1.5f);
-      Buffer dx_amax = random(Shape{1}, DType::f32, 44);
-      time("norm_backward (accumulate dx, f32 weight), then the FP8 cast of dx", [&] {
-        cuda().norm_backward(norm, y, x, master_w, m, rstd, out, dw, dbias, true);
-        cuda().quantize(out, scale, dx_row, dx_col, dx_amax);
-      });
-      NormBackwardCast cast;
-      cast.scale = scale;
-      cast.rowwise = dx_row;
-      cast.columnwise = dx_col;
-      cast.amax = dx_amax;
-      time("norm_backward (accumulate dx, f32 weight) writing dx's FP8 copies", [&] {
-        cuda().norm_backward(norm, y, x, master_w, m, rstd, out, dw, dbias, true, true, Tensor(), cast);
-      });
-    }
-    // SwiGLU's casts in a backward that recomputes the activation (delayed scaling): the
-    // activation's columnwise cast for the down projection's weight gradient and the gate/up
-    // gradient's cast, apart (two passes over gate_up) and as one pass.
     const QuantizedTensor act_col = fp8_copy("act.col", R, s.ffn, DType::e4m3, true);
     const QuantizedTensor dup_row = fp8_copy("dup.row", R, 2 * s.ffn, DType::e5m2, false);
     const QuantizedTensor dup_col = fp8_copy("dup.col", R, 2 * s.ffn, DType::e5m2, true);

@@ -74,31 +74,6 @@ void require_contiguous(const Tensor& tensor, const char* op) {
                  tensor.describe().c_str());
 }
 
-void check_quantized(const QuantizedTensor& q, const char* op) {
-  const QuantizeSpec& spec = q.spec;
-  MXTRAIN_ASSERT(q.data.rank() == 2 && q.data.is_contiguous(), "%s: data %s must be a contiguous matrix", op,
-                 q.data.describe().c_str());
-  MXTRAIN_ASSERT(q.data.dtype == spec.element, "%s: data %s, spec element %s", op, q.data.describe().c_str(),
-                 std::string(dtype_name(spec.element)).c_str());
-  const bool fp8 = spec.element == DType::e4m3 || spec.element == DType::e5m2;
-  MXTRAIN_ASSERT(spec.mode == ScalingMode::nvfp4 ? spec.element == DType::e2m1 : fp8, "%s: %s elements in %s scaling",
-                 op, std::string(dtype_name(spec.element)).c_str(), scaling_mode_name(spec.mode));
-  MXTRAIN_ASSERT(q.k() % scaling_block_size(spec.mode) == 0, "%s: K = %lld is not a multiple of the %s block", op,
-                 static_cast<long long>(q.k()), scaling_mode_name(spec.mode));
-  MXTRAIN_ASSERT(!spec.nvfp4_tiles || q.rows() % 16 == 0, "%s: 16x16 tiles need rows %% 16, got %lld", op,
-                 static_cast<long long>(q.rows()));
-  MXTRAIN_ASSERT(q.scale_inverse.dtype == block_scale_dtype(spec.mode) &&
-                     q.scale_inverse.shape.numel() == block_scale_shape(spec, q.rows(), q.k()).numel(),
-                 "%s: scales %s for %s data %s", op, q.scale_inverse.describe().c_str(), scaling_mode_name(spec.mode),
-                 q.data.describe().c_str());
-  MXTRAIN_ASSERT(spec.mode != ScalingMode::nvfp4 || (q.amax.dtype == DType::f32 && q.amax.numel() >= 1),
-                 "%s: nvfp4 needs its f32 amax", op);
-}
-
-double quantized_bytes(const QuantizedTensor& q) {
-  return b(q.data) + b(q.scale_inverse) + (q.spec.mode == ScalingMode::nvfp4 ? 4.0 : 0.0);
-}
-
 }  // namespace
 
 void Backend::fill(const Tensor& out, float value) {
@@ -215,54 +190,16 @@ void Backend::impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor
 void Backend::norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                             const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                             const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                            const Tensor& dx_amax, const NormBackwardCast& cast) {
+                            const Tensor& dx_amax) {
   require_same_shape(dout, x, "norm_backward");
   require_same_shape(dout, dx, "norm_backward");
   MXTRAIN_ASSERT(dweight.numel() == x.cols(), "norm_backward: dweight shape");
-  double cast_bytes = 0, cast_flops = 0;
-  if (cast.defined()) {
-    require_contiguous(dx, "norm_backward (with dx's FP8 copies)");
-    MXTRAIN_ASSERT(cast.scale.dtype == DType::f32 && cast.scale.numel() >= 1 &&
-                       (!cast.amax.defined() || (cast.amax.dtype == DType::f32 && cast.amax.numel() >= 1)),
-                   "norm_backward: dx's cast needs an f32 scale (and amax), got %s and %s",
-                   cast.scale.describe().c_str(), cast.amax.describe().c_str());
-    for (const QuantizedTensor* copy : {&cast.rowwise, &cast.columnwise}) {
-      if (!copy->data.defined()) continue;
-      check_quantized(*copy, "norm_backward (dx's FP8 copies)");
-      const bool transposed = copy == &cast.columnwise;
-      MXTRAIN_ASSERT(copy->spec.mode == ScalingMode::per_tensor && copy->transposed == transposed &&
-                         copy->rows() == (transposed ? dx.cols() : dx.rows()) &&
-                         copy->k() == (transposed ? dx.rows() : dx.cols()),
-                     "norm_backward: dx %s into the %s per-tensor FP8 copy %s", dx.describe().c_str(),
-                     transposed ? "columnwise" : "rowwise", copy->data.describe().c_str());
-      cast_bytes += quantized_bytes(*copy);
-      cast_flops += 2 * n(dx);
-    }
-    MXTRAIN_ASSERT(!cast.rowwise.data.defined() || !cast.columnwise.data.defined() ||
-                       cast.rowwise.spec.element == cast.columnwise.spec.element,
-                   "norm_backward: dx's two FP8 copies share one format");
-    cast_bytes += b(cast.amax) * 2 + b(cast.scale);
-  }
-  record({OpKind::norm_backward, phase_, x.dtype, 2 * norm_flops(kind, n(x)) + cast_flops,
+  record({OpKind::norm_backward, phase_, x.dtype, 2 * norm_flops(kind, n(x)),
           b(dout) + b(x) + b(dx) * (accumulate_dx ? 2 : 1) + b(weight) +
-              (b(dweight) + b(dbias)) * (accumulate_dparams ? 2 : 1) + b(mean) + b(rstd) + cast_bytes});
-  if (cast.defined()) {
-    impl_norm_backward_cast(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, accumulate_dparams,
-                            kernel_amax(dx_amax), cast);
-  } else {
-    impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, accumulate_dparams,
-                       kernel_amax(dx_amax));
-  }
-  finish_amax(dx, dx_amax);
-}
-
-void Backend::impl_norm_backward_cast(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                                      const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                                      const Tensor& dx_amax, const NormBackwardCast& cast) {
+              (b(dweight) + b(dbias)) * (accumulate_dparams ? 2 : 1) + b(mean) + b(rstd)});
   impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, accumulate_dparams,
-                     dx_amax);
-  impl_quantize(dx, cast.scale, cast.rowwise, cast.columnwise, cast.amax, ScaleFromAmax{});
+                     kernel_amax(dx_amax));
+  finish_amax(dx, dx_amax);
 }
 
 const char* gemm_epilogue_name(GemmEpilogue epilogue) {
@@ -658,6 +595,34 @@ Shape block_scale_shape(const QuantizeSpec& spec, int64_t rows, int64_t k) {
   return Shape{(rows + 127) / 128 * 128 * ((blocks + 3) / 4 * 4)};
 }
 
+namespace {
+
+void check_quantized(const QuantizedTensor& q, const char* op) {
+  const QuantizeSpec& spec = q.spec;
+  MXTRAIN_ASSERT(q.data.rank() == 2 && q.data.is_contiguous(), "%s: data %s must be a contiguous matrix", op,
+                 q.data.describe().c_str());
+  MXTRAIN_ASSERT(q.data.dtype == spec.element, "%s: data %s, spec element %s", op, q.data.describe().c_str(),
+                 std::string(dtype_name(spec.element)).c_str());
+  const bool fp8 = spec.element == DType::e4m3 || spec.element == DType::e5m2;
+  MXTRAIN_ASSERT(spec.mode == ScalingMode::nvfp4 ? spec.element == DType::e2m1 : fp8, "%s: %s elements in %s scaling",
+                 op, std::string(dtype_name(spec.element)).c_str(), scaling_mode_name(spec.mode));
+  MXTRAIN_ASSERT(q.k() % scaling_block_size(spec.mode) == 0, "%s: K = %lld is not a multiple of the %s block", op,
+                 static_cast<long long>(q.k()), scaling_mode_name(spec.mode));
+  MXTRAIN_ASSERT(!spec.nvfp4_tiles || q.rows() % 16 == 0, "%s: 16x16 tiles need rows %% 16, got %lld", op,
+                 static_cast<long long>(q.rows()));
+  MXTRAIN_ASSERT(q.scale_inverse.dtype == block_scale_dtype(spec.mode) &&
+                     q.scale_inverse.shape.numel() == block_scale_shape(spec, q.rows(), q.k()).numel(),
+                 "%s: scales %s for %s data %s", op, q.scale_inverse.describe().c_str(), scaling_mode_name(spec.mode),
+                 q.data.describe().c_str());
+  MXTRAIN_ASSERT(spec.mode != ScalingMode::nvfp4 || (q.amax.dtype == DType::f32 && q.amax.numel() >= 1),
+                 "%s: nvfp4 needs its f32 amax", op);
+}
+
+double quantized_bytes(const QuantizedTensor& q) {
+  return b(q.data) + b(q.scale_inverse) + (q.spec.mode == ScalingMode::nvfp4 ? 4.0 : 0.0);
+}
+
+}  // namespace
 
 void Backend::amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed) {
   require_contiguous(x, "amax");

@@ -258,17 +258,6 @@ struct CastProducer {
   bool defined() const { return op != Op::none; }
 };
 
-// A per-tensor FP8 cast of norm_backward's dx (after the accumulation), made in the same pass
-// where the backend can: exactly quantize(dx, scale, rowwise, columnwise, amax) after the op
-// (delayed scaling, whose scale is known before the pass). The next linear's gradient cast then
-// needs no pass of its own over dx.
-struct NormBackwardCast {
-  Tensor scale;                         // f32 [1]
-  QuantizedTensor rowwise, columnwise;  // per-tensor FP8 copies of dx; either may be undefined
-  Tensor amax;                          // f32 [1], optional: max= the amax of dx
-  bool defined() const { return rowwise.data.defined() || columnwise.data.defined(); }
-};
-
 // A weight inside an optimizer shard, elements [begin, end), whose amax the optimizer step
 // records as it writes the new values (current scaling's weight amax: the cast that follows the
 // step then skips its own pass over the weight).
@@ -406,12 +395,10 @@ class Backend {
                         const Tensor& bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, float eps,
                         const Tensor& out_amax = {});
   // dx (+)= d norm; dweight (+)= ; dbias (+)= (layer). mean/rstd as saved by the forward.
-  // accumulate_dparams = false overwrites dweight and dbias (a gradient's first write). `cast`
-  // (NormBackwardCast), when defined: dx's FP8 copies too.
+  // accumulate_dparams = false overwrites dweight and dbias (a gradient's first write).
   void norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                      const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                     bool accumulate_dx, bool accumulate_dparams = true, const Tensor& dx_amax = {},
-                     const NormBackwardCast& cast = {});
+                     bool accumulate_dx, bool accumulate_dparams = true, const Tensor& dx_amax = {});
   // The GEMMs of the linear layers, high precision or quantized, with their epilogues
   // (GemmArgs above). supports(linear_forward, e4m3 | e8m0 | e2m1) says whether a quantized GEMM
   // of that format exists; the precision recipes emulate it otherwise.
@@ -521,11 +508,6 @@ class Backend {
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                                   const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                                   const Tensor& dx_amax) = 0;
-  // norm_backward with dx's FP8 copies (cast defined). Default: the op, then the cast of dx.
-  virtual void impl_norm_backward_cast(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                       const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                       const Tensor& dweight, const Tensor& dbias, bool accumulate_dx,
-                                       bool accumulate_dparams, const Tensor& dx_amax, const NormBackwardCast& cast);
   // The GEMM, arguments checked. Backends without a fused epilogue (or without one for this
   // call) run gemm_epilogue_apart.
   virtual void impl_gemm(const GemmArgs& args) = 0;

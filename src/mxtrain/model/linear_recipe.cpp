@@ -296,23 +296,6 @@ void LinearRecipe::produce_input_copy(int64_t layer, LinearKind kind, const Tens
   saved_inputs_[static_cast<size_t>(linear)] = std::make_unique<Operand>(std::move(operand));
 }
 
-NormBackwardCast LinearRecipe::produce_gradient_copies(int64_t layer, LinearKind kind, const Tensor& dx) {
-  if (layer < 0 || !fuses_producers(layer)) return {};
-  const int64_t linear = layer * kLinearKinds + static_cast<int64_t>(kind);
-  NormBackwardCast cast;
-  // The request backward_weight's cast of the gradient makes (both copies).
-  column_stash_ = std::make_unique<GradientStash>();
-  column_stash_->linear = linear;
-  column_stash_->source = dx.data;
-  column_stash_->operand = quantizer_->copies_for_producer(
-      dx, {.linear = linear, .role = QuantizedRole::gradient, .rowwise = true, .columnwise = true,
-           .name = name_of(layer, kind) + ".grad"},
-      &cast.scale, &cast.amax);
-  cast.rowwise = column_stash_->operand.rowwise;
-  cast.columnwise = column_stash_->operand.columnwise;
-  return cast;
-}
-
 namespace {
 
 // What identifies the tensor a gradient stash was cast from: a produced gradient has no data of
@@ -462,11 +445,6 @@ void LinearRecipe::backward_input(int64_t layer, LinearKind kind, const Tensor& 
   Operand dq;
   if (stash_ && stash_->linear == linear && stash_->source == source_of(dout, producer)) {
     dq = std::move(stash_->operand);
-  } else if (column_stash_ && column_stash_->linear == linear && column_stash_->source == source_of(dout, producer) &&
-             column_stash_->operand.rowwise.data.defined()) {
-    // The copies dout's producer made (produce_gradient_copies): the rowwise one now, the
-    // columnwise one stays for the backward_weight after this.
-    dq = column_stash_->operand.take_rowwise();
   } else {
     // A produced gradient's rowwise copy comes from its backward_weight's cast: the caller may
     // free what produced it after that cast.

@@ -174,12 +174,6 @@ class LinearRecipe {
   // the input's cast would use, into `producer`; that linear's backward_weight then takes it as a
   // saved input (the same bits as casting there).
   void produce_input_copy(int64_t layer, LinearKind kind, const Tensor& x, CastProducer& producer);
-  // Where fuses_producers(layer): both FP8 copies of linear `kind`'s output gradient dx, allocated
-  // with the scale and amax slot its cast would use, for the op that writes dx to write them too
-  // (norm_backward's NormBackwardCast: the residual gradient a block norm's backward leaves is the
-  // next linear's output gradient); that linear's next cast of dx takes them. Undefined (the op
-  // runs without) elsewhere.
-  NormBackwardCast produce_gradient_copies(int64_t layer, LinearKind kind, const Tensor& dx);
 
   // After the optimizer step: delayed scaling computes the next step's scales from the amax
   // histories and rolls them (§2.1) unless weight_casts did; the stochastic-rounding streams
@@ -264,9 +258,8 @@ class LinearRecipe {
   // The gradient's quantized copies between backward_weight and backward_input.
   struct GradientStash;
   std::unique_ptr<GradientStash> stash_;
-  // The gradient's copies made before its first GEMM: the columnwise one kept by backward_input
-  // (keep_gradient_columnwise) for the backward_weight after it, or both made by the gradient's
-  // producer (produce_gradient_copies).
+  // The gradient's columnwise copy kept by backward_input (keep_gradient_columnwise) for the
+  // backward_weight after it.
   std::unique_ptr<GradientStash> column_stash_;
   // Inputs' columnwise copies kept by forward(save_input) for backward_weight, per linear.
   std::vector<std::unique_ptr<Operand>> saved_inputs_;

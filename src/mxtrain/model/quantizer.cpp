@@ -20,16 +20,6 @@ QuantizedOperand QuantizedOperand::take_columnwise() {
   return taken;
 }
 
-QuantizedOperand QuantizedOperand::take_rowwise() {
-  QuantizedOperand taken;
-  taken.row_data = std::move(row_data);
-  taken.row_scales = std::move(row_scales);
-  taken.row_amax = std::move(row_amax);
-  taken.rowwise = rowwise;
-  rowwise = QuantizedTensor{};
-  return taken;
-}
-
 Quantizer::Quantizer(Backend& backend, DType forward_element, DType gradient_element)
     : backend_(backend), forward_element_(forward_element), gradient_element_(gradient_element) {}
 

@@ -31,9 +31,8 @@ enum class QuantizedRole : uint8_t { input, weight, gradient };
 struct QuantizedOperand {
   Buffer row_data, row_scales, row_amax, col_data, col_scales, col_amax;
   QuantizedTensor rowwise, columnwise;
-  // Moves the columnwise (rowwise) copy and its buffers out, into an operand of their own.
+  // Moves the columnwise copy and its buffers out, into an operand of their own.
   QuantizedOperand take_columnwise();
-  QuantizedOperand take_rowwise();
 };
 
 // One cast of a tensor of linear `linear` (layer · 4 + kind) into its rowwise and/or columnwise

@@ -366,11 +366,8 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
                                       .out = dnorm2}, {.producer = dup_producer});
     dup.reset();
     const GradPair dnorm = dw(l, p.mlp_norm_weight, p.mlp_norm_bias);
-    // Under delayed FP8 scaling the norm's backward also writes dres's FP8 copies, which the out
-    // projection's gradient casts take (LinearRecipe::produce_gradient_copies).
     backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres, dnorm.weight,
-                           dnorm.bias, true, dnorm.accumulate, linears_.amax_record(l, LinearKind::out, true, dres),
-                           linears_.produce_gradient_copies(l, LinearKind::out, dres));
+                           dnorm.bias, true, dnorm.accumulate, linears_.amax_record(l, LinearKind::out, true, dres));
   }
   s.mid.reset();
   s.mean2.reset();
@@ -428,8 +425,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     // dres is now the gradient the block below casts first (its down projection's).
     const Tensor dres_amax = l > 0 ? linears_.amax_record(l - 1, LinearKind::down, true, dres) : Tensor();
     backend_.norm_backward(norm, dnorm1, x, w(l, p.attn_norm_weight), s.mean1, s.rstd1, dres, dnorm.weight,
-                           dnorm.bias, true, dnorm.accumulate, dres_amax,
-                           linears_.produce_gradient_copies(l - 1, LinearKind::down, dres));
+                           dnorm.bias, true, dnorm.accumulate, dres_amax);
   }
   s = Saved{};
 }
@@ -486,8 +482,7 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
     const GradPair dnorm = grads(g, layout_.final_norm_weight, layout_.final_norm_bias);
     backend_.norm_backward(norm_kind(), dnormed, x_final, params_.weight(g, layout_.final_norm_weight), mean, rstd,
                            dres, dnorm.weight, dnorm.bias, false, dnorm.accumulate,
-                           linears_.amax_record(config_.layers - 1, LinearKind::down, true, dres),
-                           linears_.produce_gradient_copies(config_.layers - 1, LinearKind::down, dres));
+                           linears_.amax_record(config_.layers - 1, LinearKind::down, true, dres));
   }
   if (tied) params_.release(embed, pass);
   params_.release(g, pass);

@@ -301,16 +301,7 @@ void CudaBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Te
                                      const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                                      const Tensor& dx_amax) {
   cuda_kernels::norm_backward(*this, kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx,
-                              accumulate_dparams, dx_amax, NormBackwardCast{}, stream_);
-}
-
-void CudaBackend::impl_norm_backward_cast(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                          const Tensor& dweight, const Tensor& dbias, bool accumulate_dx,
-                                          bool accumulate_dparams, const Tensor& dx_amax,
-                                          const NormBackwardCast& cast) {
-  cuda_kernels::norm_backward(*this, kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx,
-                              accumulate_dparams, dx_amax, cast, stream_);
+                              accumulate_dparams, dx_amax, stream_);
 }
 
 void CudaBackend::impl_gemm(const GemmArgs& args) {

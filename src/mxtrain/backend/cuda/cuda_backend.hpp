@@ -97,11 +97,6 @@ class CudaBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                           const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
                           const Tensor& dx_amax) override;
-  // The fused backward also writes dx's FP8 copies where it can (norm.cu), else casts after it.
-  void impl_norm_backward_cast(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                               const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                               const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                               const Tensor& dx_amax, const NormBackwardCast& cast) override;
   // The GEMMs through cuBLASLt (gemm.hpp), epilogues fused where it has them.
   void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,

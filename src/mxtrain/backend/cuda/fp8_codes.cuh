@@ -48,15 +48,4 @@ __device__ __forceinline__ void cast8(const float (&scaled)[8], uint32_t (&words
 #endif
 }
 
-// Four rows of four bytes -> the four columns: column i holds byte i of rows 0, 1, 2, 3 (row 0
-// lowest), in eight byte permutes.
-__device__ __forceinline__ void transpose4x4(const uint32_t (&row)[4], uint32_t (&column)[4]) {
-  const uint32_t t0 = __byte_perm(row[0], row[1], 0x5140), t1 = __byte_perm(row[0], row[1], 0x7362);
-  const uint32_t t2 = __byte_perm(row[2], row[3], 0x5140), t3 = __byte_perm(row[2], row[3], 0x7362);
-  column[0] = __byte_perm(t0, t2, 0x5410);
-  column[1] = __byte_perm(t0, t2, 0x7632);
-  column[2] = __byte_perm(t1, t3, 0x5410);
-  column[3] = __byte_perm(t1, t3, 0x7632);
-}
-
 }  // namespace mxtrain::cuda_kernels

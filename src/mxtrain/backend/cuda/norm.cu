@@ -17,15 +17,8 @@
 // so the result is bit-reproducible. Rows too wide for the fused kernel (more than 16 vectors
 // per lane, hidden > 4096 in bf16, or over 96 KB of shared rows) use a separate
 // column-partials kernel that reads dout and x a second time.
-//
-// The fused backward can also write dx's per-tensor FP8 copies (NormBackwardCast: delayed
-// scaling, the scale known before the pass): each lane's rowwise codes leave as 8-byte stores
-// next to dx, and the block collects 8 rows' codes in a shared tile that leaves transposed (the
-// columnwise copy, 8 bytes a column), so the next linear's gradient cast needs no pass over dx.
 #include "mxtrain/backend/cuda/device_common.cuh"
-#include "mxtrain/backend/cuda/fp8_codes.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
-#include "mxtrain/numerics/fp8.hpp"
 
 namespace mxtrain::cuda_kernels {
 namespace {
@@ -331,44 +324,6 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }
 
-// dx's FP8 copies written by the fused backward (kCast): codes of round(dx) · scale.
-struct NormCastArgs {
-  const float* scale = nullptr;
-  uint8_t* rowwise = nullptr;     // [rows, cols] or null
-  uint8_t* columnwise = nullptr;  // [cols, rows] or null
-  float* row_inverse = nullptr;
-  float* col_inverse = nullptr;
-  unsigned* amax_bits = nullptr;  // max= the amax of dx, or null
-  bool vector_columnwise = false; // 8-byte transposed stores (rows and the chunk's rows multiples of 8)
-};
-constexpr int kCastTileRows = 8;  // rows of codes a block collects before they leave transposed
-
-// Rows group_row0.. (n <= 8 of them) of the tile [8][cols] bytes, out as columns of the
-// transposed copy [cols, rows]: thread t takes columns 4q..4q+3 for q = t, t + threads, ...
-__device__ __forceinline__ void flush_transposed_codes(const uint8_t* tile, int cols, int64_t rows,
-                                                       int64_t group_row0, int n, const NormCastArgs& cast) {
-  for (int q = threadIdx.x; q < cols / 4; q += blockDim.x) {
-    uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      lo[j] = j < n ? *reinterpret_cast<const uint32_t*>(tile + j * cols + 4 * q) : 0u;
-      hi[j] = j + 4 < n ? *reinterpret_cast<const uint32_t*>(tile + (j + 4) * cols + 4 * q) : 0u;
-    }
-    uint32_t lo_columns[4], hi_columns[4];
-    transpose4x4(lo, lo_columns);
-    transpose4x4(hi, hi_columns);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      uint8_t* out = cast.columnwise + static_cast<int64_t>(4 * q + e) * rows + group_row0;
-      if (cast.vector_columnwise && n == kCastTileRows) {
-        *reinterpret_cast<uint2*>(out) = make_uint2(lo_columns[e], hi_columns[e]);
-      } else {
-        for (int j = 0; j < n; ++j) out[j] = static_cast<uint8_t>((j < 4 ? lo_columns[e] : hi_columns[e]) >> (8 * (j % 4)));
-      }
-    }
-  }
-}
-
 // The fused backward: dx plus per-chunk partials of dweight (and dbias), K vectors per lane.
 // With 16-byte vectors of a 2-byte type and K <= 8 (kHold: hidden <= 2048 in bf16) the first
 // pass keeps the row's dout, x and, when accumulating, dx in registers as loaded, so a row costs
@@ -381,20 +336,15 @@ __device__ __forceinline__ void flush_transposed_codes(const uint8_t* tile, int 
 // the launch, so at 128 registers it spills nothing (it spilled 20 bytes before: one launch
 // 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). With a bias its two shared rows
 // (64 KB a block at GPT-2 1.5B's width) allow three blocks anyway.
-// kCast (0: none; else the copies' format, numerics::Fp8Format + 1; W == 8): dx's FP8 copies as
-// well (NormCastArgs), the rowwise codes from the lanes, the columnwise ones through the tile of
-// kCastTileRows rows after the partial rows in shared memory.
-template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, int kCast = 0>
+template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias>
 __global__ void __launch_bounds__(kFusedWarps * 32, kBias ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
                            T* dx, float* partial_weight, float* partial_bias, int64_t rows, int cols, float inv_cols,
-                           int rows_per_chunk, bool accumulate, unsigned* amax_out, NormCastArgs cast) {
+                           int rows_per_chunk, bool accumulate, unsigned* amax_out) {
   constexpr bool kHold = W == 8 && sizeof(T) == 2 && K <= 8;
   constexpr int kHeld = kHold ? K : 1;
   constexpr int kSums = kBias ? 2 : 1;
   constexpr int warps = kFusedWarps;
-  static_assert(kCast == 0 || (W == 8 && warps * 2 == kCastTileRows), "the cast tile takes two rows a warp");
-  constexpr auto kFormat = kCast == 2 ? numerics::Fp8Format::e5m2 : numerics::Fp8Format::e4m3;
   extern __shared__ float warp_partials[];  // [warps][kSums][row]: dweight's row, then dbias's
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t chunk = blockIdx.x;
@@ -408,26 +358,9 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   float* sum_b = sum_w + row_floats;
   for (int64_t c = lane; c < kSums * row_floats; c += 32) sum_w[c] = 0.0f;  // the warp's own rows
   __syncwarp();
-  // The cast tile: [kCastTileRows][cols] codes after the partial rows.
-  uint8_t* tile = reinterpret_cast<uint8_t*>(warp_partials + warps * kSums * row_floats);
-  float scale = 0.0f;
-  bool scale_may_make_nan = false;
-  if constexpr (kCast != 0) {
-    scale = cast.scale[0];
-    scale_may_make_nan = !(scale > 0.0f && scale < INFINITY);
-    if (chunk == 0 && threadIdx.x == 0) {
-      if (cast.row_inverse != nullptr) cast.row_inverse[0] = numerics::div_rn(1.0f, scale);
-      if (cast.col_inverse != nullptr) cast.col_inverse[0] = numerics::div_rn(1.0f, scale);
-    }
-  }
-  const bool record_amax = amax_out != nullptr || (kCast != 0 && cast.amax_bits != nullptr);
 
   unsigned amax = 0;
-  // With the cast every warp takes every iteration (rows past the chunk idle), so that the block
-  // meets at each tile flush; iteration `it` is row warp + warps · it.
-  const int iterations = kCast != 0 ? (count + warps - 1) / warps : 0;
-  for (int it = 0, r = warp; kCast != 0 ? it < iterations : r < count; ++it, r += warps) {
-    if (kCast == 0 || r < count) {
+  for (int r = warp; r < count; r += warps) {
     const int64_t row = begin + r;
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
@@ -493,41 +426,13 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
       store<W>(dx + base + c, g);
       add_to_shared<W>(sum_w, k, lane, pw);
       if constexpr (kBias) add_to_shared<W>(sum_b, k, lane, pb);
-      if (record_amax) {
+      if (amax_out != nullptr) {
 #pragma unroll
         for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(g[i]));
-      }
-      if constexpr (kCast != 0) {
-        // The codes of dx as stored (rounded to T), as the cast of dx would make them.
-        float scaled[8];
-        unsigned vector_max = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float stored = round_to<T>(g[i]);
-          vector_max = max(vector_max, abs_bits(stored));
-          scaled[i] = numerics::mul_rn(stored, scale);
-        }
-        uint32_t words[2];
-        cast8<kFormat>(scaled, words, scale_may_make_nan || vector_max >= 0x7f800000u);
-        if (cast.rowwise != nullptr) *reinterpret_cast<uint2*>(cast.rowwise + base + c) = make_uint2(words[0], words[1]);
-        const int slot = warp + warps * (it % 2);
-        *reinterpret_cast<uint2*>(tile + static_cast<int64_t>(slot) * cols + c) = make_uint2(words[0], words[1]);
-      }
-    }
-    }
-    if constexpr (kCast != 0) {
-      // Every second iteration (and the last) the tile's rows leave transposed.
-      if (cast.columnwise != nullptr && (it % 2 == 1 || it == iterations - 1)) {
-        __syncthreads();
-        const int group_first = (it / 2) * kCastTileRows;
-        flush_transposed_codes(tile, cols, rows, begin + group_first, min(kCastTileRows, count - group_first), cast);
-        __syncthreads();
       }
     }
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
-  if constexpr (kCast != 0)
-    if (cast.amax_bits != nullptr) record_warp_amax<T>(amax, cast.amax_bits);
 
   // Warp rows -> one partial row per chunk, summed in warp order.
   __syncthreads();
@@ -694,7 +599,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
     kernel<<<static_cast<unsigned>(chunks), kFusedWarps * 32, shared_bytes, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
-        partial_weight, partial_bias, rows, cols, inv_cols, rows_per_chunk, accumulate, amax, NormCastArgs{});
+        partial_weight, partial_bias, rows, cols, inv_cols, rows_per_chunk, accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -721,61 +626,6 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
     else with_k(V1{}, No{}, No{});
   }
   MXTRAIN_CUDA_CHECK_LAUNCH();
-}
-
-// The fused backward with dx's FP8 copies (bf16 rows, 16-byte vectors): RMSNorm, or LayerNorm
-// with its bias; false when the launch does not fit that (the caller casts dx apart).
-template <typename Wt>
-bool launch_backward_fused_cast(NormKind kind, bool with_bias, int lanes_k, const Tensor& dout, const Tensor& x,
-                                const Tensor& weight, const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                bool accumulate, float* partial_weight, float* partial_bias, int64_t chunks,
-                                unsigned* amax, const NormBackwardCast& cast, cudaStream_t stream) {
-  using T = bf16;
-  const bool layer = kind == NormKind::layer;
-  if (layer != with_bias) return false;
-  const QuantizedTensor& any = cast.rowwise.data.defined() ? cast.rowwise : cast.columnwise;
-  const int64_t rows = x.rows();
-  const int cols = static_cast<int>(x.cols());
-  const int rows_per_chunk = static_cast<int>((rows + chunks - 1) / chunks);
-  const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, true) +
-                              static_cast<size_t>(kCastTileRows) * static_cast<size_t>(cols);
-  if (shared_bytes > 160 * 1024) return false;
-  NormCastArgs args;
-  args.scale = static_cast<const float*>(cast.scale.data);
-  args.rowwise = cast.rowwise.data.defined() ? static_cast<uint8_t*>(cast.rowwise.data.data) : nullptr;
-  args.columnwise = cast.columnwise.data.defined() ? static_cast<uint8_t*>(cast.columnwise.data.data) : nullptr;
-  args.row_inverse = args.rowwise != nullptr ? static_cast<float*>(cast.rowwise.scale_inverse.data) : nullptr;
-  args.col_inverse = args.columnwise != nullptr ? static_cast<float*>(cast.columnwise.scale_inverse.data) : nullptr;
-  args.amax_bits = cast.amax.defined() ? static_cast<unsigned*>(cast.amax.data) : nullptr;
-  if ((reinterpret_cast<uintptr_t>(args.rowwise) & 7u) != 0) return false;
-  args.vector_columnwise = rows % 8 == 0 && rows_per_chunk % 8 == 0 && (reinterpret_cast<uintptr_t>(args.columnwise) & 7u) == 0;
-  const float inv_cols = 1.0f / static_cast<float>(cols);
-  auto go = [&](auto vectors, auto has_bias, auto format) {
-    constexpr int K = decltype(vectors)::value;
-    constexpr bool kBias = decltype(has_bias)::value;
-    constexpr int kCast = decltype(format)::value;
-    auto kernel = norm_backward_fused_kernel<8, K, T, Wt, kBias, kBias, kCast>;
-    if (shared_bytes > 48 * 1024)
-      MXTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(shared_bytes)));
-    kernel<<<static_cast<unsigned>(chunks), kFusedWarps * 32, shared_bytes, stream>>>(
-        static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
-        data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
-        partial_weight, partial_bias, rows, cols, inv_cols, rows_per_chunk, accumulate, amax, args);
-  };
-  auto with_format = [&](auto vectors, auto has_bias) {
-    if (any.spec.element == DType::e5m2) go(vectors, has_bias, std::integral_constant<int, 2>{});
-    else go(vectors, has_bias, std::integral_constant<int, 1>{});
-  };
-  auto with_k = [&](auto has_bias) {
-    if (lanes_k == 4) with_format(std::integral_constant<int, 4>{}, has_bias);
-    else if (lanes_k == 8) with_format(std::integral_constant<int, 8>{}, has_bias);
-    else with_format(std::integral_constant<int, 16>{}, has_bias);
-  };
-  if (with_bias) with_k(std::true_type{});
-  else with_k(std::false_type{});
-  MXTRAIN_CUDA_CHECK_LAUNCH();
-  return true;
 }
 
 void require_activation_dtypes(const char* op, std::initializer_list<const Tensor*> tensors) {
@@ -814,18 +664,12 @@ void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor&
 void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                    const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
-                   const NormBackwardCast& cast, cudaStream_t stream) {
+                   cudaStream_t stream) {
   require_activation_dtypes("norm_backward", {&x, &dout, &dx});
-  // dx's FP8 copies in the fused pass where it applies (bf16 rows, the fused path); else the op,
-  // then the cast of dx.
-  auto cast_apart = [&] {
-    if (cast.defined()) quantize(dx, cast.scale, cast.rowwise, cast.columnwise, cast.amax, ScaleFromAmax{}, stream);
-  };
   unsigned* amax = start_amax_record(dx_amax, stream);
   if (x.numel() == 0) {
     if (!accumulate_dparams && dweight.defined()) fill(dweight, 0.0f, stream);
     if (!accumulate_dparams && dbias.defined()) fill(dbias, 0.0f, stream);
-    cast_apart();
     return;
   }
   const int64_t cols = x.cols();
@@ -839,29 +683,16 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
     float* partial_weight = scratch.at(0).tensor().ptr<float>();
     float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
-    bool cast_done = false;
-    if (cast.defined() && vector && x.dtype == DType::bf16 && (weight.dtype == DType::bf16 || weight.dtype == DType::f32)) {
-      cast_done = weight.dtype == DType::bf16
-                      ? launch_backward_fused_cast<bf16>(kind, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
-                                                         accumulate_dx, partial_weight, partial_bias, chunks, amax,
-                                                         cast, stream)
-                      : launch_backward_fused_cast<float>(kind, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
-                                                          accumulate_dx, partial_weight, partial_bias, chunks, amax,
-                                                          cast, stream);
-    }
-    if (!cast_done) {
-      dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
-        using T = decltype(tag);
-        dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
-          using Wt = decltype(weight_tag);
-          launch_backward_fused<T, Wt>(kind, vector, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
-                                       accumulate_dx, partial_weight, partial_bias, chunks, amax, stream);
-        });
+    dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
+      using T = decltype(tag);
+      dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
+        using Wt = decltype(weight_tag);
+        launch_backward_fused<T, Wt>(kind, vector, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
+                                     accumulate_dx, partial_weight, partial_bias, chunks, amax, stream);
       });
-    }
+    });
     reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
     if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
-    if (!cast_done) cast_apart();
     return;
   }
   dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
@@ -871,10 +702,7 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
       launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, amax, stream);
     });
   });
-  if (!dweight.defined()) {
-    cast_apart();
-    return;
-  }
+  if (!dweight.defined()) return;
   std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
   float* partial_weight = scratch.at(0).tensor().ptr<float>();
   float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
@@ -885,7 +713,6 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
   });
   reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
   if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
-  cast_apart();
 }
 
 }  // namespace mxtrain::cuda_kernels
