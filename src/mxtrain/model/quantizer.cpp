@@ -70,13 +70,19 @@ QuantizedOperand Quantizer::quantize(const Tensor& x, const QuantizeRequest& req
   return quantize_now(x, request);
 }
 
-QuantizedOperand Quantizer::quantize_now(const Tensor& x, const QuantizeRequest& request) {
+QuantizedOperand Quantizer::prepare_copies(const Tensor& x, const QuantizeRequest& request, Tensor* scale,
+                                           Tensor* amax, ScaleFromAmax* from) {
   QuantizedOperand operand;
-  Tensor scale, amax_out;
-  ScaleFromAmax from;
-  cast_scale(x, request, &scale, &amax_out, &from);
+  cast_scale(x, request, scale, amax, from);
   if (request.rowwise) allocate_copy(x, request, false, operand);
   if (request.columnwise) allocate_copy(x, request, true, operand);
+  return operand;
+}
+
+QuantizedOperand Quantizer::quantize_now(const Tensor& x, const QuantizeRequest& request) {
+  Tensor scale, amax_out;
+  ScaleFromAmax from;
+  QuantizedOperand operand = prepare_copies(x, request, &scale, &amax_out, &from);
   backend_.quantize(x, scale, operand.rowwise, operand.columnwise, amax_out, from, request.producer);
   return operand;
 }
@@ -85,11 +91,9 @@ QuantizedOperand Quantizer::copies_for_producer(const Tensor& x, const QuantizeR
                                                 Tensor* amax) {
   MXTRAIN_ASSERT(fuses_producers() && !request.producer.defined(),
                  "copies_for_producer: %s casts no fused producer", std::string(dtype_name(format_dtype())).c_str());
-  QuantizedOperand operand;
   ScaleFromAmax from;
-  cast_scale(x, request, scale, amax, &from);
-  if (request.rowwise) allocate_copy(x, request, false, operand);
-  if (request.columnwise) allocate_copy(x, request, true, operand);
+  QuantizedOperand operand = prepare_copies(x, request, scale, amax, &from);
+  MXTRAIN_ASSERT(!from.defined(), "copies_for_producer: the scale must be known before the pass");
   return operand;
 }
 

@@ -162,6 +162,10 @@ class Quantizer {
   virtual void finish_step() {}
   // The cast itself: scale, copies, Backend::quantize.
   QuantizedOperand quantize_now(const Tensor& x, const QuantizeRequest& request);
+  // A cast's scale, amax slot (cast_scale) and copies, allocated but not written: quantize_now's
+  // first half, and all of copies_for_producer.
+  QuantizedOperand prepare_copies(const Tensor& x, const QuantizeRequest& request, Tensor* scale, Tensor* amax,
+                                  ScaleFromAmax* from);
   // Allocates the rowwise (or columnwise) copy of x named name + ".rowwise" (".columnwise"), its
   // data and scales at the addresses given where that memory is free.
   void allocate_copy(const Tensor& x, const QuantizeRequest& request, bool transposed, QuantizedOperand& operand,
