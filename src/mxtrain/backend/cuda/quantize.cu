@@ -323,12 +323,15 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
                           ? nm::current_scale_from_amax(current.amax[0], current.scaled_max, current.epsilon,
                                                         current.power_of_2_scales)
                           : scale_pointer[0];
+  // The side copy's scale, read once (the byte stores below may alias it for all nvcc knows).
+  float side_scale = 0.0f;
+  if constexpr (kSide) side_scale = side.scale[0];
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     if (current.amax != nullptr) current.scale_out[0] = scale;
     // Each copy carries its decode scale, as the reference's 1 / scale.
     if (rowwise_inverse != nullptr) rowwise_inverse[0] = nm::div_rn(1.0f, scale);
     if (columnwise_inverse != nullptr) columnwise_inverse[0] = nm::div_rn(1.0f, scale);
-    if constexpr (kSide) side.columnwise_inverse[0] = nm::div_rn(1.0f, side.scale[0]);
+    if constexpr (kSide) side.columnwise_inverse[0] = nm::div_rn(1.0f, side_scale);
   }
   // A scaled value can be NaN only from a NaN or infinite input, or a scale that is not finite and
   // positive (inf x 0, NaN scale); the scale is the same for the whole tensor.
@@ -343,7 +346,6 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
   for (int j = 0; j < kCastVectors; ++j) {
     const int64_t gr = gr0 + j;
     if constexpr (kSide) {
-      const float side_scale = side.scale[0];
       float value[8], scaled[8];
       source.side_values(in[j], lane, value);
       unsigned vector_max = 0;
