@@ -3,7 +3,9 @@ the span between the ends of two optimizer phases, the time the GPU ran somethin
 kernel, memcpy and memset intervals) and the idle rest; the largest idle gaps with their
 neighbours; and the kernel time of the last step by kernel name, at the clocks of a real step.
 
-Usage: python3 bench/step_timeline.py trace.csv [--steps 3] [--end REGEX] [--top 30]
+Usage: python3 bench/step_timeline.py trace.csv [--steps 3] [--end REGEX] [--top 30] [--sequence FILE]
+--sequence writes the last step's records in launch order (start offset, duration, gap before,
+name) to FILE: which launch sits where, e.g. what a memset precedes.
 The optimizer's kernels (REGEX, default adamw|multi_tensor_apply) mark the end of a step; a run
 of them with fewer than 50 other records between belongs to one step."""
 import argparse, collections, csv, re
@@ -13,6 +15,7 @@ ap.add_argument("trace")
 ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--end", default="adamw|multi_tensor_apply")
 ap.add_argument("--top", type=int, default=30)
+ap.add_argument("--sequence")
 a = ap.parse_args()
 
 recs = sorted(((int(r["start_ns"]), int(r["end_ns"]), r["kind"], r["name"]) for r in csv.DictReader(open(a.trace))))
@@ -73,3 +76,11 @@ total = sum(v[1] for v in agg.values())
 print("\n# last step: %d records, %.2f ms of GPU time (real clocks)" % (hi - lo, total / 1e6))
 for name, (c, ns) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:a.top]:
     print("%9.3f ms %5dx  %s" % (ns / 1e6, c, name[:150]))
+
+if a.sequence:
+    with open(a.sequence, "w") as out:
+        out.write("# %10s %9s %9s  name (the last step's records in start order)\n" % ("start us", "dur us", "gap us"))
+        t0, prev_end = recs[lo][1], recs[lo][1]
+        for s, e, kind, name in recs[lo + 1:hi + 1]:
+            out.write("%12.1f %9.1f %9.1f  %s\n" % ((s - t0) / 1e3, (e - s) / 1e3, (s - prev_end) / 1e3, name[:110]))
+            prev_end = max(prev_end, e)

@@ -7,7 +7,8 @@
 # clocks). Usage:
 #   bench/step_timelines.sh OUT_DIR NAME='BENCH ARGS' ...
 #   e.g. bench/step_timelines.sh $OUT fp8='-m llama-1b -b 8 -s 2048 -p fp8' fp8c='-m llama-1b -b 8 -s 2048 -p fp8-current'
-# BIN (default build/gpu/mxtrain) is the binary; TIMED (default 6) the timed steps.
+# BIN (default build/gpu/mxtrain) is the binary; TIMED (default 6) the timed steps; SEQUENCE=1
+# also writes the last step's records in launch order (sequence_NAME.txt).
 set -euo pipefail
 out=${1:?usage: bench/step_timelines.sh OUT_DIR NAME='BENCH ARGS' ...}; shift
 (( $# > 0 )) || { echo "step_timelines.sh: name at least one configuration, NAME='BENCH ARGS'" >&2; exit 2; }
@@ -41,7 +42,8 @@ for spec in "$@"; do
     continue
   fi
   grep -E "tok/s|step" "$out/bench_$name.txt" | tail -2
-  if python3 "$here/step_timeline.py" "$trace" --top 40 > "$out/timeline_$name.txt" 2>&1; then
+  if python3 "$here/step_timeline.py" "$trace" --top 40 \
+      ${SEQUENCE:+--sequence "$out/sequence_$name.txt"} > "$out/timeline_$name.txt" 2>&1; then
     head -12 "$out/timeline_$name.txt"
   else
     echo "step_timelines.sh: no step in the trace of '$name' ($(cat "$out/timeline_$name.txt")): did it run on the GPU?" >&2
