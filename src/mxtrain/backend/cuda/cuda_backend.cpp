@@ -124,7 +124,6 @@ void CudaBackend::synchronize() {
 bool CudaBackend::begin_capture() {
   if (capturing_) return false;
   drop_capture();
-  gemm_->finish_trials();  // the trials' events must not enter the graph
   const cudaError_t status = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
   if (status != cudaSuccess) {
     cudaGetLastError();

@@ -1,8 +1,5 @@
 #include "mxtrain/backend/cuda/gemm.hpp"
 
-#include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "mxtrain/backend/cuda/cuda_check.hpp"
@@ -18,27 +15,11 @@ struct CublasLtGemm::Plan {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order; algo = the chosen one
   bool available = false;
   bool tuned = false;
-  // In-step trials (CublasLtGemm::kFinalists): candidate indices, burst times, and each timed
-  // launch's finalist and events.
-  struct Trial {
-    size_t finalist = 0;
-    cudaEvent_t start = nullptr, stop = nullptr;
-  };
-  std::vector<size_t> finalists;
-  std::vector<float> burst_ms;  // of each finalist
-  size_t chosen_by_burst = 0;   // index into finalists
-  std::vector<Trial> trials;
-  size_t trial_launches = 0;
-  std::string shape;  // for the log line
 
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    for (const Trial& t : trials) {
-      cudaEventDestroy(t.start);
-      cudaEventDestroy(t.stop);
-    }
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (d) cublasLtMatrixLayoutDestroy(d);
@@ -228,80 +209,8 @@ bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
                                                         sizeof call.b_scale));
   }
   if (!plan->tuned) tune(plan, call, stream);
-  if (!plan->finalists.empty()) {
-    MXTRAIN_CUBLAS_CHECK(trial_launch(plan, call, stream));
-    return true;
-  }
   MXTRAIN_CUBLAS_CHECK(launch(plan, plan->algo, call, call.c ? call.c : call.d, call.d, stream));
   return true;
-}
-
-cublasStatus_t CublasLtGemm::trial_launch(Plan* plan, const Call& call, cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MXTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {  // no events in a capture: settle first
-    decide(plan, true);
-    return launch(plan, plan->algo, call, call.c ? call.c : call.d, call.d, stream);
-  }
-  Plan::Trial trial;
-  trial.finalist = plan->trial_launches++ % plan->finalists.size();
-  MXTRAIN_CUDA_CHECK(cudaEventCreate(&trial.start));
-  MXTRAIN_CUDA_CHECK(cudaEventCreate(&trial.stop));
-  plan->trials.push_back(trial);
-  MXTRAIN_CUDA_CHECK(cudaEventRecord(trial.start, stream));
-  const cublasStatus_t status = launch(plan, plan->candidates[plan->finalists[trial.finalist]], call,
-                                       call.c ? call.c : call.d, call.d, stream);
-  MXTRAIN_CUDA_CHECK(cudaEventRecord(trial.stop, stream));
-  if (plan->trials.size() >= static_cast<size_t>(kTrialLaunches) * plan->finalists.size()) decide(plan, false);
-  return status;
-}
-
-void CublasLtGemm::decide(Plan* plan, bool wait) {
-  if (plan->finalists.empty()) return;
-  if (!plan->trials.empty()) {
-    const cudaEvent_t last = plan->trials.back().stop;
-    if (wait) {
-      MXTRAIN_CUDA_CHECK(cudaEventSynchronize(last));
-    } else {
-      const cudaError_t status = cudaEventQuery(last);
-      if (status == cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        return;
-      }
-      MXTRAIN_CUDA_CHECK(status);
-    }
-  }
-  std::vector<double> total(plan->finalists.size(), 0.0);
-  std::vector<int> count(plan->finalists.size(), 0);
-  for (const Plan::Trial& t : plan->trials) {
-    float ms = 0;
-    MXTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-    total[t.finalist] += ms;
-    ++count[t.finalist];
-    MXTRAIN_CUDA_CHECK(cudaEventDestroy(t.start));
-    MXTRAIN_CUDA_CHECK(cudaEventDestroy(t.stop));
-  }
-  plan->trials.clear();
-  bool enough = true;
-  for (int c : count) enough = enough && c >= kMinTrialLaunches;
-  size_t best = plan->chosen_by_burst;
-  if (enough) {
-    for (size_t i = 0; i < total.size(); ++i)
-      if (total[i] / count[i] < total[best] / count[best]) best = i;
-  }
-  plan->algo = plan->candidates[plan->finalists[best]];
-  std::string means;
-  for (size_t i = 0; i < total.size(); ++i)
-    means += strf("%s#%zu %.4f ms (burst %.4f) x%d", i ? ", " : "", plan->finalists[i],
-                  count[i] ? total[i] / count[i] : 0.0, plan->burst_ms[i], count[i]);
-  log::info(strf("gemm autotune %s in the step: %s; chose #%zu%s", plan->shape.c_str(), means.c_str(),
-                 plan->finalists[best], enough ? "" : " (too few timed launches: the burst timing's choice)"));
-  plan->finalists.clear();
-  plan->burst_ms.clear();
-}
-
-void CublasLtGemm::finish_trials() {
-  for (auto& [key, plan] : plans_) decide(plan.get(), true);
 }
 
 cublasStatus_t CublasLtGemm::launch(Plan* plan, const cublasLtMatmulAlgo_t& algo, const Call& call, const void* c,
@@ -374,22 +283,10 @@ void CublasLtGemm::tune(Plan* plan, const Call& call, cudaStream_t stream) {
   cudaEventDestroy(stop);
   if (scratch) MXTRAIN_CUDA_CHECK(cudaFree(scratch));
   plan->algo = plan->candidates[best];
-  plan->shape = strf("m=%lld n=%lld k=%lld %c%c", static_cast<long long>(call.m), static_cast<long long>(call.n),
-                     static_cast<long long>(call.k), call.transpose_a ? 'T' : 'N', call.transpose_b ? 'T' : 'N');
-  log::info(strf("gemm autotune %s: heuristic's first %.4f ms, chose #%zu of %zu: %.4f ms", plan->shape.c_str(),
-                 first_ms, best, plan->candidates.size(), best_ms));
-  // The close candidates, fastest first, go on to in-step trials where more than one is close.
-  std::vector<size_t> order;
-  for (size_t i = 0; i < fastest.size(); ++i)
-    if (fastest[i] >= 0 && fastest[i] <= best_ms * kFinalistMargin) order.push_back(i);
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return fastest[x] < fastest[y]; });
-  if (order.size() > static_cast<size_t>(kFinalists)) order.resize(kFinalists);
-  const char* env = std::getenv("XSTEP");
-  if (order.size() > 1 && !(env && env[0] == '0')) {
-    plan->finalists = order;
-    for (size_t i : order) plan->burst_ms.push_back(fastest[i]);
-    plan->chosen_by_burst = 0;
-  }
+  log::info(strf("gemm autotune m=%lld n=%lld k=%lld %c%c: heuristic's first %.4f ms, chose #%zu of %zu: %.4f ms",
+                  static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
+                  call.transpose_a ? 'T' : 'N', call.transpose_b ? 'T' : 'N', first_ms, best,
+                  plan->candidates.size(), best_ms));
 }
 
 void CublasLtGemm::configure_scaling(cublasLtMatmulDesc_t desc, const Call& call) {

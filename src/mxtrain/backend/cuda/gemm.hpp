@@ -31,15 +31,6 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   static constexpr int kCandidates = 8;
-  // In-step trials: the candidates within kFinalistMargin of the burst timing's fastest (at most
-  // kFinalists) take turns in the plan's next launches, each launch timed by events in the step
-  // itself, until each has kTrialLaunches (or a step capture begins: finish_trials); the plan
-  // keeps the finalist with the least mean in-step time where each had kMinTrialLaunches.
-  static constexpr int kFinalists = 4, kTrialLaunches = 12, kMinTrialLaunches = 4;
-  static constexpr float kFinalistMargin = 1.05f;
-  // Ends every plan's in-step trials with the launches timed so far (waits for their events):
-  // before a step capture, which must not record the trials' events.
-  void finish_trials();
   void set_tf32(bool enabled) { tf32_ = enabled; }
   void set_autotune(bool enabled) { autotune_ = enabled; }
   bool autotune() const { return autotune_; }
@@ -126,14 +117,8 @@ class CublasLtGemm {
   static Call backward_input_call(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
   Plan* plan_for(const Call& call, bool optional);
   static void configure_scaling(cublasLtMatmulDesc_t desc, const Call& call);
-  // Times the plan's candidate algorithms on this call and keeps the fastest (autotuning); the
-  // close ones become the plan's in-step finalists.
+  // Times the plan's candidate algorithms on this call and keeps the fastest (autotuning).
   void tune(Plan* plan, const Call& call, cudaStream_t stream);
-  // One launch of an in-step trial: the next finalist, between two events.
-  cublasStatus_t trial_launch(Plan* plan, const Call& call, cudaStream_t stream);
-  // Chooses among the finalists from the trials' event times; with `wait` false, only once the
-  // last trial has run (else nothing changes and the trials go on).
-  void decide(Plan* plan, bool wait);
   cublasStatus_t launch(Plan* plan, const cublasLtMatmulAlgo_t& algo, const Call& call, const void* c, void* d,
                         cudaStream_t stream);
 
