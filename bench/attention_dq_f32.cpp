@@ -1,0 +1,194 @@
+// Can cuDNN's SDPA backward leave dQ in FP32 (its accumulator) while Q, K, V, O, dO, dK, dV stay
+// BF16? If so, the trainer could skip cuDNN's dQ convert kernel and let its own RoPE-backward cast
+// read the FP32 dQ. Builds the training graphs at one shape (causal, grouped-query, the packed
+// qkv layout the trainer uses; dQ FP32 in a [B, T, H, D] buffer of its own), says whether cuDNN
+// takes the FP32 dQ, times both backward graphs (minimum of 5 rounds of 4 runs) and compares the
+// two dQs (max |difference| and the BF16 dQ's max |value|).
+// Usage: attention_dq_f32 B T H KV D   (llama-1b: 8 2048 32 4 64)
+// Build (a measuring tool for the GPU machine, not part of the CMake build):
+//   nvcc -std=c++20 -O2 -x cu bench/attention_dq_f32.cpp -o build/attention_dq_f32 \
+//        -I<cudnn-frontend include> -L<cudnn lib> -l:libcudnn.so.9
+#include <cuda_bf16.h>
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fe = cudnn_frontend;
+
+#define CK(x)                                                               \
+  do {                                                                      \
+    cudaError_t e_ = (x);                                                   \
+    if (e_ != cudaSuccess) {                                                \
+      std::printf("cuda %s at line %d\n", cudaGetErrorString(e_), __LINE__); \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+struct Shape {
+  int64_t B, T, H, KV, D;
+};
+
+// The forward (fp32_dq ignored) or the backward graph; null with cuDNN's message if it is refused.
+std::shared_ptr<fe::graph::Graph> make_graph(const Shape& s, bool backward, bool fp32_dq, cudnnHandle_t handle,
+                                             std::string* refusal) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t W = (s.H + 2 * s.KV) * s.D;
+  std::vector<int64_t> qkv{s.T * W, s.D, W, 1}, o{s.T * s.H * s.D, s.D, s.H * s.D, 1};
+  auto t = [&](const char* n, int64_t uid, std::vector<int64_t> d, std::vector<int64_t> st) {
+    return g->tensor(fe::graph::Tensor_attributes().set_name(n).set_uid(uid).set_dim(d).set_stride(st));
+  };
+  auto q = t("Q", kQ, {s.B, s.H, s.T, s.D}, qkv);
+  auto k = t("K", kK, {s.B, s.KV, s.T, s.D}, qkv);
+  auto v = t("V", kV, {s.B, s.KV, s.T, s.D}, qkv);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  auto stats_dims = std::vector<int64_t>{s.B, s.H, s.T, 1};
+  auto stats_strides = std::vector<int64_t>{s.H * s.T, s.T, 1, 1};
+  if (!backward) {
+    auto [out, stats] = g->sdpa(
+        q, k, v, fe::graph::SDPA_attributes().set_name("f").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale));
+    out->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kO);
+    stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims).set_stride(stats_strides).set_uid(kStats);
+  } else {
+    auto out = t("O", kO, {s.B, s.H, s.T, s.D}, o);
+    auto dout = t("dO", kDO, {s.B, s.H, s.T, s.D}, o);
+    auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("S").set_uid(kStats).set_dim(stats_dims)
+                               .set_stride(stats_strides).set_data_type(fe::DataType_t::FLOAT));
+    auto [dq, dk, dv] = g->sdpa_backward(
+        q, k, v, out, dout, stats, fe::graph::SDPA_backward_attributes().set_name("b").set_causal_mask(true).set_attn_scale(scale));
+    if (fp32_dq) {
+      dq->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kDQ);
+    } else {
+      dq->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(qkv).set_uid(kDQ);
+    }
+    dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
+    dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
+  }
+  auto refuse = [&](const char* step, fe::error_t e) {
+    *refusal = std::string(step) + ": " + e.get_message();
+    return nullptr;
+  };
+  if (auto e = g->validate(); !e.is_good()) return refuse("validate", e);
+  if (auto e = g->build_operation_graph(handle); !e.is_good()) return refuse("build_operation_graph", e);
+  if (auto e = g->create_execution_plans({fe::HeurMode_t::A}); !e.is_good()) return refuse("create_execution_plans", e);
+  if (auto e = g->check_support(handle); !e.is_good()) return refuse("check_support", e);
+  if (auto e = g->build_plans(handle); !e.is_good()) return refuse("build_plans", e);
+  return g;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::printf("usage: attention_dq_f32 B T H KV D\n");
+    return 2;
+  }
+  const Shape s{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
+  cudnnHandle_t handle;
+  cudnnCreate(&handle);
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cudnnSetStream(handle, stream);
+  std::printf("# attention_dq_f32 B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
+              (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
+  const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;
+  void *qkv, *o, *stats, *dout, *dqkv, *dq32, *ws;
+  CK(cudaMalloc(&qkv, rows * W * 2));
+  CK(cudaMalloc(&dqkv, rows * W * 2));
+  CK(cudaMalloc(&o, q_elems * 2));
+  CK(cudaMalloc(&dout, q_elems * 2));
+  CK(cudaMalloc(&dq32, q_elems * 4));
+  CK(cudaMalloc(&stats, s.B * s.H * s.T * 4));
+  const size_t ws_bytes = size_t(1) << 30;
+  CK(cudaMalloc(&ws, ws_bytes));
+  {  // Q, K, V, dO ~ U(-1, 1) in bf16, fixed seed
+    std::vector<__nv_bfloat16> host(rows * W);
+    uint32_t state = 12345;
+    auto uniform = [&] {
+      state = state * 1664525u + 1013904223u;
+      return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+    };
+    for (auto& x : host) x = __float2bfloat16(uniform());
+    CK(cudaMemcpy(qkv, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    host.resize(q_elems);
+    for (auto& x : host) x = __float2bfloat16(uniform());
+    CK(cudaMemcpy(dout, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  }
+  char* base = static_cast<char*>(qkv);
+  char* grad = static_cast<char*>(dqkv);
+  std::unordered_map<int64_t, void*> pack{{kQ, base},
+                                          {kK, base + s.H * s.D * 2},
+                                          {kV, base + (s.H + s.KV) * s.D * 2},
+                                          {kO, o},
+                                          {kStats, stats},
+                                          {kDO, dout},
+                                          {kDQ, grad},
+                                          {kDK, grad + s.H * s.D * 2},
+                                          {kDV, grad + (s.H + s.KV) * s.D * 2}};
+  std::string refusal;
+  auto forward = make_graph(s, false, false, handle, &refusal);
+  if (!forward) {
+    std::printf("forward refused: %s\n", refusal.c_str());
+    return 1;
+  }
+  if (!forward->execute(handle, pack, ws).is_good()) return 1;
+  CK(cudaStreamSynchronize(stream));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  auto time_graph = [&](fe::graph::Graph& g, std::unordered_map<int64_t, void*>& p) -> float {
+    int64_t need = 0;
+    (void)g.get_workspace_size_plan_at_index(0, need);
+    if (need > static_cast<int64_t>(ws_bytes) || !g.execute(handle, p, ws).is_good()) return -1;
+    CK(cudaStreamSynchronize(stream));
+    float best = 1e9f;
+    for (int round = 0; round < 5; ++round) {
+      cudaEventRecord(a, stream);
+      for (int r = 0; r < 4; ++r) (void)g.execute(handle, p, ws);
+      cudaEventRecord(b, stream);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      best = std::min(best, ms / 4);
+    }
+    return best;
+  };
+  auto bf16_graph = make_graph(s, true, false, handle, &refusal);
+  if (!bf16_graph) {
+    std::printf("bf16 dQ backward refused: %s\n", refusal.c_str());
+    return 1;
+  }
+  const float bf16_ms = time_graph(*bf16_graph, pack);
+  std::printf("backward, bf16 dQ (packed with dK, dV): %.4f ms\n", bf16_ms);
+  std::vector<__nv_bfloat16> dq_bf16(rows * W);
+  CK(cudaMemcpy(dq_bf16.data(), dqkv, dq_bf16.size() * 2, cudaMemcpyDeviceToHost));
+  auto f32_graph = make_graph(s, true, true, handle, &refusal);
+  if (!f32_graph) {
+    std::printf("backward, fp32 dQ: refused (%s)\n", refusal.c_str());
+    return 0;
+  }
+  auto pack32 = pack;
+  pack32[kDQ] = dq32;
+  const float f32_ms = time_graph(*f32_graph, pack32);
+  std::printf("backward, fp32 dQ ([B, T, H, D] of its own): %.4f ms\n", f32_ms);
+  std::vector<float> dq_f32(q_elems);
+  CK(cudaMemcpy(dq_f32.data(), dq32, dq_f32.size() * 4, cudaMemcpyDeviceToHost));
+  double max_diff = 0, max_value = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < s.H * s.D; ++c) {
+      const double x = __bfloat162float(dq_bf16[r * W + c]), y = dq_f32[r * s.H * s.D + c];
+      max_diff = std::max(max_diff, std::fabs(x - y));
+      max_value = std::max(max_value, std::fabs(x));
+    }
+  std::printf("dQ: max |bf16 - fp32| %.3e, max |bf16 dQ| %.3e\n", max_diff, max_value);
+  return 0;
+}
