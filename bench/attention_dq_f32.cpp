@@ -7,7 +7,8 @@
 // Usage: attention_dq_f32 B T H KV D   (llama-1b: 8 2048 32 4 64)
 // Build (a measuring tool for the GPU machine, not part of the CMake build):
 //   nvcc -std=c++20 -O2 -x cu bench/attention_dq_f32.cpp -o build/attention_dq_f32 \
-//        -I<cudnn-frontend include> -L<cudnn lib> -l:libcudnn.so.9
+//        -I<cudnn-frontend include> -L<cudnn lib> -l:libcudnn.so.9 -L<nvrtc lib> -l:libnvrtc.so.<N> -lcuda -ldl
+// Results: bench/results/h200_attention_dq_f32.md.
 #include <cuda_bf16.h>
 #include <cudnn_frontend.h>
 
