@@ -10,7 +10,7 @@
 //        -I<cudnn-frontend include> -L<cudnn lib> -l:libcudnn.so.9 -L<nvrtc lib> -l:libnvrtc.so.<N> -lcuda -ldl
 // Results: bench/results/h200_attention_dq_f32.md.
 #include <cuda_bf16.h>
-#include <cudnn_frontend.h>
+#include "sdpa_probe.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,61 +21,11 @@
 #include <unordered_map>
 #include <vector>
 
-namespace fe = cudnn_frontend;
-
-#define CK(x)                                                               \
-  do {                                                                      \
-    cudaError_t e_ = (x);                                                   \
-    if (e_ != cudaSuccess) {                                                \
-      std::printf("cuda %s at line %d\n", cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
-
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
-
-struct Shape {
-  int64_t B, T, H, KV, D;
-};
-
-// The forward (fp32_dq ignored) or the backward graph; null with cuDNN's message if it is refused.
+// The forward (fp32_dq ignored) or the backward graph, validated and built; null with cuDNN's
+// message if it is refused.
 std::shared_ptr<fe::graph::Graph> make_graph(const Shape& s, bool backward, bool fp32_dq, cudnnHandle_t handle,
                                              std::string* refusal) {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe::DataType_t::BFLOAT16)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  const int64_t W = (s.H + 2 * s.KV) * s.D;
-  std::vector<int64_t> qkv{s.T * W, s.D, W, 1}, o{s.T * s.H * s.D, s.D, s.H * s.D, 1};
-  auto t = [&](const char* n, int64_t uid, std::vector<int64_t> d, std::vector<int64_t> st) {
-    return g->tensor(fe::graph::Tensor_attributes().set_name(n).set_uid(uid).set_dim(d).set_stride(st));
-  };
-  auto q = t("Q", kQ, {s.B, s.H, s.T, s.D}, qkv);
-  auto k = t("K", kK, {s.B, s.KV, s.T, s.D}, qkv);
-  auto v = t("V", kV, {s.B, s.KV, s.T, s.D}, qkv);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  auto stats_dims = std::vector<int64_t>{s.B, s.H, s.T, 1};
-  auto stats_strides = std::vector<int64_t>{s.H * s.T, s.T, 1, 1};
-  if (!backward) {
-    auto [out, stats] = g->sdpa(
-        q, k, v, fe::graph::SDPA_attributes().set_name("f").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale));
-    out->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kO);
-    stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims).set_stride(stats_strides).set_uid(kStats);
-  } else {
-    auto out = t("O", kO, {s.B, s.H, s.T, s.D}, o);
-    auto dout = t("dO", kDO, {s.B, s.H, s.T, s.D}, o);
-    auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("S").set_uid(kStats).set_dim(stats_dims)
-                               .set_stride(stats_strides).set_data_type(fe::DataType_t::FLOAT));
-    auto [dq, dk, dv] = g->sdpa_backward(
-        q, k, v, out, dout, stats, fe::graph::SDPA_backward_attributes().set_name("b").set_causal_mask(true).set_attn_scale(scale));
-    if (fp32_dq) {
-      dq->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kDQ);
-    } else {
-      dq->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(qkv).set_uid(kDQ);
-    }
-    dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
-    dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
-  }
+  auto g = bf16_sdpa_graph(s, backward, fp32_dq);
   auto refuse = [&](const char* step, fe::error_t e) {
     *refusal = std::string(step) + ": " + e.get_message();
     return nullptr;

@@ -6,7 +6,7 @@
 //   nvcc -std=c++20 -O2 -x cu bench/attention_plans.cpp -o build/attention_plans \
 //        -I<cudnn-frontend include> -lcudnn -lnvrtc -lcuda
 // Results: bench/results/h200_attention_plans.md.
-#include <cudnn_frontend.h>
+#include "sdpa_probe.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,52 +16,8 @@
 #include <string>
 #include <vector>
 
-namespace fe = cudnn_frontend;
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::printf("cuda %s at %d\n", cudaGetErrorString(e_), __LINE__);         \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
-
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
-
-struct Shape {
-  int64_t B, T, H, KV, D;
-};
-
 std::shared_ptr<fe::graph::Graph> make_graph(const Shape& s, bool backward, cudnnHandle_t handle) {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe::DataType_t::BFLOAT16)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  const int64_t W = (s.H + 2 * s.KV) * s.D;
-  std::vector<int64_t> qkv{s.T * W, s.D, W, 1}, o{s.T * s.H * s.D, s.D, s.H * s.D, 1};
-  auto t = [&](const char* n, int64_t uid, std::vector<int64_t> d, std::vector<int64_t> st) {
-    return g->tensor(fe::graph::Tensor_attributes().set_name(n).set_uid(uid).set_dim(d).set_stride(st));
-  };
-  auto q = t("Q", kQ, {s.B, s.H, s.T, s.D}, qkv);
-  auto k = t("K", kK, {s.B, s.KV, s.T, s.D}, qkv);
-  auto v = t("V", kV, {s.B, s.KV, s.T, s.D}, qkv);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  if (!backward) {
-    auto [out, stats] = g->sdpa(q, k, v,
-                                fe::graph::SDPA_attributes().set_name("f").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale));
-    out->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kO);
-    stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim({s.B, s.H, s.T, 1}).set_stride({s.H * s.T, s.T, 1, 1}).set_uid(kStats);
-  } else {
-    auto out = t("O", kO, {s.B, s.H, s.T, s.D}, o);
-    auto dout = t("dO", kDO, {s.B, s.H, s.T, s.D}, o);
-    auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("S").set_uid(kStats).set_dim({s.B, s.H, s.T, 1}).set_stride({s.H * s.T, s.T, 1, 1}).set_data_type(fe::DataType_t::FLOAT));
-    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, out, dout, stats,
-                                         fe::graph::SDPA_backward_attributes().set_name("b").set_causal_mask(true).set_attn_scale(scale));
-    dq->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(qkv).set_uid(kDQ);
-    dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
-    dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
-  }
+  auto g = bf16_sdpa_graph(s, backward);
   if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good()) {
     std::printf("graph failed\n");
     std::exit(1);

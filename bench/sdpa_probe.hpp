@@ -1,0 +1,70 @@
+// Shared by the cuDNN attention probes that time BF16 training graphs (attention_plans.cpp,
+// attention_dq_f32.cpp): the CUDA check, the tensor uids, the shape, and the graphs as the trainer
+// builds them (causal, grouped-query, attention scale 1/sqrt(D); q, k, v packed in one row of
+// (H + 2 KV) * D elements, O and dO as [B, T, H, D]).
+#pragma once
+#include <cudnn_frontend.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+namespace fe = cudnn_frontend;
+
+#define CK(x)                                                               \
+  do {                                                                      \
+    cudaError_t e_ = (x);                                                   \
+    if (e_ != cudaSuccess) {                                                \
+      std::printf("cuda %s at line %d\n", cudaGetErrorString(e_), __LINE__); \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+struct Shape {
+  int64_t B, T, H, KV, D;
+};
+
+// The forward (O and the softmax statistics) or the backward graph, tensors defined, nothing
+// validated or built. fp32_dq: the backward leaves dQ in FP32 in a [B, T, H, D] buffer of its own
+// instead of in the packed BF16 row.
+inline std::shared_ptr<fe::graph::Graph> bf16_sdpa_graph(const Shape& s, bool backward, bool fp32_dq = false) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t W = (s.H + 2 * s.KV) * s.D;
+  const std::vector<int64_t> qkv{s.T * W, s.D, W, 1}, o{s.T * s.H * s.D, s.D, s.H * s.D, 1};
+  const std::vector<int64_t> stats_dims{s.B, s.H, s.T, 1}, stats_strides{s.H * s.T, s.T, 1, 1};
+  auto t = [&](const char* n, int64_t uid, std::vector<int64_t> d, std::vector<int64_t> st) {
+    return g->tensor(fe::graph::Tensor_attributes().set_name(n).set_uid(uid).set_dim(d).set_stride(st));
+  };
+  auto q = t("Q", kQ, {s.B, s.H, s.T, s.D}, qkv);
+  auto k = t("K", kK, {s.B, s.KV, s.T, s.D}, qkv);
+  auto v = t("V", kV, {s.B, s.KV, s.T, s.D}, qkv);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  if (!backward) {
+    auto [out, stats] = g->sdpa(
+        q, k, v, fe::graph::SDPA_attributes().set_name("f").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale));
+    out->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kO);
+    stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims).set_stride(stats_strides).set_uid(kStats);
+    return g;
+  }
+  auto out = t("O", kO, {s.B, s.H, s.T, s.D}, o);
+  auto dout = t("dO", kDO, {s.B, s.H, s.T, s.D}, o);
+  auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("S").set_uid(kStats).set_dim(stats_dims)
+                             .set_stride(stats_strides).set_data_type(fe::DataType_t::FLOAT));
+  auto [dq, dk, dv] = g->sdpa_backward(
+      q, k, v, out, dout, stats, fe::graph::SDPA_backward_attributes().set_name("b").set_causal_mask(true).set_attn_scale(scale));
+  if (fp32_dq) {
+    dq->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim({s.B, s.H, s.T, s.D}).set_stride(o).set_uid(kDQ);
+  } else {
+    dq->set_output(true).set_dim({s.B, s.H, s.T, s.D}).set_stride(qkv).set_uid(kDQ);
+  }
+  dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
+  dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
+  return g;
+}
