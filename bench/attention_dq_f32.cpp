@@ -93,25 +93,12 @@ int main(int argc, char** argv) {
   }
   if (!forward->execute(handle, pack, ws).is_good()) return 1;
   CK(cudaStreamSynchronize(stream));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   auto time_graph = [&](fe::graph::Graph& g, std::unordered_map<int64_t, void*>& p) -> float {
     int64_t need = 0;
     (void)g.get_workspace_size_plan_at_index(0, need);
     if (need > static_cast<int64_t>(ws_bytes) || !g.execute(handle, p, ws).is_good()) return -1;
     CK(cudaStreamSynchronize(stream));
-    float best = 1e9f;
-    for (int round = 0; round < 5; ++round) {
-      cudaEventRecord(a, stream);
-      for (int r = 0; r < 4; ++r) (void)g.execute(handle, p, ws);
-      cudaEventRecord(b, stream);
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      best = std::min(best, ms / 4);
-    }
-    return best;
+    return min_of_rounds_ms(stream, [&] { (void)g.execute(handle, p, ws); });
   };
   auto bf16_graph = make_graph(s, true, false, handle, &refusal);
   if (!bf16_graph) {

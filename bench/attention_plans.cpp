@@ -70,26 +70,13 @@ int main(int argc, char** argv) {
     f->execute(handle, pack, ws);
     CK(cudaStreamSynchronize(stream));
   }
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   auto time_plan = [&](fe::graph::Graph& g, int64_t i) -> float {
     int64_t need = 0;
     g.get_workspace_size_plan_at_index(i, need);
     if (need > static_cast<int64_t>(ws_bytes)) return -1;
     if (!g.execute_plan_at_index(handle, pack, ws, i).is_good()) return -1;
     if (cudaStreamSynchronize(stream) != cudaSuccess) return -1;
-    float best = 1e9f;
-    for (int round = 0; round < 5; ++round) {
-      cudaEventRecord(a, stream);
-      for (int r = 0; r < 4; ++r) g.execute_plan_at_index(handle, pack, ws, i);
-      cudaEventRecord(b, stream);
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      best = std::min(best, ms / 4);
-    }
-    return best;
+    return min_of_rounds_ms(stream, [&] { (void)g.execute_plan_at_index(handle, pack, ws, i); });
   };
   std::vector<Result> results;
   std::map<int64_t, std::unordered_map<fe::KnobType_t, int64_t>> engines;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -67,4 +68,25 @@ inline std::shared_ptr<fe::graph::Graph> bf16_sdpa_graph(const Shape& s, bool ba
   dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
   dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
   return g;
+}
+
+// The least over 5 rounds of the mean time of 4 calls of run() on `stream`, in ms.
+template <typename Run>
+float min_of_rounds_ms(cudaStream_t stream, Run&& run) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best = 1e9f;
+  for (int round = 0; round < 5; ++round) {
+    CK(cudaEventRecord(a, stream));
+    for (int r = 0; r < 4; ++r) run();
+    CK(cudaEventRecord(b, stream));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms / 4);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return best;
 }
