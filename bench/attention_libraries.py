@@ -5,7 +5,7 @@ of 5 rounds of the mean of 10 runs after 3 warm-ups. A library that is not insta
 
 Usage (GPU machine): python3 bench/attention_libraries.py
 Results: bench/results/h200_attention_libraries.md."""
-import importlib, importlib.metadata as md, sys
+import importlib, importlib.metadata as md
 import torch
 import torch.nn.functional as F
 
