@@ -23,7 +23,7 @@
 // Results: bench/results/h200_attention_fp8.md.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-#include <cudnn_frontend.h>
+#include "sdpa_probe.hpp"
 
 #include <algorithm>
 #include <array>
@@ -36,32 +36,18 @@
 #include <unordered_map>
 #include <vector>
 
-namespace fe = cudnn_frontend;
 using DT = fe::DataType_t;
 using GraphPtr = std::shared_ptr<fe::graph::Graph>;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::printf("cuda %s at %d\n", cudaGetErrorString(e_), __LINE__);         \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
-
-// Tensor uids; the per-tensor scales and amaxes live in one device float array indexed by uid.
+// Tensor uids past sdpa_probe.hpp's (kQ .. kDV); the per-tensor scales and amaxes live in one
+// device float array indexed by uid.
 enum : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV,
-  kDescQ, kDescK, kDescV, kDescO, kDescDO, kDescS, kDescDP,
+  kDescQ = kDV + 1, kDescK, kDescV, kDescO, kDescDO, kDescS, kDescDP,
   kScaleS, kScaleO, kScaleDQ, kScaleDK, kScaleDV, kScaleDP,
   kAmaxS, kAmaxO, kAmaxDQ, kAmaxDK, kAmaxDV, kAmaxDP, kUids
 };
 using Scalars = std::array<float, kUids>;
-
-struct Shape {
-  int64_t B, T, H, KV, D;
-};
 
 struct Variant {
   std::string name;
@@ -433,23 +419,10 @@ int main(int argc, char** argv) {
   }
 
   // Timing: minimum over 5 rounds of 10 runs, after 3 warm-up runs.
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   for (auto& r : rows) {
     if (!r.g || !exec(r)) continue;
     for (int i = 0; i < 2; ++i) (void)r.g->execute(handle, r.pack, ws);
-    float best = 1e30f;
-    for (int round = 0; round < 5; ++round) {
-      CK(cudaEventRecord(a, stream));
-      for (int i = 0; i < 10; ++i) (void)r.g->execute(handle, r.pack, ws);
-      CK(cudaEventRecord(b, stream));
-      CK(cudaEventSynchronize(b));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      best = std::min(best, ms / 10);
-    }
-    r.ms = best;
+    r.ms = min_of_rounds_ms(stream, 10, [&] { (void)r.g->execute(handle, r.pack, ws); });
   }
 
   const double fwd_flops = 2.0 * s.B * s.H * s.T * s.T * s.D;

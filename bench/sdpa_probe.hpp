@@ -1,6 +1,6 @@
-// Shared by the cuDNN attention probes that time BF16 training graphs (attention_plans.cpp,
-// attention_dq_f32.cpp): the CUDA check, the tensor uids, the shape, and the graphs as the trainer
-// builds them (causal, grouped-query, attention scale 1/sqrt(D); q, k, v packed in one row of
+// Shared by the cuDNN attention probes (attention_plans.cpp, attention_dq_f32.cpp,
+// attention_fp8.cpp): the CUDA check, the tensor uids, the shape, the timing loop, and the BF16
+// training graphs as the trainer builds them (causal, grouped-query, attention scale 1/sqrt(D); q, k, v packed in one row of
 // (H + 2 KV) * D elements, O and dO as [B, T, H, D]).
 #pragma once
 #include <cudnn_frontend.h>
@@ -70,21 +70,21 @@ inline std::shared_ptr<fe::graph::Graph> bf16_sdpa_graph(const Shape& s, bool ba
   return g;
 }
 
-// The least over 5 rounds of the mean time of 4 calls of run() on `stream`, in ms.
+// The least over 5 rounds of the mean time of `runs` calls of run() on `stream`, in ms.
 template <typename Run>
-float min_of_rounds_ms(cudaStream_t stream, Run&& run) {
+float min_of_rounds_ms(cudaStream_t stream, int runs, Run&& run) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   float best = 1e9f;
   for (int round = 0; round < 5; ++round) {
     CK(cudaEventRecord(a, stream));
-    for (int r = 0; r < 4; ++r) run();
+    for (int r = 0; r < runs; ++r) run();
     CK(cudaEventRecord(b, stream));
     CK(cudaEventSynchronize(b));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, a, b));
-    best = std::min(best, ms / 4);
+    best = std::min(best, ms / runs);
   }
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
