@@ -1,0 +1,44 @@
+#!/bin/bash
+# FlashAttention-4 (PyPI flash-attn-4: FlashAttention's kernels in NVIDIA's CuTe DSL, Hopper and
+# Blackwell) beside cuDNN on the GPU machine, which has neither it nor the CuTe DSL and cannot
+# reach the network. Its wheels travel with the device calls; the DSL's compiler library
+# (nvidia-cutlass-dsl-libs-cu13, 92 MB as a wheel) is over one call's 64 MiB, so it travels
+# recompressed in two pieces over two calls made back to back (the machine stays warm between).
+#
+#   bench/flash_attn4.sh fetch          here: wheels into .whl2, the DSL library's first piece into .whl
+#   device call 1, carry [".whl"]:  mkdir -p /tmp/stage && cp .whl/cu13.tar.xz.part.aa /tmp/stage/
+#   device call 2, carry [".whl2"]: bash bench/flash_attn4.sh device   (writes $OUT/attention_libraries.txt)
+#
+# Results: bench/results/h200_attention_libraries.md.
+set -euo pipefail
+FA4=4.0.0b36 DSL=4.8.1
+case "${1:-}" in
+fetch)
+  work=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 -d "$work" \
+    flash-attn-4==$FA4 nvidia-cutlass-dsl==$DSL nvidia-cutlass-dsl-libs-base==$DSL nvidia-cutlass-dsl-libs-core==$DSL \
+    nvidia-cutlass-dsl-libs-cu13==$DSL "apache-tvm-ffi<0.2,>=0.1.11" torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5
+  mkdir -p "$work/cu13"
+  (cd "$work/cu13" && unzip -q ../nvidia_cutlass_dsl_libs_cu13-*.whl && tar cf - . | xz -9e -T2 > "$work/cu13.tar.xz")
+  rm -rf .whl .whl2 && mkdir .whl .whl2
+  (cd .whl && split -b 40m "$work/cu13.tar.xz" cu13.tar.xz.part. && mv cu13.tar.xz.part.a[b-z] ../.whl2/)
+  sha256sum "$work/cu13.tar.xz" | cut -d' ' -f1 > .whl2/cu13.sha256
+  rm "$work"/nvidia_cutlass_dsl_libs_cu13-*.whl && mv "$work"/*.whl .whl2/ && rm -rf "$work"
+  du -sh .whl .whl2 ;;
+device)
+  PY=/opt/torch/.venv/bin/python3
+  part_a=.whl/cu13.tar.xz.part.aa; [ -f $part_a ] || part_a=/tmp/stage/cu13.tar.xz.part.aa
+  [ -f $part_a ] || { echo "the library's first piece is not here: make call 1 again, then this at once"; exit 3; }
+  cat $part_a .whl2/cu13.tar.xz.part.a[b-z] > /tmp/cu13.tar.xz
+  echo "$(cat .whl2/cu13.sha256)  /tmp/cu13.tar.xz" | sha256sum -c
+  mkdir -p /tmp/site
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl
+  tar xJf /tmp/cu13.tar.xz -C /tmp/site
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
+  set -o pipefail
+  PYTHONUNBUFFERED=1 timeout 480 $PY -c 'import site, sys, runpy; site.addsitedir("/tmp/site")
+sys.argv = ["bench/attention_libraries.py"]; runpy.run_path("bench/attention_libraries.py", run_name="__main__")' \
+    2>&1 | tee "$OUT/attention_libraries.txt" ;;
+*) echo "usage: bench/flash_attn4.sh fetch|device" >&2; exit 2 ;;
+esac
