@@ -9,6 +9,13 @@
 #   device call 1, carry [".whl"]:  mkdir -p /tmp/stage && cp .whl/cu13.tar.xz.part.aa /tmp/stage/
 #   device call 2, carry [".whl2"]: bash bench/flash_attn4.sh device   (writes $OUT/attention_libraries.txt)
 #
+# The same kernels called from C++ with no Python at run time (bench/fa4_aot_probe.cpp), built
+# here without a GPU by a Python that has torch 2.11, nvidia-cutlass-dsl and -libs-cu13 4.8.1,
+# flash-attn-4 4.0.0b36, quack-kernels 0.6.5 and apache-tvm-ffi 0.1.15 (a venv: about 5 GB with
+# torch's CUDA wheels; torch is imported by flash-attn-4's interface, its fake tensors do the shapes):
+#   PYTHON=/path/to/venv/bin/python3 bench/flash_attn4.sh aot B T H KV D   here: .fa4/ (probe + libtvm_ffi.so)
+#   device call, carry [".fa4"]: source scripts/gpu_env.sh; .fa4/fa4_aot_probe B T H KV D
+#
 # Results: bench/results/h200_attention_libraries.md.
 set -euo pipefail
 FA4=4.0.0b36 DSL=4.8.1
@@ -40,5 +47,20 @@ device)
   PYTHONUNBUFFERED=1 timeout 480 $PY -c 'import site, sys, runpy; site.addsitedir("/tmp/site")
 sys.argv = ["bench/attention_libraries.py"]; runpy.run_path("bench/attention_libraries.py", run_name="__main__")' \
     2>&1 | tee "$OUT/attention_libraries.txt" ;;
-*) echo "usage: bench/flash_attn4.sh fetch|device" >&2; exit 2 ;;
+aot)
+  py=${PYTHON:-python3}
+  shift
+  [ $# -eq 5 ] || { echo "usage: bench/flash_attn4.sh aot B T H KV D" >&2; exit 2; }
+  rm -rf .fa4 && mkdir -p .fa4/obj
+  "$py" bench/fa4_export.py .fa4/obj "$@"
+  ffi=$("$py" -c 'import os, tvm_ffi; print(os.path.dirname(tvm_ffi.__file__))')
+  dsl=$("$py" -m cutlass.cute.export.aot_config --libdir 2>/dev/null | tail -1)
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  # g++, not nvcc: the probe has no device code, and nvcc 13.0's front end stops on it.
+  g++ -std=c++20 -O2 bench/fa4_aot_probe.cpp .fa4/obj/fa4_*.o -o .fa4/fa4_aot_probe -I.gpu-deps/include \
+    -I"$ffi/include" -I"$cuda/include" -L"$ffi/lib" -ltvm_ffi "$dsl/libcuda_dialect_runtime_static.a" \
+    -L"$cuda/lib64" -L"$cuda/lib64/stubs" -lcudart -lcudnn -lnvrtc -ldl -Wl,-rpath,'$ORIGIN'
+  cp "$ffi/lib/libtvm_ffi.so" .fa4/
+  du -sh .fa4 ;;
+*) echo "usage: bench/flash_attn4.sh fetch|device|aot B T H KV D" >&2; exit 2 ;;
 esac

@@ -1,0 +1,268 @@
+// Can C++ call FlashAttention-4's Hopper kernels, compiled ahead of time without Python at run
+// time, and are they as fast there as from PyTorch? bench/fa4_export.py compiles them (on a machine
+// without a GPU) and exports each as an object file holding a TVM-FFI packed function; this probe
+// links those objects, the CuTe DSL's static CUDA runtime shim and libtvm_ffi (PyPI
+// apache-tvm-ffi), runs forward and backward on the trainer's packed q|k|v rows beside cuDNN's
+// graphs (sdpa_probe.hpp), and prints the relative L2 difference of O, dQ, dK, dV and the times.
+//
+// Build (GPU machine; F = the exported objects, T = tvm_ffi's package folder, L = the DSL's lib):
+//   nvcc -std=c++20 -O2 -x cu bench/fa4_aot_probe.cpp $F/fa4_*.o -o build/fa4_aot_probe -I.gpu-deps/include
+//     -I$T/include -L$T/lib -ltvm_ffi $L/libcuda_dialect_runtime_static.a -lcudnn -lcuda -Xlinker -rpath=$T/lib
+// Usage: fa4_aot_probe B T H KV D     Results: bench/results/h200_attention_libraries.md.
+#include <cuda_bf16.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <string>
+#include <unordered_map>
+
+#include "sdpa_probe.hpp"
+
+extern "C" {
+int __tvm_ffi_mxtrain_fa4_fwd(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+int __tvm_ffi_mxtrain_fa4_bwd_pre(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+int __tvm_ffi_mxtrain_fa4_bwd(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+int __tvm_ffi_mxtrain_fa4_bwd_post(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+
+// The one symbol the exported objects take from the DSL's 43 MB runtime library: it turns a CUDA
+// error code into a raised TVM-FFI error through the setter it is handed.
+void CuteDSLRT_TVMFFISetRaisedCudaError(void (*set)(const char*, const char**, int32_t), int error) {
+  if (set == nullptr) return;
+  char code[96];
+  std::snprintf(code, sizeof code, "%d (%s)", error, cudaGetErrorString(static_cast<cudaError_t>(error)));
+  const char* parts[2] = {"CUDA error ", code};
+  set("RuntimeError", parts, 2);
+}
+}
+
+namespace {
+
+using Packed = int (*)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+
+// A strided view as DLPack describes it; the shape and strides live beside the DLTensor.
+struct View {
+  DLTensor t{};
+  int64_t shape[4]{}, strides[4]{};
+  View(void* data, DLDataType dtype, std::vector<int64_t> dims, std::vector<int64_t> st) {
+    for (size_t i = 0; i < dims.size(); ++i) shape[i] = dims[i], strides[i] = st[i];
+    t.data = data;
+    t.device = {kDLCUDA, 0};
+    t.ndim = static_cast<int32_t>(dims.size());
+    t.dtype = dtype;
+    t.shape = shape;
+    t.strides = strides;
+  }
+};
+constexpr DLDataType kBf16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1};
+
+TVMFFIAny none() {
+  TVMFFIAny a{};
+  a.type_index = kTVMFFINone;
+  return a;
+}
+TVMFFIAny real(double v) {
+  TVMFFIAny a{};
+  a.type_index = kTVMFFIFloat;
+  a.v_float64 = v;
+  return a;
+}
+TVMFFIAny tensor(View& v) {
+  TVMFFIAny a{};
+  a.type_index = kTVMFFIDLTensorPtr;
+  a.v_ptr = &v.t;
+  return a;
+}
+
+void call(const char* name, Packed fn, std::vector<TVMFFIAny> args) {
+  TVMFFIAny result = none();
+  if (fn(nullptr, args.data(), static_cast<int32_t>(args.size()), &result) == 0) return;
+  TVMFFIObjectHandle error = nullptr;
+  TVMFFIErrorMoveFromRaised(&error);
+  const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(error);
+  std::printf("%s failed: %.*s: %.*s\n", name, static_cast<int>(cell->kind.size), cell->kind.data,
+              static_cast<int>(cell->message.size), cell->message.data);
+  std::exit(1);
+}
+
+double rel_l2(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b, int64_t rows, int64_t cols,
+              int64_t stride_a, int64_t stride_b) {
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const double x = __bfloat162float(a[r * stride_a + c]), y = __bfloat162float(b[r * stride_b + c]);
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::printf("usage: fa4_aot_probe B T H KV D\n");
+    return 2;
+  }
+  const Shape s{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
+  cudnnHandle_t handle;
+  cudnnCreate(&handle);
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cudnnSetStream(handle, stream);
+  if (TVMFFIEnvSetStream(kDLCUDA, 0, stream, nullptr) != 0) return 1;
+  std::printf("# fa4_aot_probe B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
+              (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
+
+  const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;
+  // FlashAttention-4's workspaces for the Hopper backward at D <= 64 (tiles of 128 query and 128
+  // key rows, head dimension rounded to 32): as flash_attn/cute/interface.py allocates them.
+  const int64_t Tq = (s.T + 127) / 128 * 128, Tk = (s.T + 127) / 128 * 128, Dr = (s.D + 31) / 32 * 32;
+  void *qkv, *o_ref, *o_fa, *stats, *lse, *dout, *dqkv_ref, *dqkv_fa, *ws, *dpsum, *lse_log2, *dq_accum, *dk_accum,
+      *dv_accum;
+  CK(cudaMalloc(&qkv, rows * W * 2));
+  CK(cudaMalloc(&dqkv_ref, rows * W * 2));
+  CK(cudaMalloc(&dqkv_fa, rows * W * 2));
+  CK(cudaMalloc(&o_ref, q_elems * 2));
+  CK(cudaMalloc(&o_fa, q_elems * 2));
+  CK(cudaMalloc(&dout, q_elems * 2));
+  CK(cudaMalloc(&stats, s.B * s.H * s.T * 4));
+  CK(cudaMalloc(&lse, s.B * s.H * s.T * 4));
+  CK(cudaMalloc(&dpsum, s.B * s.H * Tq * 4));
+  CK(cudaMalloc(&lse_log2, s.B * s.H * Tq * 4));
+  CK(cudaMalloc(&dq_accum, s.B * s.H * Tq * Dr * 4));
+  CK(cudaMalloc(&dk_accum, s.B * s.KV * Tk * Dr * 4));
+  CK(cudaMalloc(&dv_accum, s.B * s.KV * Tk * Dr * 4));
+  const size_t ws_bytes = size_t(1) << 30;
+  CK(cudaMalloc(&ws, ws_bytes));
+  {  // Q, K, V, dO ~ U(-1, 1) in bf16, fixed seed (the other probes' inputs)
+    std::vector<__nv_bfloat16> host(rows * W);
+    uint32_t state = 12345;
+    auto uniform = [&] {
+      state = state * 1664525u + 1013904223u;
+      return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+    };
+    for (auto& x : host) x = __float2bfloat16(uniform());
+    CK(cudaMemcpy(qkv, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    host.resize(q_elems);
+    for (auto& x : host) x = __float2bfloat16(uniform());
+    CK(cudaMemcpy(dout, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  }
+
+  // cuDNN, as the trainer runs it.
+  char* base = static_cast<char*>(qkv);
+  char* grad = static_cast<char*>(dqkv_ref);
+  std::unordered_map<int64_t, void*> pack{{kQ, base},
+                                          {kK, base + s.H * s.D * 2},
+                                          {kV, base + (s.H + s.KV) * s.D * 2},
+                                          {kO, o_ref},
+                                          {kStats, stats},
+                                          {kDO, dout},
+                                          {kDQ, grad},
+                                          {kDK, grad + s.H * s.D * 2},
+                                          {kDV, grad + (s.H + s.KV) * s.D * 2}};
+  auto build = [&](bool backward) {
+    auto g = bf16_sdpa_graph(s, backward);
+    if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
+        !g->create_execution_plans({fe::HeurMode_t::A}).is_good() || !g->check_support(handle).is_good() ||
+        !g->build_plans(handle).is_good()) {
+      std::printf("cuDNN refused the %s graph\n", backward ? "backward" : "forward");
+      std::exit(1);
+    }
+    return g;
+  };
+  auto forward = build(false), backward = build(true);
+  auto run_cudnn = [&](fe::graph::Graph& g) {
+    if (!g.execute(handle, pack, ws).is_good()) {
+      std::printf("cuDNN execute failed\n");
+      std::exit(1);
+    }
+  };
+
+  // FlashAttention-4 on the same packed rows: q, k, v as strided [B, T, heads, D] views.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  View q(base, kBf16, {s.B, s.T, s.H, s.D}, {s.T * W, W, s.D, 1});
+  View k(base + s.H * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View v(base + (s.H + s.KV) * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  char* fgrad = static_cast<char*>(dqkv_fa);
+  View dq(fgrad, kBf16, {s.B, s.T, s.H, s.D}, {s.T * W, W, s.D, 1});
+  View dk(fgrad + s.H * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View dv(fgrad + (s.H + s.KV) * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View o(o_fa, kBf16, {s.B, s.T, s.H, s.D}, {s.T * s.H * s.D, s.H * s.D, s.D, 1});
+  View d_o(dout, kBf16, {s.B, s.T, s.H, s.D}, {s.T * s.H * s.D, s.H * s.D, s.D, 1});
+  View l(lse, kF32, {s.B, s.H, s.T}, {s.H * s.T, s.T, 1});
+  View l2(lse_log2, kF32, {s.B, s.H, Tq}, {s.H * Tq, Tq, 1});
+  View dp(dpsum, kF32, {s.B, s.H, Tq}, {s.H * Tq, Tq, 1});
+  View dqa(dq_accum, kF32, {s.B, s.H, Tq * Dr}, {s.H * Tq * Dr, Tq * Dr, 1});
+  View dka(dk_accum, kF32, {s.B, s.KV, Tk * Dr}, {s.KV * Tk * Dr, Tk * Dr, 1});
+  View dva(dv_accum, kF32, {s.B, s.KV, Tk * Dr}, {s.KV * Tk * Dr, Tk * Dr, 1});
+  // The (None, None) aux-data tuple the compiled functions take, as an ffi.Array.
+  TVMFFIAny pair = none();
+  {
+    TVMFFIObjectHandle make_array = nullptr;
+    const TVMFFIByteArray name{"ffi.Array", 9};
+    TVMFFIAny elements[2] = {none(), none()};
+    if (TVMFFIFunctionGetGlobal(&name, &make_array) != 0 || make_array == nullptr ||
+        TVMFFIFunctionCall(make_array, elements, 2, &pair) != 0) {
+      std::printf("ffi.Array failed\n");
+      return 1;
+    }
+  }
+  const TVMFFIAny n = none();
+  auto fa_forward = [&] {
+    call("forward", __tvm_ffi_mxtrain_fa4_fwd,
+         {tensor(q), tensor(k), tensor(v), tensor(o), tensor(l), real(scale), n, n, n, n, n, n, n, n, n, pair, n, n});
+  };
+  auto fa_backward = [&] {
+    CK(cudaMemsetAsync(dk_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
+    CK(cudaMemsetAsync(dv_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
+    call("backward preprocess", __tvm_ffi_mxtrain_fa4_bwd_pre,
+         {tensor(o), tensor(d_o), tensor(dp), tensor(l), tensor(l2), tensor(dqa), n, n, n, n, n, real(1.0), n, n});
+    call("backward", __tvm_ffi_mxtrain_fa4_bwd,
+         {tensor(q), tensor(k), tensor(v), tensor(d_o), tensor(l2), tensor(dp), tensor(dqa), tensor(dka), tensor(dva),
+          real(scale), n, n, n, n, n, n, n, n, n, pair, n, n});
+    call("dQ postprocess", __tvm_ffi_mxtrain_fa4_bwd_post, {tensor(dqa), tensor(dq), real(scale), n, n, n, n});
+    call("dK postprocess", __tvm_ffi_mxtrain_fa4_bwd_post, {tensor(dka), tensor(dk), real(scale), n, n, n, n});
+    call("dV postprocess", __tvm_ffi_mxtrain_fa4_bwd_post, {tensor(dva), tensor(dv), real(1.0), n, n, n, n});
+  };
+
+  // Correctness: each library's O from its own forward; the backward from cuDNN's O and
+  // statistics for cuDNN, from FlashAttention-4's O and LSE for it, the same dO.
+  run_cudnn(*forward);
+  run_cudnn(*backward);
+  fa_forward();
+  fa_backward();
+  CK(cudaStreamSynchronize(stream));
+  std::vector<__nv_bfloat16> a(q_elems), b(q_elems);
+  CK(cudaMemcpy(a.data(), o_fa, q_elems * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), o_ref, q_elems * 2, cudaMemcpyDeviceToHost));
+  const double err_o = rel_l2(a, b, rows, s.H * s.D, s.H * s.D, s.H * s.D);
+  a.resize(rows * W);
+  b.resize(rows * W);
+  CK(cudaMemcpy(a.data(), dqkv_fa, rows * W * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), dqkv_ref, rows * W * 2, cudaMemcpyDeviceToHost));
+  auto part = [&](int64_t first, int64_t heads) {
+    std::vector<__nv_bfloat16> x(rows * heads * s.D), y(rows * heads * s.D);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < heads * s.D; ++c) {
+        x[r * heads * s.D + c] = a[r * W + first * s.D + c];
+        y[r * heads * s.D + c] = b[r * W + first * s.D + c];
+      }
+    return rel_l2(x, y, rows, heads * s.D, heads * s.D, heads * s.D);
+  };
+  std::printf("relative L2 difference from cuDNN: O %.2e dQ %.2e dK %.2e dV %.2e\n", err_o, part(0, s.H),
+              part(s.H, s.KV), part(s.H + s.KV, s.KV));
+
+  const double flops_fwd = 4.0 * s.B * s.T * s.T * s.H * s.D / 2;  // causal
+  const float cudnn_fwd = min_of_rounds_ms(stream, 10, [&] { run_cudnn(*forward); });
+  const float cudnn_bwd = min_of_rounds_ms(stream, 10, [&] { run_cudnn(*backward); });
+  const float fa_fwd = min_of_rounds_ms(stream, 10, fa_forward);
+  const float fa_bwd = min_of_rounds_ms(stream, 10, fa_backward);
+  auto rate = [&](double flops, float ms) { return flops / ms / 1e9; };
+  std::printf("pass       cuDNN ms  TFLOP/s   FA4 ms  TFLOP/s   cuDNN / FA4\n");
+  std::printf("forward   %9.4f %8.0f %8.4f %8.0f %10.3fx\n", cudnn_fwd, rate(flops_fwd, cudnn_fwd), fa_fwd,
+              rate(flops_fwd, fa_fwd), cudnn_fwd / fa_fwd);
+  std::printf("backward  %9.4f %8.0f %8.4f %8.0f %10.3fx\n", cudnn_bwd, rate(2.5 * flops_fwd, cudnn_bwd), fa_bwd,
+              rate(2.5 * flops_fwd, fa_bwd), cudnn_bwd / fa_bwd);
+  return 0;
+}
