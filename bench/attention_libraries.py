@@ -14,7 +14,8 @@ import importlib, importlib.metadata as md, time
 import torch
 import torch.nn.functional as F
 
-SHAPES = [("llama-1b", 8, 2048, 32, 4, 64), ("llama-3b", 4, 2048, 24, 8, 128)]
+SHAPES = [("llama-1b", 8, 2048, 32, 4, 64), ("llama-3b", 4, 2048, 24, 8, 128), ("gpt2-124m", 64, 1024, 12, 12, 64),
+          ("gpt2-1.5b", 16, 1024, 25, 25, 64)]
 
 print("# torch %s, cuda %s, cudnn %s, %s" % (torch.__version__, torch.version.cuda, torch.backends.cudnn.version(),
                                              torch.cuda.get_device_name()))
