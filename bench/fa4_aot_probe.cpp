@@ -3,7 +3,9 @@
 // without a GPU) and exports each as an object file holding a TVM-FFI packed function; this probe
 // links those objects, the CuTe DSL's static CUDA runtime shim and libtvm_ffi (PyPI
 // apache-tvm-ffi), runs forward and backward on the trainer's packed q|k|v rows beside cuDNN's
-// graphs (sdpa_probe.hpp), and prints the relative L2 difference of O, dQ, dK, dV and the times.
+// graphs (sdpa_probe.hpp), and prints the relative L2 difference of O, dQ, dK, dV and the times;
+// then FlashAttention-4's backward from cuDNN's forward (its O and statistics), the pairing a
+// trainer would use where cuDNN's forward is the faster one.
 //
 // Build (GPU machine; F = the exported objects, T = tvm_ffi's package folder, L = the DSL's lib):
 //   nvcc -std=c++20 -O2 -x cu bench/fa4_aot_probe.cpp $F/fa4_*.o -o build/fa4_aot_probe -I.gpu-deps/include
@@ -252,12 +254,21 @@ int main(int argc, char** argv) {
   };
   std::printf("relative L2 difference from cuDNN: O %.2e dQ %.2e dK %.2e dV %.2e\n", err_o, part(0, s.H),
               part(s.H, s.KV), part(s.H + s.KV, s.KV));
+  // FlashAttention-4's backward from cuDNN's forward: its O and its statistics (natural-log LSE,
+  // [B, H, T]) in place of FlashAttention-4's own.
+  o.t.data = o_ref;
+  l.t.data = stats;
+  fa_backward();
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(a.data(), dqkv_fa, rows * W * 2, cudaMemcpyDeviceToHost));
+  std::printf("FA4 backward from cuDNN's forward, relative L2 difference from cuDNN's backward: dQ %.2e dK %.2e dV %.2e\n",
+              part(0, s.H), part(s.H, s.KV), part(s.H + s.KV, s.KV));
 
   const double flops_fwd = 4.0 * s.B * s.T * s.T * s.H * s.D / 2;  // causal
   const float cudnn_fwd = min_of_rounds_ms(stream, 10, [&] { run_cudnn(*forward); });
   const float cudnn_bwd = min_of_rounds_ms(stream, 10, [&] { run_cudnn(*backward); });
   const float fa_fwd = min_of_rounds_ms(stream, 10, fa_forward);
-  const float fa_bwd = min_of_rounds_ms(stream, 10, fa_backward);
+  const float fa_bwd = min_of_rounds_ms(stream, 10, fa_backward);  // from cuDNN's O and statistics
   auto rate = [&](double flops, float ms) { return flops / ms / 1e9; };
   std::printf("pass       cuDNN ms  TFLOP/s   FA4 ms  TFLOP/s   cuDNN / FA4\n");
   std::printf("forward   %9.4f %8.0f %8.4f %8.0f %10.3fx\n", cudnn_fwd, rate(flops_fwd, cudnn_fwd), fa_fwd,
