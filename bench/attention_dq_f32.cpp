@@ -52,39 +52,14 @@ int main(int argc, char** argv) {
   std::printf("# attention_dq_f32 B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
               (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
   const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;
-  void *qkv, *o, *stats, *dout, *dqkv, *dq32, *ws;
-  CK(cudaMalloc(&qkv, rows * W * 2));
-  CK(cudaMalloc(&dqkv, rows * W * 2));
-  CK(cudaMalloc(&o, q_elems * 2));
-  CK(cudaMalloc(&dout, q_elems * 2));
+  const ProbeBuffers buffers = allocate_probe_buffers(s);
+  void *dq32, *ws;
   CK(cudaMalloc(&dq32, q_elems * 4));
-  CK(cudaMalloc(&stats, s.B * s.H * s.T * 4));
   const size_t ws_bytes = size_t(1) << 30;
   CK(cudaMalloc(&ws, ws_bytes));
-  {  // Q, K, V, dO ~ U(-1, 1) in bf16, fixed seed
-    std::vector<__nv_bfloat16> host(rows * W);
-    uint32_t state = 12345;
-    auto uniform = [&] {
-      state = state * 1664525u + 1013904223u;
-      return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
-    };
-    for (auto& x : host) x = __float2bfloat16(uniform());
-    CK(cudaMemcpy(qkv, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    host.resize(q_elems);
-    for (auto& x : host) x = __float2bfloat16(uniform());
-    CK(cudaMemcpy(dout, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-  }
-  char* base = static_cast<char*>(qkv);
-  char* grad = static_cast<char*>(dqkv);
-  std::unordered_map<int64_t, void*> pack{{kQ, base},
-                                          {kK, base + s.H * s.D * 2},
-                                          {kV, base + (s.H + s.KV) * s.D * 2},
-                                          {kO, o},
-                                          {kStats, stats},
-                                          {kDO, dout},
-                                          {kDQ, grad},
-                                          {kDK, grad + s.H * s.D * 2},
-                                          {kDV, grad + (s.H + s.KV) * s.D * 2}};
+  fill_probe_inputs(s, buffers);
+  void* dqkv = buffers.dqkv;
+  std::unordered_map<int64_t, void*> pack = probe_pack(s, buffers);
   std::string refusal;
   auto forward = make_graph(s, false, false, handle, &refusal);
   if (!forward) {

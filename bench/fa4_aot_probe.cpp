@@ -120,15 +120,11 @@ int main(int argc, char** argv) {
   // FlashAttention-4's workspaces for the Hopper backward at D <= 64 (tiles of 128 query and 128
   // key rows, head dimension rounded to 32): as flash_attn/cute/interface.py allocates them.
   const int64_t Tq = (s.T + 127) / 128 * 128, Tk = (s.T + 127) / 128 * 128, Dr = (s.D + 31) / 32 * 32;
-  void *qkv, *o_ref, *o_fa, *stats, *lse, *dout, *dqkv_ref, *dqkv_fa, *ws, *dpsum, *lse_log2, *dq_accum, *dk_accum,
-      *dv_accum;
-  CK(cudaMalloc(&qkv, rows * W * 2));
-  CK(cudaMalloc(&dqkv_ref, rows * W * 2));
+  // cuDNN's buffers (sdpa_probe.hpp) and FlashAttention-4's own O, LSE, gradients and workspaces.
+  const ProbeBuffers ref = allocate_probe_buffers(s);
+  void *o_fa, *lse, *dqkv_fa, *ws, *dpsum, *lse_log2, *dq_accum, *dk_accum, *dv_accum;
   CK(cudaMalloc(&dqkv_fa, rows * W * 2));
-  CK(cudaMalloc(&o_ref, q_elems * 2));
   CK(cudaMalloc(&o_fa, q_elems * 2));
-  CK(cudaMalloc(&dout, q_elems * 2));
-  CK(cudaMalloc(&stats, s.B * s.H * s.T * 4));
   CK(cudaMalloc(&lse, s.B * s.H * s.T * 4));
   CK(cudaMalloc(&dpsum, s.B * s.H * Tq * 4));
   CK(cudaMalloc(&lse_log2, s.B * s.H * Tq * 4));
@@ -137,32 +133,12 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&dv_accum, s.B * s.KV * Tk * Dr * 4));
   const size_t ws_bytes = size_t(1) << 30;
   CK(cudaMalloc(&ws, ws_bytes));
-  {  // Q, K, V, dO ~ U(-1, 1) in bf16, fixed seed (the other probes' inputs)
-    std::vector<__nv_bfloat16> host(rows * W);
-    uint32_t state = 12345;
-    auto uniform = [&] {
-      state = state * 1664525u + 1013904223u;
-      return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
-    };
-    for (auto& x : host) x = __float2bfloat16(uniform());
-    CK(cudaMemcpy(qkv, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    host.resize(q_elems);
-    for (auto& x : host) x = __float2bfloat16(uniform());
-    CK(cudaMemcpy(dout, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-  }
+  fill_probe_inputs(s, ref);  // the other probes' inputs
 
   // cuDNN, as the trainer runs it.
-  char* base = static_cast<char*>(qkv);
-  char* grad = static_cast<char*>(dqkv_ref);
-  std::unordered_map<int64_t, void*> pack{{kQ, base},
-                                          {kK, base + s.H * s.D * 2},
-                                          {kV, base + (s.H + s.KV) * s.D * 2},
-                                          {kO, o_ref},
-                                          {kStats, stats},
-                                          {kDO, dout},
-                                          {kDQ, grad},
-                                          {kDK, grad + s.H * s.D * 2},
-                                          {kDV, grad + (s.H + s.KV) * s.D * 2}};
+  void *o_ref = ref.o, *stats = ref.stats, *dout = ref.dout, *dqkv_ref = ref.dqkv;
+  char* base = static_cast<char*>(ref.qkv);
+  std::unordered_map<int64_t, void*> pack = probe_pack(s, ref);
   auto build = [&](bool backward) {
     auto g = bf16_sdpa_graph(s, backward);
     if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||

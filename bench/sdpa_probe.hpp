@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cuda_bf16.h>
+
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace fe = cudnn_frontend;
@@ -68,6 +71,49 @@ inline std::shared_ptr<fe::graph::Graph> bf16_sdpa_graph(const Shape& s, bool ba
   dk->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDK);
   dv->set_output(true).set_dim({s.B, s.KV, s.T, s.D}).set_stride(qkv).set_uid(kDV);
   return g;
+}
+
+// One attention call's buffers as the trainer lays them out: q|k|v packed in rows of
+// (H + 2 KV) * D elements, O and dO [B, T, H, D], the statistics [B, H, T] in f32, dq|dk|dv packed
+// like q|k|v. BF16 throughout but the statistics.
+struct ProbeBuffers {
+  void *qkv = nullptr, *o = nullptr, *stats = nullptr, *dout = nullptr, *dqkv = nullptr;
+};
+
+inline ProbeBuffers allocate_probe_buffers(const Shape& s) {
+  const int64_t rows = s.B * s.T, W = (s.H + 2 * s.KV) * s.D;
+  ProbeBuffers b;
+  CK(cudaMalloc(&b.qkv, rows * W * 2));
+  CK(cudaMalloc(&b.dqkv, rows * W * 2));
+  CK(cudaMalloc(&b.o, rows * s.H * s.D * 2));
+  CK(cudaMalloc(&b.dout, rows * s.H * s.D * 2));
+  CK(cudaMalloc(&b.stats, s.B * s.H * s.T * 4));
+  return b;
+}
+
+// Q, K, V and dO ~ U(-1, 1) in BF16 from one fixed-seed generator (the same values in every probe).
+inline void fill_probe_inputs(const Shape& s, const ProbeBuffers& b) {
+  const int64_t rows = s.B * s.T, W = (s.H + 2 * s.KV) * s.D;
+  std::vector<__nv_bfloat16> host(rows * W);
+  uint32_t state = 12345;
+  auto uniform = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+  };
+  for (auto& x : host) x = __float2bfloat16(uniform());
+  CK(cudaMemcpy(b.qkv, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  host.resize(rows * s.H * s.D);
+  for (auto& x : host) x = __float2bfloat16(uniform());
+  CK(cudaMemcpy(b.dout, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+}
+
+// The graphs' tensors in those buffers, by uid.
+inline std::unordered_map<int64_t, void*> probe_pack(const Shape& s, const ProbeBuffers& b) {
+  char* base = static_cast<char*>(b.qkv);
+  char* grad = static_cast<char*>(b.dqkv);
+  const int64_t k = s.H * s.D * 2, v = (s.H + s.KV) * s.D * 2;
+  return {{kQ, base},        {kK, base + k}, {kV, base + v},    {kO, b.o},        {kStats, b.stats},
+          {kDO, b.dout},     {kDQ, grad},    {kDK, grad + k},   {kDV, grad + v}};
 }
 
 // The least over 5 rounds of the mean time of `runs` calls of run() on `stream`, in ms.
