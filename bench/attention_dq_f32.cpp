@@ -39,16 +39,11 @@ std::shared_ptr<fe::graph::Graph> make_graph(const Shape& s, bool backward, bool
 }
 
 int main(int argc, char** argv) {
-  if (argc < 6) {
-    std::printf("usage: attention_dq_f32 B T H KV D\n");
-    return 2;
-  }
-  const Shape s{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
-  cudnnHandle_t handle;
-  cudnnCreate(&handle);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cudnnSetStream(handle, stream);
+  Shape s;
+  if (!parse_shape(argc, argv, "attention_dq_f32", &s)) return 2;
+  const CudnnOnStream cudnn = cudnn_on_stream();
+  cudnnHandle_t handle = cudnn.handle;
+  cudaStream_t stream = cudnn.stream;
   std::printf("# attention_dq_f32 B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
               (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
   const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;

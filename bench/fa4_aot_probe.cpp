@@ -102,16 +102,11 @@ double rel_l2(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 6) {
-    std::printf("usage: fa4_aot_probe B T H KV D\n");
-    return 2;
-  }
-  const Shape s{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
-  cudnnHandle_t handle;
-  cudnnCreate(&handle);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cudnnSetStream(handle, stream);
+  Shape s;
+  if (!parse_shape(argc, argv, "fa4_aot_probe", &s)) return 2;
+  const CudnnOnStream cudnn = cudnn_on_stream();
+  cudnnHandle_t handle = cudnn.handle;
+  cudaStream_t stream = cudnn.stream;
   if (TVMFFIEnvSetStream(kDLCUDA, 0, stream, nullptr) != 0) return 1;
   std::printf("# fa4_aot_probe B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
               (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());

@@ -73,6 +73,32 @@ inline std::shared_ptr<fe::graph::Graph> bf16_sdpa_graph(const Shape& s, bool ba
   return g;
 }
 
+// The probes' command line, "NAME B T H KV D"; false (after printing the usage) when it is short.
+inline bool parse_shape(int argc, char** argv, const char* name, Shape* s) {
+  if (argc < 6) {
+    std::printf("usage: %s B T H KV D\n", name);
+    return false;
+  }
+  *s = Shape{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
+  return true;
+}
+
+// A cuDNN handle working on a stream of its own.
+struct CudnnOnStream {
+  cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+};
+inline CudnnOnStream cudnn_on_stream() {
+  CudnnOnStream c;
+  if (cudnnCreate(&c.handle) != CUDNN_STATUS_SUCCESS) {
+    std::printf("cudnnCreate failed\n");
+    std::exit(1);
+  }
+  CK(cudaStreamCreate(&c.stream));
+  cudnnSetStream(c.handle, c.stream);
+  return c;
+}
+
 // One attention call's buffers as the trainer lays them out: q|k|v packed in rows of
 // (H + 2 KV) * D elements, O and dO [B, T, H, D], the statistics [B, H, T] in f32, dq|dk|dv packed
 // like q|k|v. BF16 throughout but the statistics.
