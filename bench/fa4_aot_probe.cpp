@@ -25,7 +25,9 @@ extern "C" {
 int __tvm_ffi_mxtrain_fa4_fwd(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 int __tvm_ffi_mxtrain_fa4_bwd_pre(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 int __tvm_ffi_mxtrain_fa4_bwd(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
-int __tvm_ffi_mxtrain_fa4_bwd_post(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+int __tvm_ffi_mxtrain_fa4_bwd_post_dq(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+// Only with grouped-query heads (multi-head attention writes dK and dV in the main kernel).
+__attribute__((weak)) int __tvm_ffi_mxtrain_fa4_bwd_post_dkv(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 
 // The one symbol the exported objects take from the DSL's 43 MB runtime library: it turns a CUDA
 // error code into a raised TVM-FFI error through the setter it is handed.
@@ -112,9 +114,21 @@ int main(int argc, char** argv) {
               (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
 
   const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;
-  // FlashAttention-4's workspaces for the Hopper backward at D <= 64 (tiles of 128 query and 128
-  // key rows, head dimension rounded to 32): as flash_attn/cute/interface.py allocates them.
-  const int64_t Tq = (s.T + 127) / 128 * 128, Tk = (s.T + 127) / 128 * 128, Dr = (s.D + 31) / 32 * 32;
+  // FlashAttention-4's workspaces for the Hopper backward, as flash_attn/cute/interface.py
+  // allocates them: rows rounded to its causal tiles (_tile_size_bwd_sm90: 128 query and 128 key
+  // rows up to D 64, 64 and 128 up to D 128), the head dimension to 32.
+  if (s.D > 128) {
+    std::printf("this probe covers head dimensions up to 128\n");
+    return 2;
+  }
+  const bool grouped = s.H != s.KV;
+  if (grouped && __tvm_ffi_mxtrain_fa4_bwd_post_dkv == nullptr) {
+    std::printf("grouped-query heads, but no dK/dV postprocess was exported (export at this shape)\n");
+    return 2;
+  }
+  const int64_t m_tile = s.D <= 64 ? 128 : 64, n_tile = 128;
+  const int64_t Tq = (s.T + m_tile - 1) / m_tile * m_tile, Tk = (s.T + n_tile - 1) / n_tile * n_tile,
+                Dr = (s.D + 31) / 32 * 32;
   // cuDNN's buffers (sdpa_probe.hpp) and FlashAttention-4's own O, LSE, gradients and workspaces.
   const ProbeBuffers ref = allocate_probe_buffers(s);
   void *o_fa, *lse, *dqkv_fa, *ws, *dpsum, *lse_log2, *dq_accum, *dk_accum, *dv_accum;
@@ -186,17 +200,24 @@ int main(int argc, char** argv) {
     call("forward", __tvm_ffi_mxtrain_fa4_fwd,
          {tensor(q), tensor(k), tensor(v), tensor(o), tensor(l), real(scale), n, n, n, n, n, n, n, n, n, pair, n, n});
   };
+  // Grouped-query heads: dK and dV summed over each group's query heads in zeroed FP32
+  // accumulators, then written in BF16 by a postprocess; multi-head: the main kernel writes them.
   auto fa_backward = [&] {
-    CK(cudaMemsetAsync(dk_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
-    CK(cudaMemsetAsync(dv_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
+    if (grouped) {
+      CK(cudaMemsetAsync(dk_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
+      CK(cudaMemsetAsync(dv_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
+    }
     call("backward preprocess", __tvm_ffi_mxtrain_fa4_bwd_pre,
          {tensor(o), tensor(d_o), tensor(dp), tensor(l), tensor(l2), tensor(dqa), n, n, n, n, n, real(1.0), n, n});
     call("backward", __tvm_ffi_mxtrain_fa4_bwd,
-         {tensor(q), tensor(k), tensor(v), tensor(d_o), tensor(l2), tensor(dp), tensor(dqa), tensor(dka), tensor(dva),
-          real(scale), n, n, n, n, n, n, n, n, n, pair, n, n});
-    call("dQ postprocess", __tvm_ffi_mxtrain_fa4_bwd_post, {tensor(dqa), tensor(dq), real(scale), n, n, n, n});
-    call("dK postprocess", __tvm_ffi_mxtrain_fa4_bwd_post, {tensor(dka), tensor(dk), real(scale), n, n, n, n});
-    call("dV postprocess", __tvm_ffi_mxtrain_fa4_bwd_post, {tensor(dva), tensor(dv), real(1.0), n, n, n, n});
+         {tensor(q), tensor(k), tensor(v), tensor(d_o), tensor(l2), tensor(dp), tensor(dqa),
+          grouped ? tensor(dka) : tensor(dk), grouped ? tensor(dva) : tensor(dv), real(scale), n, n, n, n, n, n, n, n,
+          n, pair, n, n});
+    call("dQ postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dq, {tensor(dqa), tensor(dq), real(scale), n, n, n, n});
+    if (grouped) {
+      call("dK postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dkv, {tensor(dka), tensor(dk), real(scale), n, n, n, n});
+      call("dV postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dkv, {tensor(dva), tensor(dv), real(1.0), n, n, n, n});
+    }
   };
 
   // Correctness: each library's O from its own forward; the backward from cuDNN's O and

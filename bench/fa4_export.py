@@ -8,8 +8,9 @@ no GPU (FlashAttention-4's CPU-only compilation: FLASH_ATTENTION_ARCH, CUTE_DSL_
 Usage: python3 bench/fa4_export.py OUTDIR BATCH SEQUENCE Q_HEADS KV_HEADS HEAD_DIM
 (the batch, sequence and head counts are runtime values of the compiled functions, but the
 library's choices, e.g. split-KV in the forward for a small grid, follow the shape it is given).
-Writes OUTDIR/fa4_{fwd,bwd_pre,bwd,bwd_post}.o and OUTDIR/fa4_signatures.txt (each function's
-arguments, as its error message states them). bench/fa4_aot_probe.cpp calls them."""
+Writes OUTDIR/fa4_{fwd,bwd_pre,bwd,bwd_post_dq}.o, with grouped-query heads fa4_bwd_post_dkv.o,
+and OUTDIR/fa4_signatures.txt (the backward's tiles, and each function's arguments as its error
+message states them). bench/fa4_aot_probe.cpp calls them."""
 import os, sys, time
 out_dir = sys.argv[1]
 B, T, H, KV, head_dim = (int(a) for a in sys.argv[2:7])
@@ -29,17 +30,34 @@ with FakeTensorMode(allow_non_fake_inputs=True):
     v = torch.empty(B, T, KV, head_dim, dtype=torch.bfloat16, device="cuda")
     out, lse = fa._flash_attn_fwd(q, k, v, causal=True, return_lse=True)[:2]
     fa._flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, causal=True)
-caches = {"fwd": fa._flash_attn_fwd.compile_cache, "bwd_pre": fa._bwd_preprocess.compile_cache,
-          "bwd": fa._flash_attn_bwd.compile_cache, "bwd_post": fa._bwd_postprocess_convert.compile_cache}
+
+def only(cache, name):
+    functions = list(cache.cache.values())
+    assert len(functions) == 1, "%s: %d compiled functions, expected one" % (name, len(functions))
+    return functions[0]
+
+
+# The postprocess that writes BF16 dQ from its FP32 accumulator, and with grouped-query heads the
+# one for dK and dV (FlashAttention-4 compiles one per tile: a key of (dtype, head dim, tile rows,
+# threads, atom layout, swap, ...); they are one function where the tiles agree).
+cfg = fa._tile_size_bwd_sm90(head_dim, head_dim, True, False)
+post = {(key[2], key[4], key[5]): fn for key, fn in fa._bwd_postprocess_convert.compile_cache.cache.items()}
+functions = {"fwd": only(fa._flash_attn_fwd.compile_cache, "fwd"),
+             "bwd_pre": only(fa._bwd_preprocess.compile_cache, "bwd_pre"),
+             "bwd": only(fa._flash_attn_bwd.compile_cache, "bwd"),
+             "bwd_post_dq": post.pop((cfg.m_block_size, cfg.AtomLayoutMdQ, cfg.dQ_swapAB))}
+if H != KV:
+    key = (cfg.n_block_size, cfg.AtomLayoutNdKV, cfg.dKV_swapAB)
+    functions["bwd_post_dkv"] = post.pop(key) if key in post else functions["bwd_post_dq"]
+assert not post, "postprocesses left unexported: %s" % list(post)
 with open(os.path.join(out_dir, "fa4_signatures.txt"), "w") as signatures:
-    for name, cache in caches.items():
-        functions = list(cache.cache.values())
-        # dK's and dV's postprocess share dQ's compiled function when the head dimensions and tiles agree.
-        assert len(functions) == 1, "%s: %d compiled functions, expected one" % (name, len(functions))
+    signatures.write("tiles: %d query rows, %d key rows (the backward's workspaces are rounded to them)\n"
+                     % (cfg.m_block_size, cfg.n_block_size))
+    for name, function in functions.items():
         path = os.path.join(out_dir, "fa4_%s.o" % name)
-        functions[0].export_to_c(path, function_name="mxtrain_fa4_" + name)
+        function.export_to_c(path, function_name="mxtrain_fa4_" + name)
         text = open(path, "rb").read()
         start = text.find(b"`__call__(")
         signatures.write("%s: %s\n" % (name, text[start + 1:text.find(b"`", start + 1)].decode()))
 print("exported %s in %.1f s (%dx%d, %d/%d heads, head dim %d, causal, sm_90a)" % (
-    ", ".join(caches), time.time() - started, B, T, H, KV, head_dim))
+    ", ".join(functions), time.time() - started, B, T, H, KV, head_dim))

@@ -13,8 +13,8 @@
 # here without a GPU by a Python that has torch 2.11, nvidia-cutlass-dsl and -libs-cu13 4.8.1,
 # flash-attn-4 4.0.0b36, quack-kernels 0.6.5 and apache-tvm-ffi 0.1.15 (a venv: about 5 GB with
 # torch's CUDA wheels; torch is imported by flash-attn-4's interface, its fake tensors do the shapes):
-#   PYTHON=/path/to/venv/bin/python3 bench/flash_attn4.sh aot B T H KV D   here: .fa4/ (probe + libtvm_ffi.so)
-#   device call, carry [".fa4"]: source scripts/gpu_env.sh; .fa4/fa4_aot_probe B T H KV D
+#   PYTHON=/path/to/venv/bin/python3 bench/flash_attn4.sh aot B,T,H,KV,D ...   here: .fa4/ (a probe a shape)
+#   device call, carry [".fa4"]: bash bench/flash_attn4.sh probe   (writes $OUT/fa4_aot_probe.txt)
 #
 # Results: bench/results/h200_attention_libraries.md.
 set -euo pipefail
@@ -50,17 +50,28 @@ sys.argv = ["bench/attention_libraries.py"]; runpy.run_path("bench/attention_lib
 aot)
   py=${PYTHON:-python3}
   shift
-  [ $# -eq 5 ] || { echo "usage: bench/flash_attn4.sh aot B T H KV D" >&2; exit 2; }
-  rm -rf .fa4 && mkdir -p .fa4/obj
-  "$py" bench/fa4_export.py .fa4/obj "$@"
+  [ $# -ge 1 ] || { echo "usage: bench/flash_attn4.sh aot B,T,H,KV,D ..." >&2; exit 2; }
+  rm -rf .fa4 && mkdir -p .fa4
   ffi=$("$py" -c 'import os, tvm_ffi; print(os.path.dirname(tvm_ffi.__file__))')
   dsl=$("$py" -m cutlass.cute.export.aot_config --libdir 2>/dev/null | tail -1)
   cuda=${CUDA_HOME:-/usr/local/cuda}
   # g++, not nvcc: the probe has no device code, and nvcc 13.0's front end stops on it.
-  g++ -std=c++20 -O2 bench/fa4_aot_probe.cpp .fa4/obj/fa4_*.o -o .fa4/fa4_aot_probe -I.gpu-deps/include \
-    -I"$ffi/include" -I"$cuda/include" -L"$ffi/lib" -ltvm_ffi "$dsl/libcuda_dialect_runtime_static.a" \
-    -L"$cuda/lib64" -L"$cuda/lib64/stubs" -lcudart -lcudnn -lnvrtc -ldl -Wl,-rpath,'$ORIGIN'
+  g++ -std=c++20 -O2 -c bench/fa4_aot_probe.cpp -o .fa4/probe.o -I.gpu-deps/include -I"$ffi/include" -I"$cuda/include"
+  for shape in "$@"; do  # one probe a shape: the exported functions are specialized by D and the grouping
+    dir=.fa4/${shape//,/-}
+    "$py" bench/fa4_export.py "$dir" ${shape//,/ }
+    g++ .fa4/probe.o "$dir"/fa4_*.o -o "$dir/fa4_aot_probe" -L"$ffi/lib" -ltvm_ffi "$dsl/libcuda_dialect_runtime_static.a" \
+      -L"$cuda/lib64" -L"$cuda/lib64/stubs" -lcudart -lcudnn -lnvrtc -ldl -Wl,-rpath,'$ORIGIN/..'
+    rm "$dir"/fa4_*.o
+  done
+  rm .fa4/probe.o
   cp "$ffi/lib/libtvm_ffi.so" .fa4/
   du -sh .fa4 ;;
-*) echo "usage: bench/flash_attn4.sh fetch|device|aot B T H KV D" >&2; exit 2 ;;
+probe)  # on the GPU machine, after aot here: every probe .fa4 holds
+  source scripts/gpu_env.sh
+  for dir in .fa4/*-*/; do
+    shape=$(basename "$dir")
+    "$dir/fa4_aot_probe" ${shape//-/ } || echo "exit $?"
+  done 2>&1 | tee "$OUT/fa4_aot_probe.txt" ;;
+*) echo "usage: bench/flash_attn4.sh fetch|device|aot B,T,H,KV,D ...|probe" >&2; exit 2 ;;
 esac
