@@ -68,6 +68,7 @@ aot)
   cp "$ffi/lib/libtvm_ffi.so" .fa4/
   du -sh .fa4 ;;
 probe)  # on the GPU machine, after aot here: every probe .fa4 holds
+  set +eu  # scripts/gpu_env.sh is written for an interactive shell
   source scripts/gpu_env.sh
   for dir in .fa4/*-*/; do
     shape=$(basename "$dir")
