@@ -44,8 +44,6 @@ int main(int argc, char** argv) {
   const CudnnOnStream cudnn = cudnn_on_stream();
   cudnnHandle_t handle = cudnn.handle;
   cudaStream_t stream = cudnn.stream;
-  std::printf("# attention_dq_f32 B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
-              (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
   const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;
   const ProbeBuffers buffers = allocate_probe_buffers(s);
   void *dq32, *ws;

@@ -37,31 +37,20 @@ int main(int argc, char** argv) {
   }
   Shape s{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
   const bool backward = std::string(argv[6]) == "bwd";
-  cudnnHandle_t handle;
-  cudnnCreate(&handle);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cudnnSetStream(handle, stream);
+  const CudnnOnStream cudnn = cudnn_on_stream();
+  cudnnHandle_t handle = cudnn.handle;
+  cudaStream_t stream = cudnn.stream;
   const int64_t W = (s.H + 2 * s.KV) * s.D;
-  void *qkv, *o, *stats, *dout, *dqkv, *ws;
-  CK(cudaMalloc(&qkv, s.B * s.T * W * 2));
-  CK(cudaMalloc(&dqkv, s.B * s.T * W * 2));
-  CK(cudaMalloc(&o, s.B * s.T * s.H * s.D * 2));
-  CK(cudaMalloc(&dout, s.B * s.T * s.H * s.D * 2));
-  CK(cudaMalloc(&stats, s.B * s.H * s.T * 4));
+  const ProbeBuffers buffers = allocate_probe_buffers(s);
+  void* ws;
   const size_t ws_bytes = size_t(1) << 30;
   CK(cudaMalloc(&ws, ws_bytes));
-  CK(cudaMemset(qkv, 0x3c, s.B * s.T * W * 2));
-  CK(cudaMemset(dout, 0x3c, s.B * s.T * s.H * s.D * 2));
-  char* base = static_cast<char*>(qkv);
-  char* grad = static_cast<char*>(dqkv);
-  std::unordered_map<int64_t, void*> pack{{kQ, base}, {kK, base + s.H * s.D * 2}, {kV, base + (s.H + s.KV) * s.D * 2},
-                                          {kO, o}, {kStats, stats}};
-  if (backward) {
-    pack[kDO] = dout;
-    pack[kDQ] = grad;
-    pack[kDK] = grad + s.H * s.D * 2;
-    pack[kDV] = grad + (s.H + s.KV) * s.D * 2;
+  CK(cudaMemset(buffers.qkv, 0x3c, s.B * s.T * W * 2));
+  CK(cudaMemset(buffers.dout, 0x3c, s.B * s.T * s.H * s.D * 2));
+  std::unordered_map<int64_t, void*> pack = probe_pack(s, buffers);
+  if (!backward) {
+    for (int64_t uid : {kDO, kDQ, kDK, kDV}) pack.erase(uid);  // the forward graph's tensors only
+  } else {
     // Real O and stats from the forward.
     auto f = make_graph(s, false, handle);
     f->create_execution_plans({fe::HeurMode_t::A});

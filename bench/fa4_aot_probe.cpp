@@ -7,10 +7,8 @@
 // then FlashAttention-4's backward from cuDNN's forward (its O and statistics), the pairing a
 // trainer would use where cuDNN's forward is the faster one.
 //
-// Build (GPU machine; F = the exported objects, T = tvm_ffi's package folder, L = the DSL's lib):
-//   nvcc -std=c++20 -O2 -x cu bench/fa4_aot_probe.cpp $F/fa4_*.o -o build/fa4_aot_probe -I.gpu-deps/include
-//     -I$T/include -L$T/lib -ltvm_ffi $L/libcuda_dialect_runtime_static.a -lcudnn -lcuda -Xlinker -rpath=$T/lib
-// Usage: fa4_aot_probe B T H KV D     Results: bench/results/h200_attention_libraries.md.
+// Built and run by bench/flash_attn4.sh (aot here, with g++: there is no device code; probe on
+// the GPU machine). Usage: fa4_aot_probe B T H KV D   Results: bench/results/h200_attention_libraries.md.
 #include <cuda_bf16.h>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/c_api.h>
@@ -89,12 +87,13 @@ void call(const char* name, Packed fn, std::vector<TVMFFIAny> args) {
   std::exit(1);
 }
 
-double rel_l2(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b, int64_t rows, int64_t cols,
-              int64_t stride_a, int64_t stride_b) {
+// ||a - b|| / ||b|| over `cols` columns from `first` of `rows` rows `stride` elements apart.
+double rel_l2(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b, int64_t rows, int64_t stride,
+              int64_t first, int64_t cols) {
   double num = 0, den = 0;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const double x = __bfloat162float(a[r * stride_a + c]), y = __bfloat162float(b[r * stride_b + c]);
+    for (int64_t c = first; c < first + cols; ++c) {
+      const double x = __bfloat162float(a[r * stride + c]), y = __bfloat162float(b[r * stride + c]);
       num += (x - y) * (x - y);
       den += y * y;
     }
@@ -110,8 +109,6 @@ int main(int argc, char** argv) {
   cudnnHandle_t handle = cudnn.handle;
   cudaStream_t stream = cudnn.stream;
   if (TVMFFIEnvSetStream(kDLCUDA, 0, stream, nullptr) != 0) return 1;
-  std::printf("# fa4_aot_probe B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", (long long)s.B,
-              (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D, cudnnGetVersion());
 
   const int64_t W = (s.H + 2 * s.KV) * s.D, rows = s.B * s.T, q_elems = rows * s.H * s.D;
   // FlashAttention-4's workspaces for the Hopper backward, as flash_attn/cute/interface.py
@@ -230,20 +227,12 @@ int main(int argc, char** argv) {
   std::vector<__nv_bfloat16> a(q_elems), b(q_elems);
   CK(cudaMemcpy(a.data(), o_fa, q_elems * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(b.data(), o_ref, q_elems * 2, cudaMemcpyDeviceToHost));
-  const double err_o = rel_l2(a, b, rows, s.H * s.D, s.H * s.D, s.H * s.D);
+  const double err_o = rel_l2(a, b, rows, s.H * s.D, 0, s.H * s.D);
   a.resize(rows * W);
   b.resize(rows * W);
   CK(cudaMemcpy(a.data(), dqkv_fa, rows * W * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(b.data(), dqkv_ref, rows * W * 2, cudaMemcpyDeviceToHost));
-  auto part = [&](int64_t first, int64_t heads) {
-    std::vector<__nv_bfloat16> x(rows * heads * s.D), y(rows * heads * s.D);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < heads * s.D; ++c) {
-        x[r * heads * s.D + c] = a[r * W + first * s.D + c];
-        y[r * heads * s.D + c] = b[r * W + first * s.D + c];
-      }
-    return rel_l2(x, y, rows, heads * s.D, heads * s.D, heads * s.D);
-  };
+  auto part = [&](int64_t first_head, int64_t heads) { return rel_l2(a, b, rows, W, first_head * s.D, heads * s.D); };
   std::printf("relative L2 difference from cuDNN: O %.2e dQ %.2e dK %.2e dV %.2e\n", err_o, part(0, s.H),
               part(s.H, s.KV), part(s.H + s.KV, s.KV));
   // FlashAttention-4's backward from cuDNN's forward: its O and its statistics (natural-log LSE,

@@ -1,16 +1,17 @@
-// Shared by the cuDNN attention probes (attention_plans.cpp, attention_dq_f32.cpp,
-// attention_fp8.cpp): the CUDA check, the tensor uids, the shape, the timing loop, and the BF16
-// training graphs as the trainer builds them (causal, grouped-query, attention scale 1/sqrt(D); q, k, v packed in one row of
+// Shared by the attention probes (attention_plans.cpp, attention_dq_f32.cpp, attention_fp8.cpp,
+// fa4_aot_probe.cpp): the CUDA check, the tensor uids, the shape and command line, the cuDNN
+// handle, the buffers and inputs, the timing loop, and the BF16 training graphs as the trainer
+// builds them (causal, grouped-query, attention scale 1/sqrt(D); q, k, v packed in one row of
 // (H + 2 KV) * D elements, O and dO as [B, T, H, D]).
 #pragma once
 #include <cudnn_frontend.h>
+
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cuda_bf16.h>
-
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -73,13 +74,16 @@ inline std::shared_ptr<fe::graph::Graph> bf16_sdpa_graph(const Shape& s, bool ba
   return g;
 }
 
-// The probes' command line, "NAME B T H KV D"; false (after printing the usage) when it is short.
+// The probes' command line, "NAME B T H KV D": the shape, and the output's first line naming it
+// and cuDNN's version; false (after printing the usage) when it is short.
 inline bool parse_shape(int argc, char** argv, const char* name, Shape* s) {
   if (argc < 6) {
     std::printf("usage: %s B T H KV D\n", name);
     return false;
   }
   *s = Shape{std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
+  std::printf("# %s B=%lld T=%lld H=%lld KV=%lld D=%lld causal; cuDNN %zu\n", name, (long long)s->B, (long long)s->T,
+              (long long)s->H, (long long)s->KV, (long long)s->D, cudnnGetVersion());
   return true;
 }
 
