@@ -9,14 +9,21 @@
 #   3b   llama-3b 4x2048: the same four mxtrain rows; PyTorch fp8 (compiled)
 # mxtrain's lines carry "engine": "mxtrain"; bench/summarize.py reads both kinds.
 # TORCH_FP8_ONLY=1: PyTorch's FP8 row only (one torch.compile per set instead of two for 1b).
+# ATTENTION_BACKWARDS="cudnn flash-attention-4": every mxtrain row once with each attention
+# backward (train.attention_backward; the second needs a build with FlashAttention-4's kernels,
+# docs/attention.md); default cudnn. Each line records its attention_backward.
 set -euo pipefail
 out=${1:?usage: bench/fp8_vs_torch.sh OUT.jsonl SET...}; shift
 bin=${BIN:-build/cuda/mxtrain}
 here=$(cd "$(dirname "$0")" && pwd)
 # The optimizer is the baseline's: AdamW without gradient clipping (optimizer.grad_clip = 0; the
 # AdamW pass still sums the squared gradients for the reported norm), as in bench/vs_torch.sh.
-mx() { "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 "$@" >/dev/null ||
-  echo "mxtrain bench $* failed" >&2; }
+mx() {
+  for backward in ${ATTENTION_BACKWARDS:-cudnn}; do
+    "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 \
+      --set train.attention_backward="$backward" "$@" >/dev/null || echo "mxtrain bench $* ($backward) failed" >&2
+  done
+}
 for set in "$@"; do
   case $set in
     1b|3b)

@@ -15,8 +15,15 @@ bin=${BIN:-build/cuda/mxtrain}
 here=$(cd "$(dirname "$0")" && pwd)
 # The baseline's optimizer step is fused AdamW without gradient clipping; mxtrain runs the same
 # (optimizer.grad_clip = 0: its AdamW pass still sums the squared gradients for the reported norm).
-mx() { "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 "$@" >/dev/null ||
-         echo "mxtrain bench $* failed" >&2; }
+# ATTENTION_BACKWARDS="cudnn flash-attention-4": each mxtrain row of the sets above once with each
+# attention backward (train.attention_backward; the second needs a build with FlashAttention-4's
+# kernels, docs/attention.md); default cudnn. Each line records its attention_backward.
+mx() {
+  for backward in ${ATTENTION_BACKWARDS:-cudnn}; do
+    "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 \
+      --set train.attention_backward="$backward" "$@" >/dev/null || echo "mxtrain bench $* ($backward) failed" >&2
+  done
+}
 torch_set() { python3 "$here/torch_baseline.py" "$1" | grep '"kind": "train"' >> "$out" || echo "torch $1 failed" >&2; }
 for set in "$@"; do
   case $set in

@@ -12,8 +12,11 @@ export NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvid
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 start=$(date +%s)
+# FlashAttention-4's backward kernels where the call carries them (scripts/fa4_kernels.sh's folder).
+fa4=()
+[ -f .fa4-kernels/fa4_kernels.txt ] && fa4=(-DMXTRAIN_FLASH_ATTENTION_4="$PWD/.fa4-kernels")
 cmake -S . -B build/gpu -G Ninja -DMXTRAIN_CUDA=ON -DMXTRAIN_BENCHMARKS=OFF -DCMAKE_PREFIX_PATH="$PWD/.gpu-deps" \
-  -DCMAKE_INCLUDE_PATH="$PWD/.gpu-deps/include" -DMXTRAIN_CUDA_ARCHITECTURES=90 -DCMAKE_CXX_COMPILER=g++ \
+  -DCMAKE_INCLUDE_PATH="$PWD/.gpu-deps/include" -DMXTRAIN_CUDA_ARCHITECTURES=90 -DCMAKE_CXX_COMPILER=g++ "${fa4[@]}" \
   > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
 grep -E "CUDNN|NCCL" build/gpu/CMakeCache.txt | grep -E "_DIR:|_LIBRARY:" | tee -a "$OUT/configure.log"
 if ! ninja -C build/gpu -k 0 mxtrain_cuda_tests mxtrain > "$OUT/build.log" 2>&1; then

@@ -322,6 +322,13 @@ class Backend {
   // Whether this backend runs `kind` with activations of `dtype`. Asked before step 1; a
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
+  // Error(config or unsupported), with the fix, when the attention backward as this backend is
+  // set (train.attention_backward, train.deterministic) cannot run `shape` with `activations`.
+  // Asked before step 1, like supports().
+  virtual void check_attention_backward(const AttentionShape& shape, DType activations) const {
+    (void)shape;
+    (void)activations;
+  }
   // Whether the norm and activation kernels record their output's amax themselves (out_amax).
   virtual bool records_output_amax() const { return false; }
   // Whether adamw's kernel writes args.weight_casts itself (else a quantize pass each after it).
@@ -583,6 +590,7 @@ struct BackendOptions {
   int threads = 0;             // cpu: 0 = all cores
   int device_index = 0;        // cuda
   bool deterministic = false;  // cuda: deterministic attention backward
+  bool flash_attention_4_backward = false;  // cuda: FlashAttention-4's attention backward (train.attention_backward)
   bool tf32 = false;           // cuda: TF32 tensor cores for f32 GEMMs
   bool gemm_autotune = false;  // cuda: time cuBLASLt's candidate algorithms per GEMM shape
   size_t memory_bytes = 0;     // dryrun: simulated capacity

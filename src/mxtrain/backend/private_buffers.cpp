@@ -157,6 +157,33 @@ std::optional<PrivateBuffer> attention_workspace(size_t held_bytes, int64_t requ
   return PrivateBuffer{"cudnn.workspace", Shape{requested_bytes}, DType::u8, Lifetime::workspace};
 }
 
+FlashAttention4Workspace flash_attention_4_workspace(const AttentionShape& shape) {
+  auto round_up = [](int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; };
+  FlashAttention4Workspace w;
+  w.query_tile = shape.head_dim <= 64 ? 128 : 64;
+  w.key_tile = 128;
+  w.rounded_head_dim = round_up(shape.head_dim, 32);
+  w.seq_q_rounded = round_up(shape.seq, w.query_tile);
+  w.seq_k_rounded = round_up(shape.seq, w.key_tile);
+  w.dq_accum_bytes = round_up(4 * shape.batch * shape.heads * w.seq_q_rounded * w.rounded_head_dim, 256);
+  w.row_bytes = round_up(4 * shape.batch * shape.heads * w.seq_q_rounded, 256);
+  if (shape.kv_heads < shape.heads)
+    w.dkv_accum_bytes = round_up(4 * shape.batch * shape.kv_heads * w.seq_k_rounded * w.rounded_head_dim, 256);
+  return w;
+}
+
+std::string flash_attention_4_unsupported(const AttentionShape& shape, DType io) {
+  if (io != DType::bf16 && io != DType::f32)
+    return strf("its kernels are built for bf16 activations, not %s", std::string(dtype_name(io)).c_str());
+  if (shape.head_dim < 8 || shape.head_dim > 128 || shape.head_dim % 8 != 0)
+    return strf("head_dim %lld: it runs 8..128 in multiples of 8", static_cast<long long>(shape.head_dim));
+  if (shape.kv_heads <= 0 || shape.heads % shape.kv_heads != 0) return "heads must be a multiple of kv_heads";
+  if (shape.seq <= 128)
+    return strf("seq %lld: it needs more than 128 rows (one tile is a variant of its own)",
+                static_cast<long long>(shape.seq));
+  return "";
+}
+
 std::string attention_workspace_fact(const AttentionShape& shape, DType io, bool backward, bool deterministic) {
   return strf("sdpa.%s.b%lld.s%lld.h%lld.kv%lld.d%lld.%s%s", backward ? "backward" : "forward",
               static_cast<long long>(shape.batch), static_cast<long long>(shape.seq),

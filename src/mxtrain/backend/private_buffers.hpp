@@ -120,6 +120,30 @@ PrivateBuffers attention_backward(const Tensor& dout, const Tensor& qkv, const T
 // The one "cudnn.workspace" is replaced only by a larger request: the new buffer when
 // `requested_bytes` (a device fact: what the graph's plan asks for) exceeds `held_bytes`.
 std::optional<PrivateBuffer> attention_workspace(size_t held_bytes, int64_t requested_bytes);
+// FlashAttention-4's Hopper backward (train.attention_backward = flash-attention-4) in that same
+// workspace: its FP32 buffers as flash_attn/cute/interface.py sizes them for a causal bf16
+// backward on sm_90, each at a 256-byte boundary. Rows are rounded to its tiles (query_tile 128
+// for head dimensions up to 64, else 64; key_tile 128), the head dimension to 32.
+struct FlashAttention4Workspace {
+  int64_t query_tile = 0, key_tile = 0, rounded_head_dim = 0, seq_q_rounded = 0, seq_k_rounded = 0;
+  int64_t dq_accum_bytes = 0;   // dQ summed over the key tiles: f32 [batch, heads, seq_q_rounded * rounded_head_dim]
+  int64_t row_bytes = 0;        // each of the softmax-gradient rowsum and the log2 LSE: f32 [batch, heads, seq_q_rounded]
+  int64_t dkv_accum_bytes = 0;  // each of dK and dV summed over a group's query heads (grouped heads only):
+                                // f32 [batch, kv_heads, seq_k_rounded * rounded_head_dim]
+  int64_t dq_accum_offset() const { return 0; }
+  int64_t dpsum_offset() const { return dq_accum_bytes; }
+  int64_t lse_log2_offset() const { return dq_accum_bytes + row_bytes; }
+  int64_t dk_accum_offset() const { return dq_accum_bytes + 2 * row_bytes; }
+  int64_t dv_accum_offset() const { return dk_accum_offset() + dkv_accum_bytes; }
+  int64_t bytes() const { return dv_accum_offset() + dkv_accum_bytes; }
+};
+FlashAttention4Workspace flash_attention_4_workspace(const AttentionShape& shape);
+// Why FlashAttention-4's backward cannot run `shape` with `io` activations (f32 runs on bf16
+// copies, as cuDNN's does), "" when it can: bf16, a head dimension of 8..128 in multiples of 8,
+// and more than one tile of rows (more than 128: the library compiles a single-tile variant
+// apart, which mxtrain does not carry). Which (head dimension, group) pairs a build carries is
+// the build's (backend/cuda/flash_attention_4.hpp).
+std::string flash_attention_4_unsupported(const AttentionShape& shape, DType io);
 
 // ---- device facts -----------------------------------------------------------------------------
 // Keys of the facts above, so a cuda run can record them and a dryrun can be given them.

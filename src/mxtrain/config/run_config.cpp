@@ -198,6 +198,12 @@ std::vector<Field> fields(RunConfig& c) {
                          "bit-reproducible gradients on cuda: the deterministic attention backward, and GELU "
                          "as a kernel of its own (not on the GEMM's epilogue), so every recompute policy gives "
                          "the same bits"));
+  list.push_back(choice("train.attention_backward", c.train.attention_backward,
+                        "cuda: the attention backward: cudnn (cuDNN's SDPA graph) or flash-attention-4 "
+                        "(FlashAttention-4's Hopper kernels after cuDNN's forward, about 1.25x faster at head "
+                        "dimension 64 on an H200; bf16 activations, more than 128 tokens, not with "
+                        "train.deterministic; a build with its kernels: docs/attention.md)",
+                        {"cudnn", "flash-attention-4"}));
   list.push_back(boolean("train.gemm_autotune", c.train.gemm_autotune,
                          "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
                          "fastest (false: the heuristic's first choice, the same in every run)"));
@@ -319,6 +325,26 @@ void validate(const RunConfig& c) {
                     " has no quantized weights to keep",
                 "use it with train.precision fp8, fp8-current, mxfp8 or nvfp4, or set precision.quantized_weights = "
                 "false");
+  if (c.train.attention_backward == "flash-attention-4") {
+    if (c.train.deterministic)
+      throw Error(ErrorKind::config,
+                  "train.attention_backward = flash-attention-4 with train.deterministic = true: FlashAttention-4's "
+                  "backward sums dQ with atomics, so its gradients are not bit-reproducible",
+                  "set train.attention_backward = cudnn (cuDNN's deterministic backward) or train.deterministic = "
+                  "false");
+    if (precision == "fp16")
+      throw Error(ErrorKind::config,
+                  "train.attention_backward = flash-attention-4 with train.precision = fp16: its kernels are "
+                  "built for bf16 activations",
+                  "set train.attention_backward = cudnn, or use bf16 activations (bf16, fp8, fp8-current, mxfp8, "
+                  "nvfp4)");
+    if (c.train.seq_len <= 128)
+      throw Error(ErrorKind::config,
+                  strf("train.attention_backward = flash-attention-4 with train.seq_len = %lld: it needs more than "
+                       "128 tokens (one tile is a kernel variant of its own)",
+                       static_cast<long long>(c.train.seq_len)),
+                  "set train.attention_backward = cudnn for sequences this short");
+  }
   if (c.train.global_batch_size != 0 && c.train.global_batch_size % c.train.micro_batch_size != 0)
     throw Error(ErrorKind::config,
                 strf("train.global_batch_size = %lld is not a multiple of train.micro_batch_size = %lld",

@@ -89,6 +89,8 @@ const std::vector<CalibrationField>& calibration_fields() {
       number("attention.backward_fraction", &GpuCalibration::attention_backward_fraction),
       number("attention.seq_half", &GpuCalibration::attention_seq_half),
       number("attention.head_dim_half", &GpuCalibration::attention_head_dim_half),
+      number("attention.flash_attention_4_backward_gain", &GpuCalibration::flash_attention_4_backward_gain),
+      number("attention.flash_attention_4_head_dim_half", &GpuCalibration::flash_attention_4_head_dim_half),
       number("memory.bandwidth_fraction", &GpuCalibration::bandwidth_fraction),
       number("memory.mxfp8_cast_fraction", &GpuCalibration::mxfp8_cast_fraction),
       number("memory.nvfp4_cast_fraction", &GpuCalibration::nvfp4_cast_fraction),

@@ -41,6 +41,11 @@ struct GpuCalibration {
   double attention_backward_fraction = 0.5;
   double attention_seq_half = 256;
   double attention_head_dim_half = 32;
+  // train.attention_backward = flash-attention-4: the backward's efficiency is the above with
+  // backward_fraction · gain and d/(d + its own head_dim_half) (FlashAttention-4 loses less at
+  // head dimension 64 than cuDNN does).
+  double flash_attention_4_backward_gain = 0.878;
+  double flash_attention_4_head_dim_half = 3.7;
 
   // Memory-bound ops: bytes / (HBM bandwidth · bandwidth_fraction).
   double bandwidth_fraction = 0.85;

@@ -84,7 +84,8 @@ static double bandwidth_fraction(const OpRecord& op, const GpuCalibration& calib
   return calibration.bandwidth_fraction;
 }
 
-double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration, bool tf32) {
+double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration, bool tf32,
+                  bool flash_attention_4) {
   const double bandwidth = gpu.hbm_bytes_per_s * bandwidth_fraction(op, calibration);
   const double memory_s = op.bytes / bandwidth;
   double seconds = memory_s;
@@ -97,10 +98,14 @@ double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& 
     // Flash attention runs on the bf16 tensor cores whatever the activations (f32 is staged).
     const double peak = gpu.bf16_flops;
     const double seq = static_cast<double>(op.n), head_dim = static_cast<double>(op.k);
+    const bool fa4 = flash_attention_4 && op.kind == OpKind::attention_backward;
     const double fraction = op.kind == OpKind::attention_forward ? calibration.attention_forward_fraction
-                                                                 : calibration.attention_backward_fraction;
-    const double efficiency = fraction * seq / (seq + calibration.attention_seq_half) * head_dim /
-                              (head_dim + calibration.attention_head_dim_half);
+                            : fa4 ? calibration.attention_backward_fraction * calibration.flash_attention_4_backward_gain
+                                  : calibration.attention_backward_fraction;
+    const double head_dim_half =
+        fa4 ? calibration.flash_attention_4_head_dim_half : calibration.attention_head_dim_half;
+    const double efficiency =
+        fraction * seq / (seq + calibration.attention_seq_half) * head_dim / (head_dim + head_dim_half);
     seconds = std::max(memory_s, op.flops / (peak * efficiency));
   } else if (op.kind == OpKind::copy_from_host || op.kind == OpKind::copy_to_host) {
     seconds = op.bytes / calibration.host_to_device_bytes_per_s;
@@ -141,7 +146,7 @@ Replay replay(const StepTrace& trace, const GpuSpec& gpu, const GpuCalibration& 
   std::map<int, std::vector<std::pair<uint64_t, double>>> finish;  // per communicator: (id, end), ids ascending
   for (const TimelineEvent& event : trace.timeline) {
     switch (event.kind) {
-      case TimelineEvent::Kind::op: compute += op_seconds(event.op, gpu, calibration, trace.tf32); break;
+      case TimelineEvent::Kind::op: compute += op_seconds(event.op, gpu, calibration, trace.tf32, trace.flash_attention_4_backward); break;
       case TimelineEvent::Kind::issue: {
         link = std::max(compute, link) + collective_seconds(event.collective, gpu, calibration, topology);
         finish[event.channel].emplace_back(event.id, link);
@@ -172,7 +177,7 @@ StepTime price_step(const StepTrace& trace, const GpuSpec& gpu, const GpuCalibra
     for (const OpCount& entry : trace.ops[slot]) {
       const OpRecord& op = entry.op;
       const double count = static_cast<double>(entry.count) * repeat[slot];
-      const double seconds = op_seconds(op, gpu, calibration, trace.tf32) * count;
+      const double seconds = op_seconds(op, gpu, calibration, trace.tf32, trace.flash_attention_4_backward) * count;
       const double launches = gpu_launches(op.kind) * count;
       time.launch_s += calibration.launch_overhead_s * launches;
       time.ops += launches;

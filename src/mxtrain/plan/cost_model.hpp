@@ -37,7 +37,9 @@ double gemm_efficiency(int64_t m, int64_t n, int64_t k, const GpuSpec& gpu, cons
 // GPU operations (kernels, memsets) the cuda backend launches for one op of this kind.
 double gpu_launches(OpKind kind);
 // Seconds of one op, launch overhead included.
-double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration, bool tf32);
+// flash_attention_4: the attention backward is FlashAttention-4's (train.attention_backward).
+double op_seconds(const OpRecord& op, const GpuSpec& gpu, const GpuCalibration& calibration, bool tf32,
+                  bool flash_attention_4 = false);
 // Where the ranks of a run sit.
 struct Topology {
   int gpus_per_node = 8;

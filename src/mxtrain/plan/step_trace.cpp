@@ -130,6 +130,7 @@ DryrunResult run_dryrun(const TraceRequest& request, int64_t micro_batches, uint
   const RunConfig& config = request.config;
   CudaAllocationModel cuda_model = request.calibration.cuda_allocations;
   cuda_model.deterministic_attention = config.train.deterministic;
+  cuda_model.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
   DryrunBackend backend(request.capacity_bytes, request.device_label, cuda_model);
   backend.set_native_quantized_gemms(request.native_quantized_gemms);
   // As run_benchmark and the trainer resolve it: the recipe knows what the device runs natively.
@@ -183,6 +184,7 @@ StepTrace trace_step(const TraceRequest& request) {
   trace.activation_dtype = precision.activation;
   trace.mfu_dtype = mfu_dtype(precision);
   trace.tf32 = config.train.tf32;
+  trace.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
   DryrunResult first = run_dryrun(request, trace.traced_micro_batches, 0, &trace);
   trace.memory = first.memory;
   trace.peak = first.peak;

@@ -82,6 +82,7 @@ struct StepTrace {
   DType activation_dtype = DType::bf16;
   DType mfu_dtype = DType::bf16;     // whose dense peak MFU is against (train/precision.hpp)
   bool tf32 = false;
+  bool flash_attention_4_backward = false;  // train.attention_backward = flash-attention-4
   double dryrun_seconds = 0;         // host time the dryrun(s) took
 };
 

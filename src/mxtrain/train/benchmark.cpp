@@ -89,6 +89,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
                          {"global_batch", config.train.global_batch(1)},
                          {"precision", result.precision},
                          {"recompute", config.train.recompute},
+                         {"attention_backward", config.train.attention_backward},
                          {"grad_clip", config.optimizer.grad_clip},
                          {"device", result.device},
                          {"gpu", result.device_name},

@@ -39,6 +39,7 @@ BackendOptions backend_options(const RunConfig& config) {
   BackendOptions options;
   options.threads = static_cast<int>(config.train.threads);
   options.deterministic = config.train.deterministic;
+  options.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
   options.tf32 = config.train.tf32;
   options.gemm_autotune = config.train.gemm_autotune;
   return options;
@@ -124,6 +125,18 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   model_ = std::make_unique<Transformer>(config_.model, options, backend_, *params_);
   const int64_t rows = config_.train.micro_batch_size * config_.train.seq_len;
   model_->check_batch(rows);
+  if (config_.train.attention_backward != "cudnn" && backend_.device() == Device::cpu)
+    throw Error(ErrorKind::config,
+                "train.attention_backward = " + config_.train.attention_backward +
+                    " is a cuda setting, and this run is on the cpu",
+                "remove it, or train on cuda");
+  AttentionShape attention;
+  attention.batch = config_.train.micro_batch_size;
+  attention.seq = config_.train.seq_len;
+  attention.heads = config_.model.heads;
+  attention.kv_heads = config_.model.kv_heads;
+  attention.head_dim = config_.model.head_dim();
+  backend_.check_attention_backward(attention, precision_.activation);
   if (precision_.loss_scaling) loss_scaler_ = std::make_unique<LossScaler>(loss_scaler_options(config_.precision));
   tokens_ = backend_.allocate("tokens", Shape{rows}, DType::i32, Lifetime::data);
   targets_ = backend_.allocate("targets", Shape{rows}, DType::i32, Lifetime::data);

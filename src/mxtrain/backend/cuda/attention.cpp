@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "mxtrain/backend/cuda/cuda_check.hpp"
+#include "mxtrain/backend/cuda/flash_attention_4.hpp"
 #include "mxtrain/backend/cuda/kernels.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
@@ -158,6 +159,11 @@ struct CudnnAttention::Impl {
     check(graph->get_workspace_size(bytes), shape, "get_workspace_size");
     if (facts)
       facts->record(private_buffers::attention_workspace_fact(shape, io, backward, backward && deterministic), bytes);
+    return workspace_of(bytes);
+  }
+
+  // The one workspace, grown to `bytes` when it holds less.
+  void* workspace_of(int64_t bytes) {
     if (auto grown = private_buffers::attention_workspace(workspace_size, bytes)) {
       workspace.reset();
       workspace = private_buffers::allocate_private(backend, *grown);
@@ -184,6 +190,7 @@ struct CudnnAttention::Impl {
   private_buffers::DeviceFacts* facts = nullptr;
   cudnnHandle_t handle = nullptr;
   bool deterministic = false;
+  bool flash_attention_4 = false;  // the backward through flash_attention_4.hpp
   bool warned_f32 = false;
   std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
   Buffer workspace;
@@ -196,6 +203,30 @@ CudnnAttention::~CudnnAttention() = default;
 void CudnnAttention::set_deterministic(bool deterministic) { impl_->deterministic = deterministic; }
 bool CudnnAttention::deterministic() const { return impl_->deterministic; }
 size_t CudnnAttention::workspace_bytes() const { return impl_->workspace_size; }
+void CudnnAttention::set_flash_attention_4_backward(bool enabled) {
+  if (enabled && flash_attention_4::carried().empty())
+    throw Error(ErrorKind::config,
+                "train.attention_backward = flash-attention-4, but " +
+                    flash_attention_4::unsupported(AttentionShape{}, DType::bf16),
+                "set train.attention_backward = cudnn, or build with the kernels");
+  impl_->flash_attention_4 = enabled;
+}
+bool CudnnAttention::flash_attention_4_backward() const { return impl_->flash_attention_4; }
+
+void CudnnAttention::check_backward(const AttentionShape& shape, DType io) const {
+  if (!impl_->flash_attention_4) return;
+  if (impl_->deterministic)
+    throw Error(ErrorKind::config,
+                "train.attention_backward = flash-attention-4 with train.deterministic: FlashAttention-4's backward "
+                "sums dQ with atomics, so its gradients are not bit-reproducible",
+                "set train.attention_backward = cudnn (cuDNN's deterministic backward), or train.deterministic = false");
+  const std::string why = flash_attention_4::unsupported(shape, io);
+  if (!why.empty())
+    throw Error(ErrorKind::unsupported,
+                "train.attention_backward = flash-attention-4 cannot run attention with " + shape_text(shape) + ": " +
+                    why,
+                "set train.attention_backward = cudnn");
+}
 
 void CudnnAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape,
                              cudaStream_t stream) {
@@ -252,6 +283,13 @@ void CudnnAttention::backward(const Tensor& dout, const Tensor& qkv, const Tenso
   }
   if (qkv.dtype != DType::bf16 && qkv.dtype != DType::f16)
     unsupported_shape(shape, "activations must be bf16, f16 or f32, got " + std::string(dtype_name(qkv.dtype)));
+  if (impl_->flash_attention_4) {
+    // cuDNN's forward, FlashAttention-4's backward from its O and statistics (flash_attention_4.hpp).
+    check_backward(shape, qkv.dtype);
+    void* space = impl_->workspace_of(private_buffers::flash_attention_4_workspace(shape).bytes());
+    flash_attention_4::backward(dout, qkv, out, lse, dqkv, shape, softmax_scale(shape), space, stream);
+    return;
+  }
   auto graph = impl_->graph_for(shape, qkv.dtype, true);
   const int64_t element = dtype_bits(qkv.dtype) / 8;
   const int64_t k_offset = shape.heads * shape.head_dim * element;

@@ -13,6 +13,9 @@
 // (private_buffers::attention_workspace); each graph's size comes from cuDNN's plan
 // (get_workspace_size), a device fact: recorded in `facts` when given, the size held so far
 // reported through workspace_bytes().
+// train.attention_backward = flash-attention-4 runs the backward through FlashAttention-4's
+// kernels instead (flash_attention_4.hpp), from cuDNN's forward O and statistics, its FP32
+// buffers in the same workspace (private_buffers::flash_attention_4_workspace).
 // This file is its own translation unit because the cudnn-frontend headers are slow to compile.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -35,6 +38,14 @@ class CudnnAttention {
   void set_deterministic(bool deterministic);
   bool deterministic() const;
   size_t workspace_bytes() const;
+  // The backward through FlashAttention-4's kernels (flash_attention_4.hpp) instead of cuDNN's
+  // graph; Error(config) when the build carries none.
+  void set_flash_attention_4_backward(bool enabled);
+  bool flash_attention_4_backward() const;
+  // Error(config or unsupported), with the fix, when the backward cannot run `shape` with `io`
+  // activations as set (FlashAttention-4: a configuration the build lacks, a single tile,
+  // deterministic); cuDNN's rules are checked when its graph is built.
+  void check_backward(const AttentionShape& shape, DType io) const;
 
   void forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& shape,
                cudaStream_t stream);

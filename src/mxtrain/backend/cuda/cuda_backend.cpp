@@ -71,6 +71,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_->set_autotune(options.gemm_autotune);
   attention_ = std::make_unique<CudnnAttention>(*this, &device_facts_);
   attention_->set_deterministic(options.deterministic);
+  attention_->set_flash_attention_4_backward(options.flash_attention_4_backward);
 }
 
 CudaBackend::~CudaBackend() {
@@ -216,6 +217,11 @@ double CudaBackend::elapsed_ms(uint64_t start, uint64_t end) {
 
 void CudaBackend::set_deterministic_attention(bool deterministic) { attention_->set_deterministic(deterministic); }
 bool CudaBackend::deterministic_attention() const { return attention_->deterministic(); }
+void CudaBackend::set_flash_attention_4_backward(bool enabled) { attention_->set_flash_attention_4_backward(enabled); }
+bool CudaBackend::flash_attention_4_backward() const { return attention_->flash_attention_4_backward(); }
+void CudaBackend::check_attention_backward(const AttentionShape& shape, DType activations) const {
+  attention_->check_backward(shape, activations == DType::f32 ? DType::bf16 : activations);
+}
 void CudaBackend::set_tf32(bool enabled) { gemm_->set_tf32(enabled); }
 void CudaBackend::set_fused_bias_gradient(bool fused) { fused_bias_gradient_ = fused; }
 bool CudaBackend::tf32() const { return gemm_->tf32(); }

@@ -63,6 +63,10 @@ class CudaBackend final : public Backend {
   // cuDNN's deterministic SDPA backward (bit-reproducible dQ/dK/dV); default from BackendOptions.
   void set_deterministic_attention(bool deterministic);
   bool deterministic_attention() const;
+  // FlashAttention-4's attention backward (attention.hpp); default from BackendOptions.
+  void set_flash_attention_4_backward(bool enabled);
+  bool flash_attention_4_backward() const;
+  void check_attention_backward(const AttentionShape& shape, DType activations) const override;
   // TF32 tensor cores for f32 GEMMs (the fp32 precision mode); default off.
   void set_tf32(bool enabled);
   bool tf32() const;

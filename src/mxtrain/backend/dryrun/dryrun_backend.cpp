@@ -45,6 +45,7 @@ DryrunBackend::DryrunBackend(size_t memory_bytes, std::string label, CudaAllocat
 
 int64_t CudaAllocationModel::attention_workspace_bytes(const AttentionShape& shape, DType io, bool backward) const {
   const bool deterministic = backward && deterministic_attention;
+  if (backward && flash_attention_4_backward) return private_buffers::flash_attention_4_workspace(shape).bytes();
   if (auto value = recorded.find(private_buffers::attention_workspace_fact(shape, io, backward, deterministic)))
     return *value;
   if (!backward) return attention_forward_workspace_bytes;
@@ -180,11 +181,23 @@ void DryrunBackend::impl_rope(const Tensor&, const AttentionShape& shape, const 
 void DryrunBackend::impl_attention_cached(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const AttentionShape&) {}
 
+void DryrunBackend::check_attention_backward(const AttentionShape& shape, DType activations) const {
+  if (!cuda_.enabled || !cuda_.flash_attention_4_backward) return;
+  const std::string why = private_buffers::flash_attention_4_unsupported(shape, activations);
+  if (!why.empty())
+    throw Error(ErrorKind::unsupported,
+                strf("train.attention_backward = flash-attention-4 cannot run attention with head_dim %lld, seq %lld: ",
+                     static_cast<long long>(shape.head_dim), static_cast<long long>(shape.seq)) +
+                    why,
+                "set train.attention_backward = cudnn");
+}
+
 void DryrunBackend::grow_attention_workspace(const AttentionShape& shape, DType io, bool backward) {
   const int64_t bytes = cuda_.attention_workspace_bytes(shape, io, backward);
-  facts_used_.record(private_buffers::attention_workspace_fact(shape, io, backward,
-                                                               backward && cuda_.deterministic_attention),
-                     bytes);
+  if (!backward || !cuda_.flash_attention_4_backward)  // FlashAttention-4's is a formula, not a fact
+    facts_used_.record(private_buffers::attention_workspace_fact(shape, io, backward,
+                                                                 backward && cuda_.deterministic_attention),
+                       bytes);
   if (auto grown = private_buffers::attention_workspace(attention_workspace_bytes_, bytes)) {
     attention_workspace_.reset();
     attention_workspace_ = private_buffers::allocate_private(*this, *grown);

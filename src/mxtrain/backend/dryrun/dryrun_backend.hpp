@@ -34,6 +34,9 @@ struct CudaAllocationModel {
   double attention_backward_gqa_bytes = 4;        // bytes per b·h·s·d when kv_heads < heads
   int64_t attention_backward_engine_bytes = 0;
   bool deterministic_attention = false;  // dP workspace b·h·s64·s128·2 bytes instead of dQ accum
+  // train.attention_backward = flash-attention-4: the backward's workspace is FlashAttention-4's
+  // buffers, sized by formula (private_buffers::flash_attention_4_workspace), not a fact.
+  bool flash_attention_4_backward = false;
   // cub's radix-sort temp storage of the embedding backward (about this many bytes per token
   // plus a fixed part; the exact figure is cub's and depends on its version).
   double embedding_sort_bytes_per_token = 9;
@@ -58,6 +61,8 @@ class DryrunBackend : public Backend {
   Device device() const override { return Device::none; }
   DeviceProperties properties() const override;
   bool supports(OpKind kind, DType dtype) const override;
+  // FlashAttention-4's backward: its shape rules (the build's configurations are the cuda run's).
+  void check_attention_backward(const AttentionShape& shape, DType activations) const override;
   void synchronize() override {}
   const CudaAllocationModel& cuda_model() const { return cuda_; }
   // Every device fact the private buffers were sized with so far, keyed as the cuda backend's

@@ -1,0 +1,57 @@
+# FlashAttention-4's Hopper attention backward (train.attention_backward = flash-attention-4),
+# compiled ahead of time by scripts/fa4_kernels.sh into MXTRAIN_FLASH_ATTENTION_4: one object
+# file a function and (head dimension, group) configuration, each a TVM-FFI packed function;
+# TVM-FFI's runtime library (PyPI apache-tvm-ffi) and the CuTe DSL's static CUDA shim (PyPI
+# nvidia-cutlass-dsl-libs-cu13), both linked by mxtrain_backend_cuda. fa4_kernels.txt lists the
+# configurations; they become generated/mxtrain/flash_attention_4_kernels.inc, the table
+# backend/cuda/flash_attention_4.cpp dispatches on.
+set(fa4 "${MXTRAIN_FLASH_ATTENTION_4}")
+foreach(required fa4_kernels.txt lib/libtvm_ffi.so lib/libcuda_dialect_runtime_static.a include/tvm/ffi/c_api.h
+                 include/dlpack/dlpack.h)
+  if(NOT EXISTS "${fa4}/${required}")
+    message(FATAL_ERROR "MXTRAIN_FLASH_ATTENTION_4=${fa4} has no ${required}: make the folder with "
+                        "scripts/fa4_kernels.sh (docs/attention.md), or leave the option empty")
+  endif()
+endforeach()
+file(STRINGS "${fa4}/fa4_kernels.txt" fa4_lines REGEX "^d[0-9]+_g[0-9]+ ")
+set(fa4_table "// Generated from ${fa4}/fa4_kernels.txt by cmake/flash_attention_4.cmake.\n")
+set(fa4_objects "")
+set(fa4_tags "")
+foreach(line IN LISTS fa4_lines)
+  string(REPLACE " " ";" fields "${line}")
+  list(LENGTH fields count)
+  if(NOT count EQUAL 6)
+    message(FATAL_ERROR "${fa4}/fa4_kernels.txt: '${line}' is not 'tag head_dim group query_tile key_tile rounded_head_dim'")
+  endif()
+  list(GET fields 0 tag)
+  list(GET fields 2 group)
+  string(REPLACE ";" ", " arguments "${fields}")
+  set(names bwd_pre bwd bwd_post_dq)
+  if(group GREATER 1)  # grouped heads: dK and dV have a postprocess of their own
+    list(APPEND names bwd_post_dkv)
+    string(APPEND fa4_table "MXTRAIN_FA4_GROUPED(${arguments})\n")
+  else()
+    string(APPEND fa4_table "MXTRAIN_FA4_MULTI_HEAD(${arguments})\n")
+  endif()
+  foreach(name IN LISTS names)
+    if(NOT EXISTS "${fa4}/fa4_${tag}_${name}.o")
+      message(FATAL_ERROR "${fa4}: fa4_kernels.txt lists ${tag} but fa4_${tag}_${name}.o is missing; re-run scripts/fa4_kernels.sh")
+    endif()
+    list(APPEND fa4_objects "${fa4}/fa4_${tag}_${name}.o")
+  endforeach()
+  list(APPEND fa4_tags ${tag})
+endforeach()
+if(NOT fa4_tags)
+  message(FATAL_ERROR "${fa4}/fa4_kernels.txt lists no configuration")
+endif()
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/generated/mxtrain/flash_attention_4_kernels.inc CONTENT "${fa4_table}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${fa4}/fa4_kernels.txt")
+set_source_files_properties(${fa4_objects} PROPERTIES EXTERNAL_OBJECT TRUE)
+target_sources(mxtrain_backend_cuda PRIVATE ${fa4_objects})
+# Only the one file that calls them sees the define and the TVM-FFI headers.
+set_source_files_properties(${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/flash_attention_4.cpp PROPERTIES
+                            COMPILE_DEFINITIONS MXTRAIN_HAVE_FLASH_ATTENTION_4=1
+                            INCLUDE_DIRECTORIES "${fa4}/include;${PROJECT_BINARY_DIR}/generated")
+target_link_libraries(mxtrain_backend_cuda PUBLIC "${fa4}/lib/libtvm_ffi.so" "${fa4}/lib/libcuda_dialect_runtime_static.a")
+string(REPLACE ";" " " fa4_list "${fa4_tags}")
+message(STATUS "FlashAttention-4 backward: ${fa4_list} (${fa4})")
