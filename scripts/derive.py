@@ -236,6 +236,67 @@ def fp8_ratios(relative, commit):
     return "; ".join(parts)
 
 
+# ---- the attention backward: cuDNN's beside FlashAttention-4's (ATTENTION_BACKWARDS runs) ----------
+
+def attention_backward_rows(*relatives):
+    """Per mxtrain configuration of the files (ATTENTION_BACKWARDS="cudnn flash-attention-4" runs of
+    bench/fp8_vs_torch.sh and bench/vs_torch.sh), its cudnn and flash-attention-4 lines and the
+    PyTorch baseline of the same file: PyTorch FP8 for the fp8 recipes, torch.compile for bf16."""
+    rows = []
+    for relative in relatives:
+        records = jsonl(relative)
+        torch = [r for r in records if r.get("engine") != "mxtrain" and "tok_s" in r]
+        pairs = {}
+        for r in records:
+            if r.get("engine") != "mxtrain":
+                continue
+            key = (r["name"], r["B"], r["T"], r["precision"], r.get("quantized_weights"))
+            pairs.setdefault(key, {})[r["attention_backward"]] = r
+        for (name, b, t, precision, quantized), pair in pairs.items():
+            if "cudnn" not in pair or "flash-attention-4" not in pair:
+                continue
+            want_fp8 = precision.startswith("fp8")
+            base = next((x for x in torch if ALIASES.get(x["name"], x["name"]) == name and x["B"] == b and x["T"] == t
+                         and x.get("compile") and (x.get("precision") == "fp8") == want_fp8), None)
+            rows.append({"name": name, "shape": (b, t), "precision": precision, "quantized": quantized,
+                         "cudnn": pair["cudnn"], "fa4": pair["flash-attention-4"], "base": base, "file": relative})
+    return rows
+
+
+def attention_backward_table(*relatives):
+    lines = ["| model | batch × seq | precision | step ms, cuDNN backward | step ms, FlashAttention-4 backward | "
+             "saved | PyTorch baseline | mxtrain / baseline, cuDNN → FA4 | peak GiB cuDNN / FA4 / baseline |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in attention_backward_rows(*relatives):
+        c, f, base = row["cudnn"], row["fa4"], row["base"]
+        precision = row["precision"] + (" (BF16 weight copies)" if row["quantized"] is False and
+                                         row["precision"] != "bf16" else "")
+        saved = f"{c['step_ms'] - f['step_ms']:.1f} ms ({100 * (1 - f['step_ms'] / c['step_ms']):.1f}%)"
+        if base:
+            label = ("PyTorch FP8" if base.get("precision") == "fp8" else "torch.compile") + f" {base['step_ms']:.1f} ms"
+            ratio = f"{base['step_ms'] / c['step_ms']:.3f}× → **{base['step_ms'] / f['step_ms']:.3f}×**"
+            peak = f"{c['peak_gib']:.1f} / {f['peak_gib']:.1f} / {base['peak_gib']:.1f}"
+        else:
+            label, ratio, peak = "not in this run", "–", f"{c['peak_gib']:.1f} / {f['peak_gib']:.1f} / –"
+        b, t = row["shape"]
+        lines.append(f"| {row['name']} | {b} × {t} | {precision} | {c['step_ms']:.1f} | {f['step_ms']:.1f} | {saved} | "
+                     f"{label} | {ratio} | {peak} |")
+    return "\n".join(lines)
+
+
+def attention_backward_ratios(*relatives):
+    """'llama-1b fp8 1.232× → 1.276×', one per row with a baseline: mxtrain over the baseline."""
+    parts = []
+    for row in attention_backward_rows(*relatives):
+        if row["base"] is None or (row["quantized"] is False and row["precision"] != "bf16"):
+            continue
+        base = row["base"]["step_ms"]
+        mfu = f", MFU {100 * row['fa4']['mfu']:.1f}%" if row["precision"] == "bf16" and "mfu" in row["fa4"] else ""
+        parts.append(f"{row['name']} {row['precision']} {base / row['cudnn']['step_ms']:.3f}× → "
+                     f"{base / row['fa4']['step_ms']:.3f}×{mfu}")
+    return ", ".join(parts)
+
+
 def fp8_planned_rows(relative, commit, planner):
     """Each mxtrain line of `commit` in the FP8 file re-planned: (line, planned peak bytes, planned ms)."""
     rows = []
@@ -271,6 +332,42 @@ def fp8_planned_summary(relative, commit, planner):
     worst = max(abs(ms / r["step_ms"] - 1) for r, _, ms in rows)
     return (f"planned peak equal to the measured one to the byte on {equal} of {len(rows)} rows, step time within "
             f"{100 * worst:.1f}%")
+
+
+def attention_backward_planned(planner, *relatives):
+    """Every mxtrain line of the attention-backward files re-planned with its own settings: the
+    planned peaks and step times against the measured, and the planned saving against the measured."""
+    planned = {}
+    for relative in relatives:
+        for r in jsonl(relative):
+            if r.get("engine") != "mxtrain":
+                continue
+            args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu",
+                    "h200", "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json",
+                    "--set", f"train.attention_backward={r['attention_backward']}",
+                    "--set", f"optimizer.grad_clip={r['grad_clip']}"]
+            if r["precision"] != "bf16":
+                args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
+            plan = json.loads(planner.run(*args))
+            planned[id(r)] = (r, int(plan["memory"]["peak_live_bytes"]), 1e3 * plan["time"]["step_s"])
+    rows = list(planned.values())
+    equal = sum(peak == r["peak_bytes"] for r, peak, _ in rows)
+    worst_peak = max(abs(peak - r["peak_bytes"]) for r, peak, _ in rows)
+    worst = max(abs(ms / r["step_ms"] - 1) for r, _, ms in rows)
+    savings = []
+    by_key = {}
+    for r, peak, ms in rows:
+        by_key.setdefault((r["name"], r["precision"], r.get("quantized_weights")), {})[r["attention_backward"]] = (r, ms)
+    for pair in by_key.values():
+        if "cudnn" in pair and "flash-attention-4" in pair:
+            (rc, mc), (rf, mf) = pair["cudnn"], pair["flash-attention-4"]
+            savings.append((mc - mf, rc["step_ms"] - rf["step_ms"]))
+    planned_text = f"{min(p for p, _ in savings):.1f}–{max(p for p, _ in savings):.1f}"
+    measured_text = f"{min(m for _, m in savings):.1f}–{max(m for _, m in savings):.1f}"
+    others = "" if equal == len(rows) else f" (the others at most {worst_peak / 2**20:.1f} MiB apart)"
+    return (f"planned peak equal to the measured one to the byte on {equal} of {len(rows)} rows{others}, step time "
+            f"within {100 * worst:.1f}%; FlashAttention-4's backward "
+            f"planned to save {planned_text} ms a step, measured {measured_text} ms")
 
 
 # ---- precision curves (mxtrain compare-precision) ---------------------------------------------------
@@ -629,6 +726,9 @@ def generate(kind, args, planner):
         "long-context-table": lambda: long_context_table(*args),
         "fp8-table": lambda: fp8_table(*args),
         "fp8-ratios": lambda: fp8_ratios(*args),
+        "attention-backward-table": lambda: attention_backward_table(*args),
+        "attention-backward-ratios": lambda: attention_backward_ratios(*args),
+        "attention-backward-planned": lambda: attention_backward_planned(planner, *args),
         "precision-curves": lambda: precision_curves(*args),
         "tune-table": tune_table,
         "tune-summary": tune_summary,

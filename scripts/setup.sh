@@ -10,6 +10,7 @@ root=$PWD
 packages=(build-essential cmake ninja-build git pkg-config python3 python3-pip libtomlplusplus-dev libcli11-dev
           nlohmann-json3-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev
           openmpi-bin fortunes libpcre2-dev libsentencepiece-dev libzstd-dev chromium)
+[ "${MXTRAIN_WITH_FA4:-0}" = 1 ] && packages+=(python3-venv)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -41,8 +42,18 @@ PY
   rm -rf "$tmp"
 fi
 
+# FlashAttention-4's attention backward (train.attention_backward = flash-attention-4,
+# docs/attention.md), opt-in: MXTRAIN_WITH_FA4=1 compiles its kernels without a GPU (a venv of
+# about 5 GB with torch, in .deps/fa4-venv) and links them.
+fa4_flags=()
+if [ "${MXTRAIN_WITH_FA4:-0}" = 1 ]; then
+  [ -n "$nvcc_path" ] || { echo "setup: MXTRAIN_WITH_FA4=1 needs the CUDA toolkit (nvcc): its kernels are CUDA code" >&2; exit 1; }
+  [ -f "$root/.fa4-kernels/fa4_kernels.txt" ] || "$root/scripts/fa4_kernels.sh" .fa4-kernels
+  fa4_flags=(-DMXTRAIN_FLASH_ATTENTION_4="$root/.fa4-kernels")
+fi
+
 preset=${MXTRAIN_PRESET:-auto}
-cmake --preset "$preset" -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_INCLUDE_PATH="$deps/include" >/dev/null
+cmake --preset "$preset" -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_INCLUDE_PATH="$deps/include" "${fa4_flags[@]}" >/dev/null
 cmake --build --preset "$preset" -j "$(nproc)"
 
 # The corpus: about 2.4 MB of English prose and verse from /usr/share/games/fortunes.
