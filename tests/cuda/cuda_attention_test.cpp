@@ -15,26 +15,6 @@
 namespace mxtrain::test {
 namespace {
 
-struct AttentionCase {
-  int64_t batch, seq, heads, kv_heads, head_dim;
-};
-
-std::string case_name(const AttentionCase& c) {
-  return "B" + std::to_string(c.batch) + "_T" + std::to_string(c.seq) + "_H" + std::to_string(c.heads) + "_KV" +
-         std::to_string(c.kv_heads) + "_D" + std::to_string(c.head_dim);
-}
-
-AttentionShape shape_of(const AttentionCase& c) {
-  AttentionShape shape;
-  shape.batch = c.batch;
-  shape.seq = c.seq;
-  shape.heads = c.heads;
-  shape.kv_heads = c.kv_heads;
-  shape.head_dim = c.head_dim;
-  shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  return shape;
-}
-
 class CudaAttention : public CudaTest, public ::testing::WithParamInterface<AttentionCase> {};
 
 TEST_P(CudaAttention, ForwardAndBackwardMatchOracle) {

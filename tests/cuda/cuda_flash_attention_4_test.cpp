@@ -25,26 +25,6 @@
 namespace mxtrain::test {
 namespace {
 
-struct Fa4Case {
-  int64_t batch, seq, heads, kv_heads, head_dim;
-};
-
-std::string case_name(const Fa4Case& c) {
-  return "B" + std::to_string(c.batch) + "_T" + std::to_string(c.seq) + "_H" + std::to_string(c.heads) + "_KV" +
-         std::to_string(c.kv_heads) + "_D" + std::to_string(c.head_dim);
-}
-
-AttentionShape shape_of(const Fa4Case& c) {
-  AttentionShape shape;
-  shape.batch = c.batch;
-  shape.seq = c.seq;
-  shape.heads = c.heads;
-  shape.kv_heads = c.kv_heads;
-  shape.head_dim = c.head_dim;
-  shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  return shape;
-}
-
 bool built_with_kernels() { return !flash_attention_4::carried().empty(); }
 
 class CudaFlashAttention4 : public CudaTest {
@@ -74,11 +54,11 @@ TEST_F(CudaFlashAttention4, SettingFollowsTheBuild) {
   }
 }
 
-class CudaFlashAttention4Shapes : public CudaFlashAttention4, public ::testing::WithParamInterface<Fa4Case> {};
+class CudaFlashAttention4Shapes : public CudaFlashAttention4, public ::testing::WithParamInterface<AttentionCase> {};
 
 TEST_P(CudaFlashAttention4Shapes, MatchesCudnnBackwardAndTheOracle) {
   if (!built_with_kernels()) GTEST_SKIP() << "built without FlashAttention-4's kernels";
-  const Fa4Case& c = GetParam();
+  const AttentionCase& c = GetParam();
   const AttentionShape shape = shape_of(c);
   const int64_t rows = c.batch * c.seq;
   const Shape qkv_shape{rows, shape.qkv_cols()}, out_shape{rows, c.heads * c.head_dim};
@@ -132,14 +112,14 @@ TEST_P(CudaFlashAttention4Shapes, MatchesCudnnBackwardAndTheOracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashAttention4Shapes,
-                         ::testing::Values(Fa4Case{2, 256, 8, 2, 64}, Fa4Case{2, 320, 8, 2, 64},
-                                           Fa4Case{2, 384, 4, 4, 64}, Fa4Case{1, 200, 4, 2, 64},
-                                           Fa4Case{1, 512, 16, 2, 64}, Fa4Case{1, 512, 6, 2, 128},
-                                           Fa4Case{1, 328, 6, 2, 128}, Fa4Case{2, 256, 8, 2, 128},
-                                           Fa4Case{1, 384, 4, 4, 128}),
-                         [](const ::testing::TestParamInfo<Fa4Case>& info) { return case_name(info.param); });
+                         ::testing::Values(AttentionCase{2, 256, 8, 2, 64}, AttentionCase{2, 320, 8, 2, 64},
+                                           AttentionCase{2, 384, 4, 4, 64}, AttentionCase{1, 200, 4, 2, 64},
+                                           AttentionCase{1, 512, 16, 2, 64}, AttentionCase{1, 512, 6, 2, 128},
+                                           AttentionCase{1, 328, 6, 2, 128}, AttentionCase{2, 256, 8, 2, 128},
+                                           AttentionCase{1, 384, 4, 4, 128}),
+                         [](const ::testing::TestParamInfo<AttentionCase>& info) { return case_name(info.param); });
 
-void expect_refused(CudaBackend& backend, const Fa4Case& c, const std::string& words) {
+void expect_refused(CudaBackend& backend, const AttentionCase& c, const std::string& words) {
   try {
     backend.check_attention_backward(shape_of(c), DType::bf16);
     ADD_FAILURE() << case_name(c) << " should be refused";

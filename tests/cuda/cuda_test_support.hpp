@@ -57,4 +57,25 @@ inline double report_error(const std::string& what, const std::vector<float>& go
 
 inline std::string dtype_text(DType dtype) { return std::string(dtype_name(dtype)); }
 
+// An attention shape of the attention tests, its test-name form and its AttentionShape.
+struct AttentionCase {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+};
+
+inline std::string case_name(const AttentionCase& c) {
+  return "B" + std::to_string(c.batch) + "_T" + std::to_string(c.seq) + "_H" + std::to_string(c.heads) + "_KV" +
+         std::to_string(c.kv_heads) + "_D" + std::to_string(c.head_dim);
+}
+
+inline AttentionShape shape_of(const AttentionCase& c) {
+  AttentionShape shape;
+  shape.batch = c.batch;
+  shape.seq = c.seq;
+  shape.heads = c.heads;
+  shape.kv_heads = c.kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  return shape;
+}
+
 }  // namespace mxtrain::test
