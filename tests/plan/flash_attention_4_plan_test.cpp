@@ -154,6 +154,14 @@ TEST(FlashAttention4Plan, PlanCommandPricesTheSetting) {
   EXPECT_LT(fa4["time"]["attention_s"].get<double>(), cudnn["time"]["attention_s"].get<double>());
   EXPECT_EQ(fa4["time"]["gemm_s"].get<double>(), cudnn["time"]["gemm_s"].get<double>());
   EXPECT_LT(fa4["memory"]["peak_live_bytes"].get<int64_t>(), cudnn["memory"]["peak_live_bytes"].get<int64_t>());
+  // Its kernels are Hopper's: planning it for a Blackwell GPU is refused with the fix.
+  std::string output;
+  EXPECT_NE(test::run_command(test::binary_path() + " plan -m llama-1b -b 8 -s 2048 --gpu b200 "
+                                                    "--set train.attention_backward=flash-attention-4 2>&1",
+                              &output),
+            0);
+  EXPECT_NE(output.find("Hopper (sm_90a) only"), std::string::npos) << output;
+  EXPECT_NE(output.find("train.attention_backward = cudnn"), std::string::npos) << output;
 }
 
 TEST(FlashAttention4Plan, CpuRunNamesItACudaSetting) {

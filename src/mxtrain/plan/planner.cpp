@@ -51,6 +51,12 @@ Plan make_plan(const RunConfig& config, const PlanTarget& target, const Calibrat
   const std::vector<std::string> groups = group_names(config.model);
   const auto capacity = static_cast<uint64_t>(gpu.memory_bytes);
 
+  if (config.train.attention_backward == "flash-attention-4" && gpu.compute_capability != 90)
+    throw Error(ErrorKind::unsupported,
+                strf("train.attention_backward = flash-attention-4 on the %s (sm_%d): its kernels are compiled "
+                     "for Hopper (sm_90a) only",
+                     gpu.name.c_str(), gpu.compute_capability),
+                "set train.attention_backward = cudnn for this GPU");
   TraceRequest request;
   request.config = config;
   request.world_size = plan.gpus;

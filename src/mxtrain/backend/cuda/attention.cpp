@@ -57,6 +57,12 @@ struct CudnnAttention::Impl {
 
   Impl(Backend& owner, private_buffers::DeviceFacts* recorded) : backend(owner), facts(recorded) {
     MXTRAIN_CUDNN_CHECK(cudnnCreate(&handle));
+    cudaDeviceProp props{};
+    int device = 0;
+    MXTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+    MXTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+    capability = props.major * 10 + props.minor;
+    gpu_name = props.name;
   }
   ~Impl() {
     graphs.clear();
@@ -73,11 +79,6 @@ struct CudnnAttention::Impl {
   }
 
   void check_rules(const AttentionShape& shape) const {
-    cudaDeviceProp props{};
-    int device = 0;
-    MXTRAIN_CUDA_CHECK(cudaGetDevice(&device));
-    MXTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
-    const int capability = props.major * 10 + props.minor;
     if (shape.heads % shape.kv_heads != 0) unsupported_shape(shape, "heads must be a multiple of kv_heads");
     if (shape.head_dim % 8 != 0) unsupported_shape(shape, "head_dim must be a multiple of 8");
     const int64_t max_head_dim = capability >= 100 ? 128 : 256;
@@ -191,6 +192,8 @@ struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
   bool deterministic = false;
   bool flash_attention_4 = false;  // the backward through flash_attention_4.hpp
+  int capability = 0;              // of the device the backend was created on
+  std::string gpu_name;
   bool warned_f32 = false;
   std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
   Buffer workspace;
@@ -220,6 +223,12 @@ void CudnnAttention::check_backward(const AttentionShape& shape, DType io) const
                 "train.attention_backward = flash-attention-4 with train.deterministic: FlashAttention-4's backward "
                 "sums dQ with atomics, so its gradients are not bit-reproducible",
                 "set train.attention_backward = cudnn (cuDNN's deterministic backward), or train.deterministic = false");
+  if (impl_->capability != 90)
+    throw Error(ErrorKind::unsupported,
+                strf("train.attention_backward = flash-attention-4 on the %s (sm_%d): its kernels are compiled for "
+                     "Hopper (sm_90a) only",
+                     impl_->gpu_name.c_str(), impl_->capability),
+                "set train.attention_backward = cudnn for this GPU");
   const std::string why = flash_attention_4::unsupported(shape, io);
   if (!why.empty())
     throw Error(ErrorKind::unsupported,
