@@ -158,11 +158,11 @@ std::string unsupported(const AttentionShape& shape, DType io) {
   std::string why = private_buffers::flash_attention_4_unsupported(shape, io == DType::f32 ? DType::bf16 : io);
   if (!why.empty()) return why;
   const Kernels* k = find(shape);
-  const std::string tag = strf("d%lld_g%lld", static_cast<long long>(shape.head_dim),
-                               static_cast<long long>(shape.heads / shape.kv_heads));
   if (k == nullptr) {
     std::string list;
     for (const std::string& t : carried()) list += (list.empty() ? "" : ", ") + t;
+    const std::string tag = strf("d%lld_g%lld", static_cast<long long>(shape.head_dim),
+                                 static_cast<long long>(shape.heads / shape.kv_heads));
     return "this build carries FlashAttention-4 kernels for " + list + ", not " + tag +
            " (head dimension, query heads per key/value head); export it: scripts/fa4_kernels.sh .fa4-kernels " +
            strf("%lld:%lld", static_cast<long long>(shape.head_dim),
@@ -186,16 +186,11 @@ void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Te
   MXTRAIN_ASSERT(qkv.dtype == DType::bf16 && dout.dtype == DType::bf16 && out.dtype == DType::bf16 &&
                      dqkv.dtype == DType::bf16 && lse.dtype == DType::f32,
                  "flash_attention_4::backward: dtypes");
-  const std::string why = unsupported(s, qkv.dtype);
-  if (!why.empty())
-    throw Error(ErrorKind::unsupported,
-                strf("FlashAttention-4's backward cannot run attention with head_dim %lld, %lld of %lld heads "
-                     "per key/value head, seq %lld: ",
-                     static_cast<long long>(s.head_dim), static_cast<long long>(s.heads / s.kv_heads),
-                     static_cast<long long>(s.heads), static_cast<long long>(s.seq)) +
-                    why,
-                "set train.attention_backward = cudnn");
-  const Kernels& k = *find(s);
+  // The caller has checked the shape (CudnnAttention::check_backward, which names the fix).
+  const Kernels* found = find(s);
+  MXTRAIN_ASSERT(found != nullptr, "flash_attention_4::backward: head_dim %lld, group %lld was not checked",
+                 static_cast<long long>(s.head_dim), static_cast<long long>(s.heads / s.kv_heads));
+  const Kernels& k = *found;
   const private_buffers::FlashAttention4Workspace w = private_buffers::flash_attention_4_workspace(s);
   int device = 0;
   MXTRAIN_CUDA_CHECK(cudaGetDevice(&device));

@@ -27,6 +27,7 @@ std::string unsupported(const AttentionShape& shape, DType io);
 // dqkv's Q, K and V column blocks from the packed q|k|v rows `qkv` [batch*seq, (H+2KV)*D], the
 // attention output `out` and `dout` [batch*seq, H*D], and `lse` f32 [batch, heads, seq], all
 // bf16 but lse; `workspace` holds private_buffers::flash_attention_4_workspace(shape).bytes().
+// The shape must be one unsupported() accepts (the caller checks it and names the fix).
 void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dqkv,
               const AttentionShape& shape, float softmax_scale, void* workspace, cudaStream_t stream);
 
