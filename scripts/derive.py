@@ -335,37 +335,30 @@ def fp8_planned_summary(relative, commit, planner):
 
 
 def attention_backward_planned(planner, *relatives):
-    """Every mxtrain line of the attention-backward files re-planned with its own settings: the
-    planned peaks and step times against the measured, and the planned saving against the measured."""
-    planned = {}
-    for relative in relatives:
-        for r in jsonl(relative):
-            if r.get("engine") != "mxtrain":
-                continue
-            args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu",
-                    "h200", "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json",
-                    "--set", f"train.attention_backward={r['attention_backward']}",
-                    "--set", f"optimizer.grad_clip={r['grad_clip']}"]
-            if r["precision"] != "bf16":
-                args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
-            plan = json.loads(planner.run(*args))
-            planned[id(r)] = (r, int(plan["memory"]["peak_live_bytes"]), 1e3 * plan["time"]["step_s"])
-    rows = list(planned.values())
-    equal = sum(peak == r["peak_bytes"] for r, peak, _ in rows)
-    worst_peak = max(abs(peak - r["peak_bytes"]) for r, peak, _ in rows)
-    worst = max(abs(ms / r["step_ms"] - 1) for r, _, ms in rows)
-    savings = []
-    by_key = {}
-    for r, peak, ms in rows:
-        by_key.setdefault((r["name"], r["precision"], r.get("quantized_weights")), {})[r["attention_backward"]] = (r, ms)
-    for pair in by_key.values():
-        if "cudnn" in pair and "flash-attention-4" in pair:
-            (rc, mc), (rf, mf) = pair["cudnn"], pair["flash-attention-4"]
-            savings.append((mc - mf, rc["step_ms"] - rf["step_ms"]))
+    """Each pair of attention_backward_rows re-planned, every line with its own settings: the planned
+    peaks and step times against the measured, and the planned saving against the measured."""
+    def plan(r):
+        args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
+                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json",
+                "--set", f"train.attention_backward={r['attention_backward']}",
+                "--set", f"optimizer.grad_clip={r['grad_clip']}"]
+        if r["precision"] != "bf16":
+            args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
+        result = json.loads(planner.run(*args))
+        return r, int(result["memory"]["peak_live_bytes"]), 1e3 * result["time"]["step_s"]
+
+    lines, savings = [], []
+    for row in attention_backward_rows(*relatives):
+        cudnn, fa4 = plan(row["cudnn"]), plan(row["fa4"])
+        lines += [cudnn, fa4]
+        savings.append((cudnn[2] - fa4[2], row["cudnn"]["step_ms"] - row["fa4"]["step_ms"]))
+    equal = sum(peak == r["peak_bytes"] for r, peak, _ in lines)
+    worst_peak = max(abs(peak - r["peak_bytes"]) for r, peak, _ in lines)
+    worst = max(abs(ms / r["step_ms"] - 1) for r, _, ms in lines)
     planned_text = f"{min(p for p, _ in savings):.1f}–{max(p for p, _ in savings):.1f}"
     measured_text = f"{min(m for _, m in savings):.1f}–{max(m for _, m in savings):.1f}"
-    others = "" if equal == len(rows) else f" (the others at most {worst_peak / 2**20:.1f} MiB apart)"
-    return (f"planned peak equal to the measured one to the byte on {equal} of {len(rows)} rows{others}, step time "
+    others = "" if equal == len(lines) else f" (the others at most {worst_peak / 2**20:.1f} MiB apart)"
+    return (f"planned peak equal to the measured one to the byte on {equal} of {len(lines)} rows{others}, step time "
             f"within {100 * worst:.1f}%; FlashAttention-4's backward "
             f"planned to save {planned_text} ms a step, measured {measured_text} ms")
 
