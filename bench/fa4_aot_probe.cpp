@@ -10,13 +10,12 @@
 // Built and run by bench/flash_attn4.sh (aot here, with g++: there is no device code; probe on
 // the GPU machine). Usage: fa4_aot_probe B T H KV D   Results: bench/results/h200_attention_libraries.md.
 #include <cuda_bf16.h>
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
 #include <string>
 #include <unordered_map>
 
+#include "mxtrain/backend/cuda/tvm_ffi_call.hpp"  // the trainer's calls: views, values, the DSL's error hook
 #include "sdpa_probe.hpp"
 
 extern "C" {
@@ -26,64 +25,21 @@ int __tvm_ffi_mxtrain_fa4_bwd(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 int __tvm_ffi_mxtrain_fa4_bwd_post_dq(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 // Only with grouped-query heads (multi-head attention writes dK and dV in the main kernel).
 __attribute__((weak)) int __tvm_ffi_mxtrain_fa4_bwd_post_dkv(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
-
-// The one symbol the exported objects take from the DSL's 43 MB runtime library: it turns a CUDA
-// error code into a raised TVM-FFI error through the setter it is handed.
-void CuteDSLRT_TVMFFISetRaisedCudaError(void (*set)(const char*, const char**, int32_t), int error) {
-  if (set == nullptr) return;
-  char code[96];
-  std::snprintf(code, sizeof code, "%d (%s)", error, cudaGetErrorString(static_cast<cudaError_t>(error)));
-  const char* parts[2] = {"CUDA error ", code};
-  set("RuntimeError", parts, 2);
-}
 }
 
 namespace {
 
-using Packed = int (*)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+using mxtrain::tvm_ffi::kBf16;
+using mxtrain::tvm_ffi::kF32;
+using mxtrain::tvm_ffi::none;
+using mxtrain::tvm_ffi::Packed;
+using mxtrain::tvm_ffi::real;
+using mxtrain::tvm_ffi::View;
 
-// A strided view as DLPack describes it; the shape and strides live beside the DLTensor.
-struct View {
-  DLTensor t{};
-  int64_t shape[4]{}, strides[4]{};
-  View(void* data, DLDataType dtype, std::vector<int64_t> dims, std::vector<int64_t> st) {
-    for (size_t i = 0; i < dims.size(); ++i) shape[i] = dims[i], strides[i] = st[i];
-    t.data = data;
-    t.device = {kDLCUDA, 0};
-    t.ndim = static_cast<int32_t>(dims.size());
-    t.dtype = dtype;
-    t.shape = shape;
-    t.strides = strides;
-  }
-};
-constexpr DLDataType kBf16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1};
-
-TVMFFIAny none() {
-  TVMFFIAny a{};
-  a.type_index = kTVMFFINone;
-  return a;
-}
-TVMFFIAny real(double v) {
-  TVMFFIAny a{};
-  a.type_index = kTVMFFIFloat;
-  a.v_float64 = v;
-  return a;
-}
-TVMFFIAny tensor(View& v) {
-  TVMFFIAny a{};
-  a.type_index = kTVMFFIDLTensorPtr;
-  a.v_ptr = &v.t;
-  return a;
-}
-
-void call(const char* name, Packed fn, std::vector<TVMFFIAny> args) {
-  TVMFFIAny result = none();
-  if (fn(nullptr, args.data(), static_cast<int32_t>(args.size()), &result) == 0) return;
-  TVMFFIObjectHandle error = nullptr;
-  TVMFFIErrorMoveFromRaised(&error);
-  const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(error);
-  std::printf("%s failed: %.*s: %.*s\n", name, static_cast<int>(cell->kind.size), cell->kind.data,
-              static_cast<int>(cell->message.size), cell->message.data);
+void call(const char* name, Packed fn, std::initializer_list<TVMFFIAny> args) {
+  const std::string error = mxtrain::tvm_ffi::call(fn, args);
+  if (error.empty()) return;
+  std::printf("%s failed: %s\n", name, error.c_str());
   std::exit(1);
 }
 
@@ -165,37 +121,31 @@ int main(int argc, char** argv) {
 
   // FlashAttention-4 on the same packed rows: q, k, v as strided [B, T, heads, D] views.
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  View q(base, kBf16, {s.B, s.T, s.H, s.D}, {s.T * W, W, s.D, 1});
-  View k(base + s.H * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
-  View v(base + (s.H + s.KV) * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View q(base, kBf16, 0, {s.B, s.T, s.H, s.D}, {s.T * W, W, s.D, 1});
+  View k(base + s.H * s.D * 2, kBf16, 0, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View v(base + (s.H + s.KV) * s.D * 2, kBf16, 0, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
   char* fgrad = static_cast<char*>(dqkv_fa);
-  View dq(fgrad, kBf16, {s.B, s.T, s.H, s.D}, {s.T * W, W, s.D, 1});
-  View dk(fgrad + s.H * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
-  View dv(fgrad + (s.H + s.KV) * s.D * 2, kBf16, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
-  View o(o_fa, kBf16, {s.B, s.T, s.H, s.D}, {s.T * s.H * s.D, s.H * s.D, s.D, 1});
-  View d_o(dout, kBf16, {s.B, s.T, s.H, s.D}, {s.T * s.H * s.D, s.H * s.D, s.D, 1});
-  View l(lse, kF32, {s.B, s.H, s.T}, {s.H * s.T, s.T, 1});
-  View l2(lse_log2, kF32, {s.B, s.H, Tq}, {s.H * Tq, Tq, 1});
-  View dp(dpsum, kF32, {s.B, s.H, Tq}, {s.H * Tq, Tq, 1});
-  View dqa(dq_accum, kF32, {s.B, s.H, Tq * Dr}, {s.H * Tq * Dr, Tq * Dr, 1});
-  View dka(dk_accum, kF32, {s.B, s.KV, Tk * Dr}, {s.KV * Tk * Dr, Tk * Dr, 1});
-  View dva(dv_accum, kF32, {s.B, s.KV, Tk * Dr}, {s.KV * Tk * Dr, Tk * Dr, 1});
+  View dq(fgrad, kBf16, 0, {s.B, s.T, s.H, s.D}, {s.T * W, W, s.D, 1});
+  View dk(fgrad + s.H * s.D * 2, kBf16, 0, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View dv(fgrad + (s.H + s.KV) * s.D * 2, kBf16, 0, {s.B, s.T, s.KV, s.D}, {s.T * W, W, s.D, 1});
+  View o(o_fa, kBf16, 0, {s.B, s.T, s.H, s.D}, {s.T * s.H * s.D, s.H * s.D, s.D, 1});
+  View d_o(dout, kBf16, 0, {s.B, s.T, s.H, s.D}, {s.T * s.H * s.D, s.H * s.D, s.D, 1});
+  View l(lse, kF32, 0, {s.B, s.H, s.T}, {s.H * s.T, s.T, 1});
+  View l2(lse_log2, kF32, 0, {s.B, s.H, Tq}, {s.H * Tq, Tq, 1});
+  View dp(dpsum, kF32, 0, {s.B, s.H, Tq}, {s.H * Tq, Tq, 1});
+  View dqa(dq_accum, kF32, 0, {s.B, s.H, Tq * Dr}, {s.H * Tq * Dr, Tq * Dr, 1});
+  View dka(dk_accum, kF32, 0, {s.B, s.KV, Tk * Dr}, {s.KV * Tk * Dr, Tk * Dr, 1});
+  View dva(dv_accum, kF32, 0, {s.B, s.KV, Tk * Dr}, {s.KV * Tk * Dr, Tk * Dr, 1});
   // The (None, None) aux-data tuple the compiled functions take, as an ffi.Array.
-  TVMFFIAny pair = none();
-  {
-    TVMFFIObjectHandle make_array = nullptr;
-    const TVMFFIByteArray name{"ffi.Array", 9};
-    TVMFFIAny elements[2] = {none(), none()};
-    if (TVMFFIFunctionGetGlobal(&name, &make_array) != 0 || make_array == nullptr ||
-        TVMFFIFunctionCall(make_array, elements, 2, &pair) != 0) {
-      std::printf("ffi.Array failed\n");
-      return 1;
-    }
+  TVMFFIAny pair;
+  if (const std::string error = mxtrain::tvm_ffi::make_none_pair(&pair); !error.empty()) {
+    std::printf("ffi.Array failed: %s\n", error.c_str());
+    return 1;
   }
   const TVMFFIAny n = none();
   auto fa_forward = [&] {
     call("forward", __tvm_ffi_mxtrain_fa4_fwd,
-         {tensor(q), tensor(k), tensor(v), tensor(o), tensor(l), real(scale), n, n, n, n, n, n, n, n, n, pair, n, n});
+         {q.any(), k.any(), v.any(), o.any(), l.any(), real(scale), n, n, n, n, n, n, n, n, n, pair, n, n});
   };
   // Grouped-query heads: dK and dV summed over each group's query heads in zeroed FP32
   // accumulators, then written in BF16 by a postprocess; multi-head: the main kernel writes them.
@@ -205,15 +155,15 @@ int main(int argc, char** argv) {
       CK(cudaMemsetAsync(dv_accum, 0, s.B * s.KV * Tk * Dr * 4, stream));
     }
     call("backward preprocess", __tvm_ffi_mxtrain_fa4_bwd_pre,
-         {tensor(o), tensor(d_o), tensor(dp), tensor(l), tensor(l2), tensor(dqa), n, n, n, n, n, real(1.0), n, n});
+         {o.any(), d_o.any(), dp.any(), l.any(), l2.any(), dqa.any(), n, n, n, n, n, real(1.0), n, n});
     call("backward", __tvm_ffi_mxtrain_fa4_bwd,
-         {tensor(q), tensor(k), tensor(v), tensor(d_o), tensor(l2), tensor(dp), tensor(dqa),
-          grouped ? tensor(dka) : tensor(dk), grouped ? tensor(dva) : tensor(dv), real(scale), n, n, n, n, n, n, n, n,
+         {q.any(), k.any(), v.any(), d_o.any(), l2.any(), dp.any(), dqa.any(),
+          grouped ? dka.any() : dk.any(), grouped ? dva.any() : dv.any(), real(scale), n, n, n, n, n, n, n, n,
           n, pair, n, n});
-    call("dQ postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dq, {tensor(dqa), tensor(dq), real(scale), n, n, n, n});
+    call("dQ postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dq, {dqa.any(), dq.any(), real(scale), n, n, n, n});
     if (grouped) {
-      call("dK postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dkv, {tensor(dka), tensor(dk), real(scale), n, n, n, n});
-      call("dV postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dkv, {tensor(dva), tensor(dv), real(1.0), n, n, n, n});
+      call("dK postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dkv, {dka.any(), dk.any(), real(scale), n, n, n, n});
+      call("dV postprocess", __tvm_ffi_mxtrain_fa4_bwd_post_dkv, {dva.any(), dv.any(), real(1.0), n, n, n, n});
     }
   };
 

@@ -56,7 +56,7 @@ aot)
   dsl=$("$py" -m cutlass.cute.export.aot_config --libdir 2>/dev/null | tail -1)
   cuda=${CUDA_HOME:-/usr/local/cuda}
   # g++, not nvcc: the probe has no device code, and nvcc 13.0's front end stops on it.
-  g++ -std=c++20 -O2 -c bench/fa4_aot_probe.cpp -o .fa4/probe.o -I.gpu-deps/include -I"$ffi/include" -I"$cuda/include"
+  g++ -std=c++20 -O2 -c bench/fa4_aot_probe.cpp -o .fa4/probe.o -Isrc -I.gpu-deps/include -I"$ffi/include" -I"$cuda/include"
   for shape in "$@"; do  # one probe a shape: the exported functions are specialized by D and the grouping
     dir=.fa4/${shape//,/-}
     "$py" bench/fa4_export.py "$dir" ${shape//,/ }

@@ -5,12 +5,9 @@
 #include "mxtrain/core/error.hpp"
 
 #if MXTRAIN_HAVE_FLASH_ATTENTION_4
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
-#include <cstdio>
-#include <mutex>
+#include "mxtrain/backend/cuda/tvm_ffi_call.hpp"
 
 // The exported functions (scripts/fa4_export.py): __tvm_ffi_mxtrain_fa4_<tag>_<name>, one set a
 // configuration; the generated table names each configuration MXTRAIN_FA4_GROUPED (with a dK/dV
@@ -24,16 +21,6 @@
   int __tvm_ffi_mxtrain_fa4_##tag##_bwd_post_dkv(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 extern "C" {
 #include "mxtrain/flash_attention_4_kernels.inc"
-
-// The one symbol the exported objects take from the CuTe DSL's 43 MB runtime library (not
-// linked): it turns a CUDA error code into a raised TVM-FFI error through the setter it is given.
-void CuteDSLRT_TVMFFISetRaisedCudaError(void (*set)(const char*, const char**, int32_t), int error) {
-  if (set == nullptr) return;
-  char code[128];
-  std::snprintf(code, sizeof code, "%d (%s)", error, cudaGetErrorString(static_cast<cudaError_t>(error)));
-  const char* parts[2] = {"CUDA error ", code};
-  set("RuntimeError", parts, 2);
-}
 }
 #undef MXTRAIN_FA4_MULTI_HEAD
 #undef MXTRAIN_FA4_GROUPED
@@ -44,7 +31,13 @@ namespace mxtrain::flash_attention_4 {
 #if MXTRAIN_HAVE_FLASH_ATTENTION_4
 namespace {
 
-using Packed = int (*)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+using tvm_ffi::kBf16;
+using tvm_ffi::kF32;
+using tvm_ffi::none;
+using tvm_ffi::Packed;
+using tvm_ffi::raised_error;
+using tvm_ffi::real;
+using tvm_ffi::View;
 
 struct Kernels {
   const char* tag;
@@ -73,73 +66,20 @@ const Kernels* find(const AttentionShape& shape) {
   return nullptr;
 }
 
-// A strided view as DLPack describes it; shape and strides live beside the DLTensor.
-struct View {
-  DLTensor t{};
-  int64_t dims[4]{}, steps[4]{};
-  View(void* data, DLDataType dtype, int device, std::initializer_list<int64_t> shape,
-       std::initializer_list<int64_t> strides) {
-    int i = 0;
-    for (int64_t d : shape) dims[i++] = d;
-    i = 0;
-    for (int64_t s : strides) steps[i++] = s;
-    t.data = data;
-    t.device = {kDLCUDA, device};
-    t.ndim = static_cast<int32_t>(shape.size());
-    t.dtype = dtype;
-    t.shape = dims;
-    t.strides = steps;
-  }
-  TVMFFIAny any() {
-    TVMFFIAny a{};
-    a.type_index = kTVMFFIDLTensorPtr;
-    a.v_ptr = &t;
-    return a;
-  }
-};
-constexpr DLDataType kBf16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1};
-
-TVMFFIAny none() {
-  TVMFFIAny a{};
-  a.type_index = kTVMFFINone;
-  return a;
-}
-TVMFFIAny real(double v) {
-  TVMFFIAny a{};
-  a.type_index = kTVMFFIFloat;
-  a.v_float64 = v;
-  return a;
-}
-
-std::string raised_error() {
-  TVMFFIObjectHandle error = nullptr;
-  TVMFFIErrorMoveFromRaised(&error);
-  if (error == nullptr) return "no error was raised";
-  const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(error);
-  std::string text = std::string(cell->kind.data, cell->kind.size) + ": " +
-                     std::string(cell->message.data, cell->message.size);
-  TVMFFIObjectDecRef(error);
-  return text;
-}
-
 void call(const char* what, Packed fn, std::initializer_list<TVMFFIAny> args) {
-  TVMFFIAny result = none();
-  if (fn(nullptr, args.begin(), static_cast<int32_t>(args.size()), &result) == 0) return;
-  throw Error(ErrorKind::system, std::string("FlashAttention-4's ") + what + " failed: " + raised_error(),
-              "set train.attention_backward = cudnn, and report this with the log");
+  const std::string error = tvm_ffi::call(fn, args);
+  if (!error.empty())
+    throw Error(ErrorKind::system, std::string("FlashAttention-4's ") + what + " failed: " + error,
+                "set train.attention_backward = cudnn, and report this with the log");
 }
 
-// The compiled functions take an auxiliary-data tuple, (None, None) here, as a TVM-FFI Array
-// object; one is made on first use and kept.
+// The (None, None) auxiliary-data tuple the compiled functions take: made on first use and kept.
 TVMFFIAny none_pair() {
   static TVMFFIAny pair = [] {
-    TVMFFIAny made = none();
-    TVMFFIObjectHandle make_array = nullptr;
-    const TVMFFIByteArray name{"ffi.Array", 9};
-    TVMFFIAny elements[2] = {none(), none()};
-    if (TVMFFIFunctionGetGlobal(&name, &make_array) != 0 || make_array == nullptr ||
-        TVMFFIFunctionCall(make_array, elements, 2, &made) != 0)
-      throw Error(ErrorKind::system, "TVM-FFI's ffi.Array is missing: " + raised_error(),
+    TVMFFIAny made;
+    const std::string error = tvm_ffi::make_none_pair(&made);
+    if (!error.empty())
+      throw Error(ErrorKind::system, "TVM-FFI's ffi.Array failed: " + error,
                   "libtvm_ffi.so found at run time must be the one of scripts/fa4_kernels.sh's folder");
     return made;
   }();

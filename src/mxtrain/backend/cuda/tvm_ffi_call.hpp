@@ -1,0 +1,105 @@
+// Calling TVM-FFI packed functions from C++: what FlashAttention-4's exported kernels take
+// (scripts/fa4_export.py) — strided DLPack views, None and float values, the (None, None)
+// auxiliary-data tuple — the raised error as text, and the one symbol the exported objects take
+// from the CuTe DSL's 43 MB runtime library, which is not linked. Header-only and free of
+// mxtrain's own types, so that flash_attention_4.cpp and the standalone probe
+// bench/fa4_aot_probe.cpp call the kernels through the same code. Needs the TVM-FFI and DLPack
+// headers of scripts/fa4_kernels.sh's folder.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/c_api.h>
+
+#include <cstdio>
+#include <initializer_list>
+#include <string>
+
+// Turns a CUDA error code into a raised TVM-FFI error through the setter it is handed. Inline,
+// and `used` so that every program including this header emits it (the exported objects refer to
+// it; the linker keeps one copy).
+extern "C" inline __attribute__((used)) void CuteDSLRT_TVMFFISetRaisedCudaError(
+    void (*set)(const char*, const char**, int32_t), int error) {
+  if (set == nullptr) return;
+  char code[128];
+  std::snprintf(code, sizeof code, "%d (%s)", error, cudaGetErrorString(static_cast<cudaError_t>(error)));
+  const char* parts[2] = {"CUDA error ", code};
+  set("RuntimeError", parts, 2);
+}
+
+namespace mxtrain::tvm_ffi {
+
+using Packed = int (*)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+
+// A strided view of CUDA memory as DLPack describes it (up to 4 dimensions); shape and strides
+// live beside the DLTensor.
+struct View {
+  DLTensor t{};
+  int64_t dims[4]{}, steps[4]{};
+  View(void* data, DLDataType dtype, int device, std::initializer_list<int64_t> shape,
+       std::initializer_list<int64_t> strides) {
+    int i = 0;
+    for (int64_t d : shape) dims[i++] = d;
+    i = 0;
+    for (int64_t s : strides) steps[i++] = s;
+    t.data = data;
+    t.device = {kDLCUDA, device};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = dtype;
+    t.shape = dims;
+    t.strides = steps;
+  }
+  TVMFFIAny any() {
+    TVMFFIAny a{};
+    a.type_index = kTVMFFIDLTensorPtr;
+    a.v_ptr = &t;
+    return a;
+  }
+};
+inline constexpr DLDataType kBf16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1};
+
+inline TVMFFIAny none() {
+  TVMFFIAny a{};
+  a.type_index = kTVMFFINone;
+  return a;
+}
+
+inline TVMFFIAny real(double v) {
+  TVMFFIAny a{};
+  a.type_index = kTVMFFIFloat;
+  a.v_float64 = v;
+  return a;
+}
+
+// The error the last failed call raised, as "kind: message" (and released).
+inline std::string raised_error() {
+  TVMFFIObjectHandle error = nullptr;
+  TVMFFIErrorMoveFromRaised(&error);
+  if (error == nullptr) return "no error was raised";
+  const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(error);
+  std::string text =
+      std::string(cell->kind.data, cell->kind.size) + ": " + std::string(cell->message.data, cell->message.size);
+  TVMFFIObjectDecRef(error);
+  return text;
+}
+
+// "" when `fn` ran, else the error it raised.
+inline std::string call(Packed fn, std::initializer_list<TVMFFIAny> args) {
+  TVMFFIAny result = none();
+  if (fn(nullptr, args.begin(), static_cast<int32_t>(args.size()), &result) == 0) return "";
+  return raised_error();
+}
+
+// The (None, None) auxiliary-data tuple the compiled functions take, as a TVM-FFI Array made by
+// the global "ffi.Array"; "" when made, else why not.
+inline std::string make_none_pair(TVMFFIAny* pair) {
+  *pair = none();
+  TVMFFIObjectHandle make_array = nullptr;
+  const TVMFFIByteArray name{"ffi.Array", 9};
+  TVMFFIAny elements[2] = {none(), none()};
+  if (TVMFFIFunctionGetGlobal(&name, &make_array) != 0 || make_array == nullptr)
+    return "TVM-FFI has no global ffi.Array";
+  if (TVMFFIFunctionCall(make_array, elements, 2, pair) != 0) return raised_error();
+  return "";
+}
+
+}  // namespace mxtrain::tvm_ffi
