@@ -709,6 +709,69 @@ def gtest_text(relative):
     return f"{ok} passed, {int(failed[-1])} failed"
 
 
+def quack_probe_shapes(relative):
+    """bench/quack_probe.cpp's output: per shape, each kernel's fastest quack configuration, the
+    cuBLASLt GEMM of the same shape and the largest relative L2 difference of its outputs."""
+    shapes, current = [], None
+    for line in read(relative).splitlines():
+        m = re.match(r"# quack_probe M=(\d+) H=(\d+) F=(\d+)", line)
+        if m:
+            current = {"M": int(m[1]), "H": int(m[2]), "F": int(m[3]), "kernels": {}, "errors": {}}
+            shapes.append(current)
+            continue
+        m = re.match(r"(gated|dgated|dx|dw1)\s+(\S+)\s+([\d.]+) ms\s+cuBLASLt\s+([\d.]+) ms", line)
+        if m and current is not None:
+            current["kernels"][m[1]] = {"config": m[2], "quack": float(m[3]), "cublaslt": float(m[4])}
+            continue
+        m = re.match(r"(gated|dgated|dx|dw1)( \w+)?\s+([\d.e+-]+)$", line)
+        if m and current is not None:
+            current["errors"][m[1]] = max(current["errors"].get(m[1], 0.0), float(m[3]))
+    if not shapes or any(len(s["kernels"]) != 4 for s in shapes):
+        raise SystemExit(f"derive.py: {relative} does not hold four kernels a shape")
+    return shapes
+
+
+def timeline_mean_us(relative, kernel):
+    """The mean launch time (us) of the kernels whose name holds `kernel` in a step_timeline.py table."""
+    for line in read(relative).splitlines():
+        m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(\S+)", line)
+        if m and kernel in m[3]:
+            return 1000.0 * float(m[1]) / int(m[2])
+    raise SystemExit(f"derive.py: {relative} has no kernel named like {kernel!r}")
+
+
+QUACK_PLAIN = {"gated": "x · W1ᵀ", "dgated": "dY · W2", "dx": "dpreact · W1", "dw1": "dpreactᵀ · x"}
+
+
+def quack_probe_table(relative):
+    lines = ["| shape M×H, F | kernel | quack, fastest configuration | cuBLASLt, plain GEMM | quack − cuBLASLt | largest rel. L2 difference |",
+             "|---|---|---|---|---|---|"]
+    for s in quack_probe_shapes(relative):
+        for name in ("gated", "dgated", "dx", "dw1"):
+            k = s["kernels"][name]
+            lines.append(f"| {s['M']}×{s['H']}, {s['F']} | {name} | {k['quack']:.4f} ms ({k['config']}) | "
+                         f"{k['cublaslt']:.4f} ms ({QUACK_PLAIN[name]}) | {k['quack'] - k['cublaslt']:+.4f} ms | "
+                         f"{s['errors'].get(name, 0.0):.1e} |")
+    return "\n".join(lines)
+
+
+def quack_probe_layer(relative, timeline, layers):
+    """What a llama-1b layer would save with quack's kernels: the probe's first shape, and the
+    trainer's SwiGLU kernels' mean launch times from a step timeline at that shape."""
+    k = quack_probe_shapes(relative)[0]["kernels"]
+    fwd = timeline_mean_us(timeline, "swiglu_forward_kernel") / 1000.0
+    bwd = timeline_mean_us(timeline, "swiglu_backward_kernel") / 1000.0
+    d = {name: k[name]["quack"] - k[name]["cublaslt"] for name in k}
+    concat = d["gated"] - fwd + d["dgated"] - bwd + d["dx"] + d["dw1"]
+    interleaved = d["gated"] - fwd + d["dgated"] - bwd + min(d["dx"], 0.0)
+    n = int(layers)
+    return (f"the trainer's SwiGLU forward and backward kernels take {fwd:.3f} and {bwd:.3f} ms a launch in the step; "
+            f"with the weights kept [gate; up] (all four GEMMs quack's) a layer would change by {concat:+.3f} ms "
+            f"({n} layers: {n * concat:+.1f} ms a step); with the gate/up weight stored interleaved (the weight "
+            f"gradient then cuBLASLt's, the input gradient the faster of the two) by {interleaved:+.3f} ms "
+            f"({n * interleaved:+.1f} ms a step)")
+
+
 # ---- the documents ----------------------------------------------------------------------------------
 
 def generate(kind, args, planner):
@@ -736,6 +799,8 @@ def generate(kind, args, planner):
         "soak": lambda: soak_text(*args),
         "sanitizer": lambda: sanitizer_text(*args),
         "gtest": lambda: gtest_text(*args),
+        "quack-probe-table": lambda: quack_probe_table(*args),
+        "quack-probe-layer": lambda: quack_probe_layer(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
