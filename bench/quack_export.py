@@ -18,31 +18,14 @@ import os, sys, time
 if len(sys.argv) != 2:
     sys.exit(__doc__)
 out_dir = sys.argv[1]
-os.environ.setdefault("QUACK_ARCH", "sm_90")
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from quack_gemm_export import prepare, config_of, tag_of, export, plain_gemm  # the trainer's export steps
+
+launched = prepare()
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from importlib.metadata import version
-import quack.cache as quack_cache
-import quack.gemm as quack_gemm
-import quack.gemm_runtime.host as quack_host
 from quack import gemm_interface as gi
-from quack.gemm_config import GemmConfig
-
-quack_cache.CACHE_ENABLED = False  # compiled functions, not objects reloaded from a disk cache
-# Persistent kernels take the number of clusters that fit as a runtime argument; quack asks the
-# driver for it, which a machine without a GPU lacks. The probe passes the H200's own.
-quack_host.get_max_active_clusters = lambda cluster_size, **_: 132 // cluster_size
-quack_gemm.get_max_active_clusters = quack_host.get_max_active_clusters
-launched = []
-
-
-def record(plan, A, B, D, C, epi_args, scheduler_args, varlen_args, SFA=None, SFB=None):
-    launched.append(plan.compiled_fn)
-
-
-quack_host.launch_gemm = record
-quack_gemm.launch_gemm = record
 
 M, H, F = 16384, 2048, 5632  # llama-1b; the compiled code is generic in M, N and K
 # (tile_m, tile_n, cluster_m, cluster_n, pingpong): quack's Hopper search space, a few from it.
@@ -50,15 +33,6 @@ CONFIGS = [(128, 192, 2, 1, True), (128, 192, 1, 2, True), (128, 128, 2, 1, True
            (256, 192, 2, 1, False), (256, 160, 1, 2, False), (128, 256, 2, 1, False)]
 os.makedirs(out_dir, exist_ok=True)
 lines, signatures, seen = [], [], []
-
-
-def config_of(c):
-    return GemmConfig(tile_m=c[0], tile_n=c[1], cluster_m=c[2], cluster_n=c[3], pingpong=c[4],
-                      is_dynamic_persistent=False, device_capacity=9)
-
-
-def tag_of(c):
-    return "%dx%d_c%dx%d_%s" % (c[0], c[1], c[2], c[3], "pp" if c[4] else "coop")
 
 
 def t(*shape):
@@ -77,19 +51,13 @@ def dgated(cfg):
                        tuned=False, config=cfg)
 
 
-def plain(cfg, A, B, out, concat):
-    gi._gemm_execute(A, B, out, None, bias=None, alpha=1.0, beta=1.0, cu_seqlens_m=None, cu_seqlens_k=None,
-                     A_idx=None, batch_idx_permute=None, add_to_output=False, dynamic_scheduler=False, config=cfg,
-                     rounding_mode=0, sr_seed=0, concat_layout=concat, SFA=None, SFB=None, split_k=1, split_k_mode=0)
-
-
 def dx(cfg):
-    plain(cfg, t(M, 2 * F), t(2 * F, H), t(M, H), ("B",))
+    plain_gemm(t(M, 2 * F), t(2 * F, H), t(M, H), cfg, ("B",))
 
 
 def dw1(cfg):
     dpreact, x = t(M, 2 * F), t(M, H)
-    plain(cfg, dpreact.T, x, t(2 * F, H), ("out",))
+    plain_gemm(dpreact.T, x, t(2 * F, H), cfg, ("out",))
 
 
 for name, fn in (("gated", gated), ("dgated", dgated), ("dx", dx), ("dw1", dw1)):
@@ -104,17 +72,13 @@ for name, fn in (("gated", gated), ("dgated", dgated), ("dx", dx), ("dw1", dw1))
         except Exception as error:  # a configuration quack's kernel cannot build: skipped, and said so
             print("%s %s: not compiled (%s: %s)" % (name, tag_of(c), type(error).__name__, str(error)[:200]))
             continue
-        assert len(launched) == 1, "%s: %d launches" % (name, len(launched))
         if any(launched[0] is f for f in seen):  # quack mapped this configuration onto one already exported
             print("%s %s: the same compiled function as an earlier configuration, skipped" % (name, tag_of(c)))
             continue
         seen.append(launched[0])
-        path = os.path.join(out_dir, "quack_%s_%s.o" % (name, tag_of(c)))
         function = "mxtrain_quack_%s_%s" % (name, tag_of(c))
-        launched[0].export_to_c(path, function_name=function)
-        text = open(path, "rb").read()
-        start = text.find(b"`__call__(")
-        signatures.append("# %s %s: %s" % (name, tag_of(c), text[start + 1:text.find(b"`", start + 1)].decode()))
+        signature = export(launched, os.path.join(out_dir, "quack_%s_%s.o" % (name, tag_of(c))), function)
+        signatures.append("# %s %s: %s" % (name, tag_of(c), signature))
         lines.append("%s %s %d %d %d %d %d" % (name, tag_of(c), c[0], c[1], c[2], c[3], int(c[4])))
         print("%s %s: exported in %.1f s" % (name, tag_of(c), time.time() - started), flush=True)
 with open(os.path.join(out_dir, "quack_kernels.txt"), "w") as manifest:

@@ -37,6 +37,7 @@ using mxtrain::tvm_ffi::kBf16;
 using mxtrain::tvm_ffi::none;
 using mxtrain::tvm_ffi::Packed;
 using mxtrain::tvm_ffi::View;
+using mxtrain::tvm_ffi::integer;
 
 #define CHECK_CUDA(x)                                                                      \
   do {                                                                                     \
@@ -101,11 +102,9 @@ struct Array {
       elements[i].v_obj = static_cast<TVMFFIObject*>(handle);
       ++t;
     }
-    TVMFFIObjectHandle make = nullptr;
-    const TVMFFIByteArray name{"ffi.Array", 9};
-    if (TVMFFIFunctionGetGlobal(&name, &make) != 0 || make == nullptr) fail("ffi.Array", "no such global");
-    if (TVMFFIFunctionCall(make, elements.data(), static_cast<int32_t>(elements.size()), &any) != 0)
-      fail("ffi.Array", mxtrain::tvm_ffi::raised_error());
+    const std::string error =
+        mxtrain::tvm_ffi::make_array(elements.data(), static_cast<int>(elements.size()), &any);
+    if (!error.empty()) fail("ffi.Array", error);
   }
   ~Array() {
     if (any.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(any.v_obj);
@@ -117,12 +116,6 @@ struct Array {
   }
 };
 
-TVMFFIAny integer(int64_t v) {
-  TVMFFIAny a{};
-  a.type_index = kTVMFFIInt;
-  a.v_int64 = v;
-  return a;
-}
 
 struct Lt {
   cublasLtHandle_t handle;

@@ -18,10 +18,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 # ATTENTION_BACKWARDS="cudnn flash-attention-4": each mxtrain row of the sets above once with each
 # attention backward (train.attention_backward; the second needs a build with FlashAttention-4's
 # kernels, docs/attention.md); default cudnn. Each line records its attention_backward.
+# GEMM_KERNELS="cublaslt cublaslt+quack": likewise with each train.gemm_kernels (the second adds
+# quack's GEMMs to the autotune in a build that carries them, docs/gemm-kernels.md); default
+# cublaslt. Each line records its gemm_kernels.
 mx() {
-  for backward in ${ATTENTION_BACKWARDS:-cudnn}; do
-    "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 \
-      --set train.attention_backward="$backward" "$@" >/dev/null || echo "mxtrain bench $* ($backward) failed" >&2
+  for kernels in ${GEMM_KERNELS:-cublaslt}; do
+    for backward in ${ATTENTION_BACKWARDS:-cudnn}; do
+      "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 \
+        --set train.attention_backward="$backward" --set train.gemm_kernels="$kernels" "$@" >/dev/null ||
+        echo "mxtrain bench $* ($backward, $kernels) failed" >&2
+    done
   done
 }
 torch_set() { python3 "$here/torch_baseline.py" "$1" | grep '"kind": "train"' >> "$out" || echo "torch $1 failed" >&2; }

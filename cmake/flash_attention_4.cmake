@@ -55,3 +55,40 @@ set_source_files_properties(${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/flash
 target_link_libraries(mxtrain_backend_cuda PUBLIC "${fa4}/lib/libtvm_ffi.so" "${fa4}/lib/libcuda_dialect_runtime_static.a")
 string(REPLACE ";" " " fa4_list "${fa4_tags}")
 message(STATUS "FlashAttention-4 backward: ${fa4_list} (${fa4})")
+
+# quack's BF16 GEMMs (scripts/quack_gemm_export.py, run by scripts/fa4_kernels.sh into the same
+# folder): candidates of the GEMM autotune beside cuBLASLt's algorithms (docs/gemm-kernels.md).
+# A folder made before they were part of it has no quack_gemms.txt and links none.
+if(EXISTS "${fa4}/quack_gemms.txt")
+  file(STRINGS "${fa4}/quack_gemms.txt" quack_lines REGEX "^(tn|nn|nt) ")
+  set(quack_table "// Generated from ${fa4}/quack_gemms.txt by cmake/flash_attention_4.cmake.\n")
+  set(quack_objects "")
+  foreach(line IN LISTS quack_lines)
+    string(REPLACE " " ";" fields "${line}")
+    list(LENGTH fields count)
+    if(NOT count EQUAL 7)
+      message(FATAL_ERROR "${fa4}/quack_gemms.txt: '${line}' is not 'layout config tile_m tile_n cluster_m cluster_n pingpong'")
+    endif()
+    list(GET fields 0 layout)
+    list(GET fields 1 config)
+    if(NOT EXISTS "${fa4}/quack_${layout}_${config}.o")
+      message(FATAL_ERROR "${fa4}: quack_gemms.txt lists ${layout} ${config} but quack_${layout}_${config}.o is missing; "
+                          "re-run scripts/fa4_kernels.sh")
+    endif()
+    list(APPEND quack_objects "${fa4}/quack_${layout}_${config}.o")
+    string(REPLACE ";" ", " arguments "${fields}")
+    string(APPEND quack_table "MXTRAIN_QUACK_GEMM(${arguments})\n")
+  endforeach()
+  if(NOT quack_objects)
+    message(FATAL_ERROR "${fa4}/quack_gemms.txt lists no GEMM")
+  endif()
+  file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/generated/mxtrain/quack_gemm_kernels.inc CONTENT "${quack_table}")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${fa4}/quack_gemms.txt")
+  set_source_files_properties(${quack_objects} PROPERTIES EXTERNAL_OBJECT TRUE)
+  target_sources(mxtrain_backend_cuda PRIVATE ${quack_objects})
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/src/mxtrain/backend/cuda/quack_gemm.cpp PROPERTIES
+                              COMPILE_DEFINITIONS MXTRAIN_HAVE_QUACK_GEMMS=1
+                              INCLUDE_DIRECTORIES "${fa4}/include;${PROJECT_BINARY_DIR}/generated")
+  list(LENGTH quack_objects quack_count)
+  message(STATUS "quack GEMMs for the autotune: ${quack_count} (${fa4})")
+endif()

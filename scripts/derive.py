@@ -772,6 +772,33 @@ def quack_probe_layer(relative, timeline, layers):
             f"({n * interleaved:+.1f} ms a step)")
 
 
+def gemm_kernels_ab(relative, autotune):
+    """The train.gemm_kernels A/B: each model's runs with cuBLASLt alone and with quack's GEMMs among
+    the autotune's candidates (the value was called auto when it ran), and how many GEMM shapes
+    the autotune gave to quack."""
+    runs = {}
+    for r in jsonl(relative):
+        kernels = "cublaslt" if r["gemm_kernels"] == "cublaslt" else "quack"
+        runs.setdefault(r["name"], {}).setdefault(kernels, []).append(r["step_ms"])
+    picks, name = {}, None
+    for line in read(autotune).splitlines():
+        m = re.match(r"# (\S+)_auto:", line)
+        if m:
+            name = m[1]
+            picks[name] = [0, 0]
+        elif "gemm autotune" in line and name:
+            picks[name][1] += 1
+            picks[name][0] += "chose quack" in line
+    parts = []
+    for model, r in runs.items():
+        a, b = r["cublaslt"], r["quack"]
+        ma, mb = sum(a) / len(a), sum(b) / len(b)
+        ms = lambda xs: " and ".join(f"{x:.1f}" for x in xs)
+        parts.append(f"{model} {ms(a)} ms with cuBLASLt alone, {ms(b)} ms with quack's GEMMs among the candidates "
+                     f"({(mb - ma) / ma * 100:+.1f}%; quack chosen for {picks[model][0]} of {picks[model][1]} GEMM shapes)")
+    return "; ".join(parts)
+
+
 # ---- the documents ----------------------------------------------------------------------------------
 
 def generate(kind, args, planner):
@@ -801,6 +828,7 @@ def generate(kind, args, planner):
         "gtest": lambda: gtest_text(*args),
         "quack-probe-table": lambda: quack_probe_table(*args),
         "quack-probe-layer": lambda: quack_probe_layer(*args),
+        "gemm-kernels-ab": lambda: gemm_kernels_ab(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")

@@ -1,7 +1,7 @@
 #!/bin/bash
 # FlashAttention-4's Hopper attention backward for the trainer (train.attention_backward =
-# flash-attention-4; docs/attention.md): compiles it here, without a GPU, and gathers what the
-# CUDA build links: one object file a function and configuration, TVM-FFI's runtime library and
+# flash-attention-4; docs/attention.md) and quack's BF16 GEMMs for the GEMM autotune
+# (docs/gemm-kernels.md): compiles them here, without a GPU, and gathers what the CUDA build links: one object file a function and configuration, TVM-FFI's runtime library and
 # headers, and the CuTe DSL's static CUDA shim.
 #
 #   scripts/fa4_kernels.sh [OUTDIR] [HEAD_DIM:GROUP ...]
@@ -40,11 +40,13 @@ dsl=$("$py" -m cutlass.cute.export.aot_config --libdir 2>/dev/null | tail -1)
 work=$(mktemp -d "${out%/}.partial.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$py" scripts/fa4_export.py "$work" "${configs[@]}"
+# quack's BF16 GEMMs for the GEMM autotune (docs/gemm-kernels.md), from the same venv: 1 min.
+"$py" scripts/quack_gemm_export.py "$work"
 mkdir -p "$work/lib" "$work/include"
 cp "$ffi/lib/libtvm_ffi.so" "$dsl/libcuda_dialect_runtime_static.a" "$work/lib/"
 cp -r "$ffi/include/tvm" "$ffi/include/dlpack" "$work/include/"
 "$py" -c 'from importlib.metadata import version as v
-print("flash-attn-4", v("flash-attn-4"), "nvidia-cutlass-dsl", v("nvidia-cutlass-dsl"), "apache-tvm-ffi", v("apache-tvm-ffi"))' \
+print("flash-attn-4", v("flash-attn-4"), "quack-kernels", v("quack-kernels"), "nvidia-cutlass-dsl", v("nvidia-cutlass-dsl"), "apache-tvm-ffi", v("apache-tvm-ffi"))' \
   > "$work/VERSIONS"
 rm -rf "$out" && mv "$work" "$out"
 trap - EXIT

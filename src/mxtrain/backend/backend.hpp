@@ -593,6 +593,7 @@ struct BackendOptions {
   bool flash_attention_4_backward = false;  // cuda: FlashAttention-4's attention backward (train.attention_backward)
   bool tf32 = false;           // cuda: TF32 tensor cores for f32 GEMMs
   bool gemm_autotune = false;  // cuda: time cuBLASLt's candidate algorithms per GEMM shape
+  bool gemm_quack = false;     // cuda: with gemm_autotune, quack's GEMMs among the candidates (train.gemm_kernels)
   size_t memory_bytes = 0;     // dryrun: simulated capacity
   std::string device_label;    // dryrun: e.g. "h200"
 };

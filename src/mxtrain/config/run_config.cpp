@@ -207,6 +207,12 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(boolean("train.gemm_autotune", c.train.gemm_autotune,
                          "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
                          "fastest (false: the heuristic's first choice, the same in every run)"));
+  list.push_back(choice("train.gemm_kernels", c.train.gemm_kernels,
+                        "cuda: the GEMM libraries: cublaslt, or cublaslt+quack (with train.gemm_autotune, quack's "
+                        "Hopper tile configurations are timed beside cuBLASLt's algorithms for every plain BF16 "
+                        "GEMM shape and the faster runs; a build that carries them, docs/gemm-kernels.md; "
+                        "measured no faster on the H200 benchmark shapes)",
+                        {"cublaslt", "cublaslt+quack"}));
   list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
                          "GPU; every precision but fp16's loss scaling and nvfp4 with stochastic rounding; not "

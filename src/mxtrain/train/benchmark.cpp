@@ -90,6 +90,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
                          {"precision", result.precision},
                          {"recompute", config.train.recompute},
                          {"attention_backward", config.train.attention_backward},
+                         {"gemm_kernels", config.train.gemm_kernels},
                          {"grad_clip", config.optimizer.grad_clip},
                          {"device", result.device},
                          {"gpu", result.device_name},

@@ -42,6 +42,7 @@ BackendOptions backend_options(const RunConfig& config) {
   options.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
   options.tf32 = config.train.tf32;
   options.gemm_autotune = config.train.gemm_autotune;
+  options.gemm_quack = config.train.gemm_kernels == "cublaslt+quack";
   return options;
 }
 

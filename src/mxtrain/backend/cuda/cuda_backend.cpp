@@ -69,6 +69,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_ = std::make_unique<CublasLtGemm>(gemm_workspace_.tensor().data, gemm_workspace_.tensor().bytes());
   gemm_->set_tf32(options.tf32);
   gemm_->set_autotune(options.gemm_autotune);
+  gemm_->set_quack(options.gemm_quack);
   attention_ = std::make_unique<CudnnAttention>(*this, &device_facts_);
   attention_->set_deterministic(options.deterministic);
   attention_->set_flash_attention_4_backward(options.flash_attention_4_backward);
@@ -219,6 +220,7 @@ void CudaBackend::set_deterministic_attention(bool deterministic) { attention_->
 bool CudaBackend::deterministic_attention() const { return attention_->deterministic(); }
 void CudaBackend::set_flash_attention_4_backward(bool enabled) { attention_->set_flash_attention_4_backward(enabled); }
 bool CudaBackend::flash_attention_4_backward() const { return attention_->flash_attention_4_backward(); }
+int CudaBackend::quack_gemm_shapes() const { return gemm_->quack_choices(); }
 void CudaBackend::check_attention_backward(const AttentionShape& shape, DType activations) const {
   attention_->check_backward(shape, activations == DType::f32 ? DType::bf16 : activations);
 }

@@ -67,6 +67,8 @@ class CudaBackend final : public Backend {
   void set_flash_attention_4_backward(bool enabled);
   bool flash_attention_4_backward() const;
   void check_attention_backward(const AttentionShape& shape, DType activations) const override;
+  // GEMM shapes the autotune gave to quack's kernels (backend/cuda/quack_gemm.hpp) so far.
+  int quack_gemm_shapes() const;
   // TF32 tensor cores for f32 GEMMs (the fp32 precision mode); default off.
   void set_tf32(bool enabled);
   bool tf32() const;

@@ -1,8 +1,10 @@
 #include "mxtrain/backend/cuda/gemm.hpp"
 
+#include <cstdlib>
 #include <vector>
 
 #include "mxtrain/backend/cuda/cuda_check.hpp"
+#include "mxtrain/backend/cuda/quack_gemm.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 
@@ -13,6 +15,8 @@ struct CublasLtGemm::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order; algo = the chosen one
+  std::vector<int> quack;  // quack's configurations that can run the call (autotune candidates too)
+  int quack_choice = -1;   // the chosen one's position in `quack`, or -1: cuBLASLt's algo runs
   bool available = false;
   bool tuned = false;
 
@@ -82,6 +86,25 @@ void require_contiguous(const Tensor& tensor, const char* op) {
 }
 
 }  // namespace
+
+// The call as quack's GEMMs take it, when they can: BF16 in and out, no epilogue, nothing added,
+// no decode scales (a plain GEMM of the three linear ops).
+int CublasLtGemm::quack_choices() const {
+  int count = 0;
+  for (const auto& [key, plan] : plans_) count += plan->quack_choice >= 0;
+  return count;
+}
+
+bool CublasLtGemm::quack_product(const Call& call, quack_gemm::Product* p) {
+  if (call.epilogue != Epilogue::none || call.beta != 0.0f || call.c != nullptr || call.scaled ||
+      call.device_scalars != nullptr || call.a_type != DType::bf16 || call.b_type != DType::bf16 ||
+      call.d_type != DType::bf16)
+    return false;
+  *p = quack_gemm::Product{call.transpose_a, call.transpose_b, call.m,   call.n,   call.k,  call.a,
+                           call.lda,        call.b,           call.ldb, call.d, call.ldd};
+  return true;
+}
+
 
 CublasLtGemm::CublasLtGemm(void* workspace, size_t workspace_bytes)
     : workspace_(workspace), workspace_bytes_(workspace_bytes) {
@@ -171,7 +194,9 @@ CublasLtGemm::Plan* CublasLtGemm::plan_for(const Call& call, bool optional) {
   }
   if (plan->available) {
     plan->algo = plan->candidates.front();
-    plan->tuned = plan->candidates.size() < 2;
+    quack_gemm::Product product;
+    if (autotune_ && quack_ && quack_product(call, &product)) plan->quack = quack_gemm::candidates(product);
+    plan->tuned = plan->candidates.size() + plan->quack.size() < 2;
   } else if (!optional) {
     throw Error(ErrorKind::unsupported,
                 strf("cuBLASLt has no algorithm for the GEMM m=%lld n=%lld k=%lld (op %c%c, A %s, B %s, D %s, "
@@ -209,6 +234,12 @@ bool CublasLtGemm::run(const Call& call, cudaStream_t stream, bool optional) {
                                                         sizeof call.b_scale));
   }
   if (!plan->tuned) tune(plan, call, stream);
+  if (plan->quack_choice >= 0) {
+    quack_gemm::Product product;
+    quack_product(call, &product);
+    quack_gemm::run(plan->quack[plan->quack_choice], product, stream);
+    return true;
+  }
   MXTRAIN_CUBLAS_CHECK(launch(plan, plan->algo, call, call.c ? call.c : call.d, call.d, stream));
   return true;
 }
@@ -252,13 +283,28 @@ void CublasLtGemm::tune(Plan* plan, const Call& call, cudaStream_t stream) {
   // such dips. (Longer, sustained timing, tried before, measured the candidates under
   // power-limited clocks and chose algorithms that made the llama-1b step ~3 ms slower.)
   constexpr int kRepeats = 3, kRounds = 2;
-  std::vector<float> fastest(plan->candidates.size(), -1.0f);
+  // Candidates 0.. are cuBLASLt's algorithms in the heuristic's order, then quack's
+  // configurations (plain BF16 GEMMs only: they neither read D nor need the scratch).
+  const size_t algorithms = plan->candidates.size(), total = algorithms + plan->quack.size();
+  quack_gemm::Product product;
+  if (!plan->quack.empty()) quack_product(call, &product);
+  // MXT_TEST_GEMM_QUACK_ONLY (the GPU tests): where quack can run the GEMM, only its
+  // configurations are timed, so the tests exercise its path whatever cuBLASLt's speed.
+  const bool quack_only = std::getenv("MXT_TEST_GEMM_QUACK_ONLY") != nullptr;
+  auto trial = [&](size_t i) -> bool {
+    if (quack_only && !plan->quack.empty() && i < algorithms) return false;
+    if (i < algorithms) return launch(plan, plan->candidates[i], call, c, d, stream) == CUBLAS_STATUS_SUCCESS;
+    quack_gemm::run(plan->quack[i - algorithms], product, stream);
+    return true;
+  };
+  std::vector<float> fastest(total, -1.0f);
   for (int round = 0; round < kRounds; ++round) {
-    for (size_t i = 0; i < plan->candidates.size(); ++i) {
+    for (size_t i = 0; i < total; ++i) {
       if (round > 0 && fastest[i] < 0) continue;  // failed to launch in the first round
-      if (launch(plan, plan->candidates[i], call, c, d, stream) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+      if (!trial(i)) continue;                    // warm-up
       MXTRAIN_CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int r = 0; r < kRepeats; ++r) MXTRAIN_CUBLAS_CHECK(launch(plan, plan->candidates[i], call, c, d, stream));
+      for (int r = 0; r < kRepeats; ++r)
+        if (!trial(i)) throw Error(ErrorKind::system, "gemm autotune: a candidate that ran once failed to launch");
       MXTRAIN_CUDA_CHECK(cudaEventRecord(stop, stream));
       MXTRAIN_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
@@ -282,11 +328,18 @@ void CublasLtGemm::tune(Plan* plan, const Call& call, cudaStream_t stream) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   if (scratch) MXTRAIN_CUDA_CHECK(cudaFree(scratch));
-  plan->algo = plan->candidates[best];
-  log::info(strf("gemm autotune m=%lld n=%lld k=%lld %c%c: heuristic's first %.4f ms, chose #%zu of %zu: %.4f ms",
+  if (best < algorithms) {
+    plan->algo = plan->candidates[best];
+  } else {
+    plan->quack_choice = static_cast<int>(best - algorithms);
+  }
+  const std::string chosen =
+      best < algorithms ? strf("#%zu of %zu", best, algorithms) : quack_gemm::name(plan->quack[best - algorithms]);
+  log::info(strf("gemm autotune m=%lld n=%lld k=%lld %c%c: heuristic's first %.4f ms, chose %s%s: %.4f ms",
                   static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
-                  call.transpose_a ? 'T' : 'N', call.transpose_b ? 'T' : 'N', first_ms, best,
-                  plan->candidates.size(), best_ms));
+                  call.transpose_a ? 'T' : 'N', call.transpose_b ? 'T' : 'N', first_ms, chosen.c_str(),
+                  plan->quack.empty() ? "" : strf(" (%zu quack configurations timed too)", plan->quack.size()).c_str(),
+                  best_ms));
 }
 
 void CublasLtGemm::configure_scaling(cublasLtMatmulDesc_t desc, const Call& call) {

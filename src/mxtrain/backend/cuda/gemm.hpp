@@ -8,7 +8,10 @@
 // and reused; each call only sets the epilogue's bias pointer and runs. With autotuning on
 // (train.gemm_autotune), the first call of each key times up to kCandidates of the heuristic's
 // algorithms on the call's own operands and keeps the fastest for the rest of the run (like
-// cudnn.benchmark: the choice, hence the last bits of the results, can differ between runs). The workspace is one
+// cudnn.benchmark: the choice, hence the last bits of the results, can differ between runs). With
+// set_quack (train.gemm_kernels = cublaslt+quack) in a build that carries quack's GEMMs
+// (backend/cuda/quack_gemm.hpp), a plain BF16 GEMM's trials include quack's tile configurations,
+// and the fastest of either library runs. The workspace is one
 // fixed buffer from the backend's allocator ("cublaslt.workspace", Lifetime::workspace; its size
 // is private_buffers::kGemmWorkspaceBytes), allocated when the backend is created, so its bytes
 // are the same in every run.
@@ -23,6 +26,10 @@
 
 namespace mxtrain {
 
+namespace quack_gemm {
+struct Product;
+}
+
 class CublasLtGemm {
  public:
   CublasLtGemm(void* workspace, size_t workspace_bytes);
@@ -33,8 +40,12 @@ class CublasLtGemm {
   static constexpr int kCandidates = 8;
   void set_tf32(bool enabled) { tf32_ = enabled; }
   void set_autotune(bool enabled) { autotune_ = enabled; }
+  // With autotuning, quack's configurations among the candidates (in a build that carries them).
+  void set_quack(bool enabled) { quack_ = enabled; }
   bool autotune() const { return autotune_; }
   bool tf32() const { return tf32_; }
+  // How many GEMM shapes the autotune gave to quack's kernels so far.
+  int quack_choices() const;
 
   // out[N,M] = x[N,K] · weight[M,K]ᵀ (+ bias[M]), bias fused as the BIAS epilogue.
   void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
@@ -104,6 +115,9 @@ class CublasLtGemm {
   struct Plan;
   using Key = std::array<int64_t, 23>;
 
+  // The call as quack's GEMMs take it (backend/cuda/quack_gemm.hpp), when they can: BF16 in and
+  // out, no epilogue, nothing added, no decode scales.
+  static bool quack_product(const Call& call, quack_gemm::Product* p);
   // Runs the call; returns false only when `optional` and no algorithm exists for it.
   bool run(const Call& call, cudaStream_t stream, bool optional);
   // Column-major D[m, n] = op(A)[m, k] · op(B)[k, n]: the shape, and A, B and D (the tensors'
@@ -127,6 +141,7 @@ class CublasLtGemm {
   size_t workspace_bytes_;
   bool tf32_ = false;
   bool autotune_ = false;
+  bool quack_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

@@ -1,9 +1,10 @@
-// Calling TVM-FFI packed functions from C++: what FlashAttention-4's exported kernels take
-// (scripts/fa4_export.py) — strided DLPack views, None and float values, the (None, None)
-// auxiliary-data tuple — the raised error as text, and the one symbol the exported objects take
-// from the CuTe DSL's 43 MB runtime library, which is not linked. Header-only and free of
-// mxtrain's own types, so that flash_attention_4.cpp and the standalone probe
-// bench/fa4_aot_probe.cpp call the kernels through the same code. Needs the TVM-FFI and DLPack
+// Calling TVM-FFI packed functions from C++: what the exported CuTe DSL kernels take
+// (FlashAttention-4's, scripts/fa4_export.py; quack's GEMMs, scripts/quack_gemm_export.py):
+// strided DLPack views, None, integer and float values, tuples as arrays; the raised error as
+// text, and the one symbol the exported objects take from the CuTe DSL's 43 MB runtime library,
+// which is not linked. Header-only and free of mxtrain's own types, so that
+// flash_attention_4.cpp, quack_gemm.cpp and the standalone probes (bench/fa4_aot_probe.cpp,
+// bench/quack_probe.cpp) call the kernels through the same code. Needs the TVM-FFI and DLPack
 // headers of scripts/fa4_kernels.sh's folder.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -89,17 +90,28 @@ inline std::string call(Packed fn, std::initializer_list<TVMFFIAny> args) {
   return raised_error();
 }
 
-// The (None, None) auxiliary-data tuple the compiled functions take, as a TVM-FFI Array made by
-// the global "ffi.Array"; "" when made, else why not.
-inline std::string make_none_pair(TVMFFIAny* pair) {
-  *pair = none();
-  TVMFFIObjectHandle make_array = nullptr;
+inline TVMFFIAny integer(int64_t v) {
+  TVMFFIAny a{};
+  a.type_index = kTVMFFIInt;
+  a.v_int64 = v;
+  return a;
+}
+
+// A TVM-FFI Array of `count` plain values (None, numbers) made by the global "ffi.Array", for the
+// tuples the compiled functions take; "" when made (the caller owns *array), else why not.
+inline std::string make_array(TVMFFIAny* elements, int count, TVMFFIAny* array) {
+  *array = none();
+  TVMFFIObjectHandle make = nullptr;
   const TVMFFIByteArray name{"ffi.Array", 9};
-  TVMFFIAny elements[2] = {none(), none()};
-  if (TVMFFIFunctionGetGlobal(&name, &make_array) != 0 || make_array == nullptr)
-    return "TVM-FFI has no global ffi.Array";
-  if (TVMFFIFunctionCall(make_array, elements, 2, pair) != 0) return raised_error();
+  if (TVMFFIFunctionGetGlobal(&name, &make) != 0 || make == nullptr) return "TVM-FFI has no global ffi.Array";
+  if (TVMFFIFunctionCall(make, elements, count, array) != 0) return raised_error();
   return "";
+}
+
+// The (None, None) auxiliary-data tuple FlashAttention-4's functions take.
+inline std::string make_none_pair(TVMFFIAny* pair) {
+  TVMFFIAny elements[2] = {none(), none()};
+  return make_array(elements, 2, pair);
 }
 
 }  // namespace mxtrain::tvm_ffi

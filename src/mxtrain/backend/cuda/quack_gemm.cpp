@@ -1,0 +1,156 @@
+#include "mxtrain/backend/cuda/quack_gemm.hpp"
+
+#include "mxtrain/backend/cuda/cuda_check.hpp"
+#include "mxtrain/core/error.hpp"
+
+#if MXTRAIN_HAVE_QUACK_GEMMS
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <map>
+
+#include "mxtrain/backend/cuda/tvm_ffi_call.hpp"
+
+// The exported functions (scripts/quack_gemm_export.py): __tvm_ffi_mxtrain_quack_<layout>_<config>,
+// listed by the generated table as MXTRAIN_QUACK_GEMM(layout, config, tile_m, tile_n, cluster_m,
+// cluster_n, pingpong).
+#define MXTRAIN_QUACK_GEMM(layout, config, tile_m, tile_n, cluster_m, cluster_n, pingpong) \
+  int __tvm_ffi_mxtrain_quack_##layout##_##config(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+extern "C" {
+#include "mxtrain/quack_gemm_kernels.inc"
+}
+#undef MXTRAIN_QUACK_GEMM
+#endif
+
+namespace mxtrain::quack_gemm {
+
+#if MXTRAIN_HAVE_QUACK_GEMMS
+namespace {
+
+struct Kernel {
+  const char* layout;
+  const char* config;
+  int64_t tile_m, tile_n, cluster_m, cluster_n, pingpong;
+  tvm_ffi::Packed fn;
+};
+
+#define MXTRAIN_QUACK_GEMM(layout, config, tile_m, tile_n, cluster_m, cluster_n, pingpong) \
+  Kernel{#layout, #config, tile_m, tile_n, cluster_m, cluster_n, pingpong, __tvm_ffi_mxtrain_quack_##layout##_##config},
+const Kernel kKernels[] = {
+#include "mxtrain/quack_gemm_kernels.inc"
+};
+#undef MXTRAIN_QUACK_GEMM
+
+// cuBLAS's transposes as the layout tag the export names them by (the three linear ops).
+const char* layout_of(const Product& p) {
+  if (p.transpose_a && !p.transpose_b) return "tn";  // forward: x · Wᵀ
+  if (!p.transpose_a && !p.transpose_b) return "nn";  // input gradient: dY · W
+  if (!p.transpose_a && p.transpose_b) return "nt";   // weight gradient: dYᵀ · x
+  return nullptr;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+struct Device {
+  int id = 0, sms = 0;
+  bool hopper = false;
+};
+
+const Device& device() {
+  thread_local std::map<int, Device> devices;
+  int id = 0;
+  MXTRAIN_CUDA_CHECK(cudaGetDevice(&id));
+  auto found = devices.find(id);
+  if (found != devices.end()) return found->second;
+  Device d;
+  d.id = id;
+  int major = 0, minor = 0;
+  MXTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, id));
+  MXTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, id));
+  MXTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, id));
+  d.hopper = major == 9 && minor == 0;  // the kernels are sm_90a code
+  return devices.emplace(id, d).first->second;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  throw Error(ErrorKind::system, "quack's GEMM: " + what,
+              "set train.gemm_kernels = cublaslt (the default: cuBLASLt only), and report this with the log");
+}
+
+// The plain epilogue's twelve absent arguments, and the tile scheduler's (clusters that fit,
+// raster order, swizzle, semaphore, all-gather, batch permutation): arrays made once and kept.
+TVMFFIAny epilogue_arguments() {
+  static TVMFFIAny made = [] {
+    TVMFFIAny array, elements[12];
+    for (TVMFFIAny& e : elements) e = tvm_ffi::none();
+    const std::string error = tvm_ffi::make_array(elements, 12, &array);
+    if (!error.empty()) fail("TVM-FFI's ffi.Array failed: " + error);
+    return array;
+  }();
+  return made;
+}
+
+TVMFFIAny scheduler_arguments(int64_t clusters) {
+  thread_local std::map<int64_t, TVMFFIAny> made;
+  auto found = made.find(clusters);
+  if (found != made.end()) return found->second;
+  TVMFFIAny array, elements[6] = {tvm_ffi::integer(clusters), tvm_ffi::none(), tvm_ffi::integer(8),
+                                  tvm_ffi::none(), tvm_ffi::none(), tvm_ffi::none()};
+  const std::string error = tvm_ffi::make_array(elements, 6, &array);
+  if (!error.empty()) fail("TVM-FFI's ffi.Array failed: " + error);
+  return made.emplace(clusters, array).first->second;
+}
+
+}  // namespace
+
+std::vector<std::string> carried() {
+  std::vector<std::string> names;
+  for (const Kernel& k : kKernels) names.push_back(std::string(k.layout) + " " + k.config);
+  return names;
+}
+
+std::vector<int> candidates(const Product& p) {
+  const char* layout = layout_of(p);
+  if (layout == nullptr || p.m <= 0 || p.n <= 0 || p.k <= 0 || !device().hopper) return {};
+  // TMA: 16-byte aligned bases and leading dimensions that are multiples of 16 bytes.
+  if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.d) || p.lda % 8 || p.ldb % 8 || p.ldd % 8) return {};
+  std::vector<int> found;
+  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
+    if (std::string(kKernels[i].layout) == layout) found.push_back(i);
+  return found;
+}
+
+std::string name(int candidate) {
+  const Kernel& k = kKernels[candidate];
+  return std::string("quack ") + k.layout + " " + k.config;
+}
+
+void run(int candidate, const Product& p, cudaStream_t stream) {
+  const Kernel& kernel = kKernels[candidate];
+  const Device& dev = device();
+  if (TVMFFIEnvSetStream(kDLCUDA, dev.id, stream, nullptr) != 0)
+    fail("TVM-FFI could not take mxtrain's CUDA stream: " + tvm_ffi::raised_error());
+  // cuBLAS's column-major D[m, n] = op(A) · op(B) is row-major D[n, m] = op(B)ᵀ · op(A)ᵀ: quack's
+  // A [n, k] is cuBLAS's B, its B [k, m] cuBLAS's A, each read in the order its transpose says.
+  using tvm_ffi::View;
+  View a(const_cast<void*>(p.b), tvm_ffi::kBf16, dev.id, {p.n, p.k}, {p.transpose_b ? 1 : p.ldb, p.transpose_b ? p.ldb : 1});
+  View b(const_cast<void*>(p.a), tvm_ffi::kBf16, dev.id, {p.k, p.m}, {p.transpose_a ? 1 : p.lda, p.transpose_a ? p.lda : 1});
+  View d(p.d, tvm_ffi::kBf16, dev.id, {p.n, p.m}, {p.ldd, 1});
+  const int64_t clusters = dev.sms / (kernel.cluster_m * kernel.cluster_n);
+  const TVMFFIAny n = tvm_ffi::none();
+  const std::string error = tvm_ffi::call(
+      kernel.fn, {a.any(), b.any(), d.any(), n, epilogue_arguments(), scheduler_arguments(clusters), n, n, n});
+  if (!error.empty()) fail(name(candidate) + " failed: " + error);
+}
+
+#else  // built without the kernel folder
+
+std::vector<std::string> carried() { return {}; }
+std::vector<int> candidates(const Product&) { return {}; }
+std::string name(int) { return ""; }
+void run(int, const Product&, cudaStream_t) {
+  throw Error(ErrorKind::internal, "quack_gemm::run in a build without quack's GEMMs", "");
+}
+
+#endif
+
+}  // namespace mxtrain::quack_gemm

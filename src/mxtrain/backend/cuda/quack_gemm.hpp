@@ -1,0 +1,46 @@
+// quack's Hopper BF16 GEMMs (PyPI quack-kernels: CuTe DSL kernels from the FlashAttention-4
+// authors), compiled ahead of time by scripts/quack_gemm_export.py into the same folder as
+// FlashAttention-4's kernels (scripts/fa4_kernels.sh) and linked when mxtrain is configured with
+// -DMXTRAIN_FLASH_ATTENTION_4=<folder>. With train.gemm_kernels = cublaslt+quack they are
+// candidates of the GEMM autotune beside cuBLASLt's algorithms (backend/cuda/gemm.cpp): where a
+// plain BF16 GEMM of the three linear ops runs faster in one of quack's tile configurations in
+// the autotune's trials, that shape keeps it. Measured on an H200, the picks did not hold in the
+// step (llama-1b 1% slower), hence not the default (docs/gemm-kernels.md). Built without the
+// folder, nothing here runs.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mxtrain::quack_gemm {
+
+// A GEMM as cuBLAS states it, column-major: D[m, n] = op(A)[m, k] · op(B)[k, n], BF16 operands
+// and output, FP32 accumulation, no epilogue and nothing added (beta = 0).
+struct Product {
+  bool transpose_a = false, transpose_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* d = nullptr;
+  int64_t ldd = 0;
+};
+
+// The configurations this build carries, as "<layout> <tile>" ("tn 128x192_c2x1_pp"); empty when
+// mxtrain was built without them.
+std::vector<std::string> carried();
+
+// The carried functions that can run `p` on the current device (an sm_90 GPU; the transposes of
+// one of the three linear ops; leading dimensions multiples of 8 elements and 16-byte aligned
+// pointers), as indexes for name() and run(); empty when none can.
+std::vector<int> candidates(const Product& p);
+
+std::string name(int candidate);
+
+// Runs candidate `candidate` (one of candidates(p)) on `stream`; throws with the fix on failure.
+void run(int candidate, const Product& p, cudaStream_t stream);
+
+}  // namespace mxtrain::quack_gemm

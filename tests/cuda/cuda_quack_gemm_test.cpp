@@ -1,0 +1,117 @@
+// quack's BF16 GEMMs as GEMM-autotune candidates (backend/cuda/quack_gemm.hpp): with
+// MXT_TEST_GEMM_QUACK_ONLY set, the autotune times only quack's configurations wherever they can
+// run a GEMM, so the three linear ops (forward x · Wᵀ, input gradient dY · W, weight gradient
+// dYᵀ · x) go through quack's kernels from the backend's own gemm(); each result is checked
+// against the CPU oracle and against cuBLASLt's, at shapes that are and are not whole tiles, and
+// at one whose leading dimension quack cannot take (the autotune keeps cuBLASLt there). Without
+// the kernels in the build (a folder from scripts/fa4_kernels.sh), the quack cases are skipped.
+//
+// Tolerance (relative L2 against the oracle, which sums in FP64 and rounds once): 1e-2, the BF16
+// output's rounding (about 3e-3) with room for the K-sums' order.
+#include <cstdlib>
+
+#include "cuda/cuda_test_support.hpp"
+#include "mxtrain/backend/cuda/quack_gemm.hpp"
+
+namespace mxtrain::test {
+namespace {
+
+struct GemmCase {
+  int64_t rows, in, out;  // tokens, input features, output features
+};
+
+class CudaQuackGemm : public CudaTest, public ::testing::WithParamInterface<GemmCase> {
+ protected:
+  // A backend whose GEMM autotune is on; with `quack_only`, only quack's configurations compete
+  // where they can run.
+  std::unique_ptr<Backend> tuned_backend(bool quack_only) {
+    if (quack_only)
+      setenv("MXT_TEST_GEMM_QUACK_ONLY", "1", 1);
+    else
+      unsetenv("MXT_TEST_GEMM_QUACK_ONLY");
+    BackendOptions options;
+    options.deterministic = true;
+    options.gemm_autotune = true;
+    options.gemm_quack = quack_only;
+    return create_backend("cuda", options);
+  }
+};
+
+TEST(CudaQuackGemmBuild, ListsWhatItCarries) {
+  const std::vector<std::string> carried = quack_gemm::carried();
+  std::string list;
+  for (const std::string& name : carried) list += " [" + name + "]";
+  std::printf("[ info  ] quack GEMMs in this build:%s\n", list.empty() ? " none" : list.c_str());
+  // Every carried function is one of the three layouts the linear ops map to.
+  for (const std::string& name : carried)
+    EXPECT_TRUE(name.rfind("tn ", 0) == 0 || name.rfind("nn ", 0) == 0 || name.rfind("nt ", 0) == 0) << name;
+}
+
+TEST_P(CudaQuackGemm, LinearOpsMatchTheOracleAndCublasLt) {
+  const GemmCase c = GetParam();
+  const bool built = !quack_gemm::carried().empty();
+  const std::vector<float> x = random_as(c.rows * c.in, 11, DType::bf16);
+  const std::vector<float> w = random_as(c.out * c.in, 12, DType::bf16, -0.1f, 0.1f);
+  const std::vector<float> dy = random_as(c.rows * c.out, 13, DType::bf16);
+  const Shape xs{c.rows, c.in}, ws{c.out, c.in}, ys{c.rows, c.out};
+
+  // The oracle.
+  Buffer cx = upload(cpu(), x, xs), cw = upload(cpu(), w, ws), cdy = upload(cpu(), dy, ys);
+  Buffer cy = cpu().allocate("y", ys, DType::f32, Lifetime::scratch);
+  Buffer cdx = cpu().allocate("dx", xs, DType::f32, Lifetime::scratch);
+  Buffer cdw = cpu().allocate("dw", ws, DType::f32, Lifetime::scratch);
+  cpu().gemm({.role = GemmRole::forward, .a = cx, .b = cw, .out = cy});
+  cpu().gemm({.role = GemmRole::backward_input, .a = cdy, .b = cw, .out = cdx});
+  cpu().gemm({.role = GemmRole::backward_weight, .a = cdy, .b = cx, .out = cdw});
+  const std::vector<float> want[3] = {download(cpu(), cy), download(cpu(), cdx), download(cpu(), cdw)};
+
+  std::vector<float> got[2][3];
+  int quack_shapes = 0;
+  for (int quack_only = 0; quack_only < 2; ++quack_only) {
+    if (quack_only && !built) break;
+    std::unique_ptr<Backend> backend = tuned_backend(quack_only == 1);
+    Buffer gx = upload(*backend, x, xs, DType::bf16), gw = upload(*backend, w, ws, DType::bf16),
+           gdy = upload(*backend, dy, ys, DType::bf16);
+    Buffer gy = backend->allocate("y", ys, DType::bf16, Lifetime::scratch);
+    Buffer gdx = backend->allocate("dx", xs, DType::bf16, Lifetime::scratch);
+    Buffer gdw = backend->allocate("dw", ws, DType::bf16, Lifetime::scratch);
+    // Twice: the first call of a shape runs its trials, the second the chosen kernel alone.
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      backend->gemm({.role = GemmRole::forward, .a = gx, .b = gw, .out = gy});
+      backend->gemm({.role = GemmRole::backward_input, .a = gdy, .b = gw, .out = gdx});
+      backend->gemm({.role = GemmRole::backward_weight, .a = gdy, .b = gx, .out = gdw});
+    }
+    got[quack_only][0] = download(*backend, gy);
+    got[quack_only][1] = download(*backend, gdx);
+    got[quack_only][2] = download(*backend, gdw);
+    if (quack_only) quack_shapes = dynamic_cast<CudaBackend&>(*backend).quack_gemm_shapes();
+  }
+  unsetenv("MXT_TEST_GEMM_QUACK_ONLY");
+  const char* names[3] = {"forward x·Wᵀ", "input gradient dY·W", "weight gradient dYᵀ·x"};
+  const std::string shape = strf(" %lldx%lld->%lld", static_cast<long long>(c.rows), static_cast<long long>(c.in),
+                                 static_cast<long long>(c.out));
+  for (int op = 0; op < 3; ++op) {
+    EXPECT_LT(report_error(std::string("cuBLASLt ") + names[op] + shape, got[0][op], want[op]), 1e-2);
+    if (built) {
+      EXPECT_LT(report_error(std::string("quack ") + names[op] + shape, got[1][op], want[op]), 1e-2);
+      EXPECT_LT(report_error(std::string("quack against cuBLASLt ") + names[op] + shape, got[1][op], got[0][op]), 1e-2);
+    }
+  }
+  if (!built) GTEST_SKIP() << "built without quack's GEMMs (scripts/fa4_kernels.sh's folder)";
+  // Leading dimensions that are multiples of 8 elements: quack takes all three ops; otherwise none.
+  const bool aligned = c.in % 8 == 0 && c.out % 8 == 0 && c.rows % 8 == 0;
+  EXPECT_EQ(quack_shapes, aligned ? 3 : 0) << "GEMM shapes given to quack's kernels";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackGemm,
+                         ::testing::Values(GemmCase{1000, 520, 776},      // no dimension a whole tile
+                                           GemmCase{4096, 2048, 5632},    // llama-1b's up projection, 2 sequences
+                                           GemmCase{2048, 5632, 2048},    // its down projection
+                                           GemmCase{512, 260, 128}),      // in = 260: rows of 520 bytes, not 16-byte multiples
+                         [](const ::testing::TestParamInfo<GemmCase>& info) {
+                           return strf("rows%lld_in%lld_out%lld", static_cast<long long>(info.param.rows),
+                                       static_cast<long long>(info.param.in), static_cast<long long>(info.param.out));
+                         });
+
+}  // namespace
+}  // namespace mxtrain::test
