@@ -87,14 +87,14 @@ void require_contiguous(const Tensor& tensor, const char* op) {
 
 }  // namespace
 
-// The call as quack's GEMMs take it, when they can: BF16 in and out, no epilogue, nothing added,
-// no decode scales (a plain GEMM of the three linear ops).
 int CublasLtGemm::quack_choices() const {
   int count = 0;
   for (const auto& [key, plan] : plans_) count += plan->quack_choice >= 0;
   return count;
 }
 
+// The call as quack's GEMMs take it, when they can: BF16 in and out, no epilogue, nothing added,
+// no decode scales (a plain GEMM of the three linear ops).
 bool CublasLtGemm::quack_product(const Call& call, quack_gemm::Product* p) {
   if (call.epilogue != Epilogue::none || call.beta != 0.0f || call.c != nullptr || call.scaled ||
       call.device_scalars != nullptr || call.a_type != DType::bf16 || call.b_type != DType::bf16 ||
@@ -104,7 +104,6 @@ bool CublasLtGemm::quack_product(const Call& call, quack_gemm::Product* p) {
                            call.lda,        call.b,           call.ldb, call.d, call.ldd};
   return true;
 }
-
 
 CublasLtGemm::CublasLtGemm(void* workspace, size_t workspace_bytes)
     : workspace_(workspace), workspace_bytes_(workspace_bytes) {

@@ -1,5 +1,7 @@
 #include "mxtrain/backend/cuda/quack_gemm.hpp"
 
+#include <iterator>
+
 #include "mxtrain/backend/cuda/cuda_check.hpp"
 #include "mxtrain/core/error.hpp"
 
@@ -132,8 +134,11 @@ void run(int candidate, const Product& p, cudaStream_t stream) {
   // cuBLAS's column-major D[m, n] = op(A) · op(B) is row-major D[n, m] = op(B)ᵀ · op(A)ᵀ: quack's
   // A [n, k] is cuBLAS's B, its B [k, m] cuBLAS's A, each read in the order its transpose says.
   using tvm_ffi::View;
-  View a(const_cast<void*>(p.b), tvm_ffi::kBf16, dev.id, {p.n, p.k}, {p.transpose_b ? 1 : p.ldb, p.transpose_b ? p.ldb : 1});
-  View b(const_cast<void*>(p.a), tvm_ffi::kBf16, dev.id, {p.k, p.m}, {p.transpose_a ? 1 : p.lda, p.transpose_a ? p.lda : 1});
+  const int64_t one = 1;
+  View a(const_cast<void*>(p.b), tvm_ffi::kBf16, dev.id, {p.n, p.k},
+         {p.transpose_b ? one : p.ldb, p.transpose_b ? p.ldb : one});
+  View b(const_cast<void*>(p.a), tvm_ffi::kBf16, dev.id, {p.k, p.m},
+         {p.transpose_a ? one : p.lda, p.transpose_a ? p.lda : one});
   View d(p.d, tvm_ffi::kBf16, dev.id, {p.n, p.m}, {p.ldd, 1});
   const int64_t clusters = dev.sms / (kernel.cluster_m * kernel.cluster_n);
   const TVMFFIAny n = tvm_ffi::none();
