@@ -799,6 +799,15 @@ def gemm_kernels_ab(relative, autotune):
     return "; ".join(parts)
 
 
+def mfu_of(relative, name, gemm_kernels):
+    """The MFU of each mxtrain line of `name` run with `gemm_kernels`, in file order: "59.97% and 59.90%"."""
+    values = [f"{100 * r['mfu']:.2f}%" for r in jsonl(relative)
+              if r.get("engine") == "mxtrain" and r["name"] == name and r.get("gemm_kernels") == gemm_kernels]
+    if not values:
+        raise SystemExit(f"derive.py: {relative} has no mxtrain line of {name} with gemm_kernels {gemm_kernels}")
+    return " and ".join(values)
+
+
 # ---- the documents ----------------------------------------------------------------------------------
 
 def generate(kind, args, planner):
@@ -829,6 +838,7 @@ def generate(kind, args, planner):
         "quack-probe-table": lambda: quack_probe_table(*args),
         "quack-probe-layer": lambda: quack_probe_layer(*args),
         "gemm-kernels-ab": lambda: gemm_kernels_ab(*args),
+        "mfu": lambda: mfu_of(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
