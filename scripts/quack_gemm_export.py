@@ -14,12 +14,21 @@ The layouts are cuBLAS's column-major D[m, n] = op(A)[m, k] · op(B)[k, n] of th
   tn  the forward, x · Wᵀ:          quack's A [rows, k] k-major, B [k, cols] k-major
   nn  the input gradient, dY · W:   A k-major, B cols-major (row-major [k, cols])
   nt  the weight gradient, dYᵀ · x: A rows-major (a transposed row-major matrix), B row-major
-All BF16 in and out with FP32 accumulation, no epilogue: D = A · B. The compiled code is generic
-in the sizes and leading dimensions (multiples of 8 elements, 16-byte aligned)."""
+All BF16 in and out with FP32 accumulation, no epilogue: D = A · B. And the llama MLP's gate/up
+forward with SwiGLU in the epilogue (quack's gated GEMM, row-major, the weight's gate and up rows
+interleaved as mxtrain stores them):
+  gated  preact [rows, 2F] = x [rows, k] · W [2F, k]ᵀ, postact [rows, F] = silu(preact[:, 2j]) ·
+         preact[:, 2j + 1], SwiGLU applied to the FP32 product
+The compiled code is generic in the sizes and leading dimensions (multiples of 8 elements, 16-byte
+aligned)."""
 import os, sys, time
 
 CONFIGS = [(128, 192, 2, 1, True), (128, 192, 1, 2, True), (128, 128, 2, 1, True), (256, 128, 2, 1, False),
            (128, 256, 2, 1, False)]  # (tile_m, tile_n, cluster_m, cluster_n, pingpong), from quack's Hopper space
+# The gated GEMM's: the fastest four of seven at llama-1b's and llama-3b's MLPs on an H200
+# (bench/results/h200_quack_probe_84d8f8f.txt), the llama-1b winner first (the one taken when
+# train.gemm_autotune is off).
+GATED_CONFIGS = [(128, 128, 2, 1, True), (128, 192, 1, 2, True), (128, 192, 2, 1, True), (256, 192, 2, 1, False)]
 
 
 def prepare():
@@ -71,6 +80,12 @@ def plain_gemm(A, B, out, config, concat=None):
                      rounding_mode=0, sr_seed=0, concat_layout=concat, SFA=None, SFB=None, split_k=1, split_k_mode=0)
 
 
+def gated_gemm(x, w, preact, postact, config):
+    from quack import gemm_interface as gi
+    gi._gemm_act_call(x, w.T, preact, postact, None, None, activation="swiglu", concat_layout=None,
+                      dynamic_scheduler=False, tuned=False, config=config)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -91,13 +106,16 @@ def main():
     }
     os.makedirs(out_dir, exist_ok=True)
     lines, signatures = [], []
-    for layout, operands in layouts.items():
-        for c in CONFIGS:
+    for layout, operands in list(layouts.items()) + [("gated", None)]:
+        for c in GATED_CONFIGS if layout == "gated" else CONFIGS:
             started = time.time()
             launched.clear()
             with FakeTensorMode(allow_non_fake_inputs=True):
-                A, B, D = operands()
-                plain_gemm(A, B, D, config_of(c))
+                if layout == "gated":
+                    gated_gemm(t(R, K), t(2 * C, K), t(R, 2 * C), t(R, C), config_of(c))
+                else:
+                    A, B, D = operands()
+                    plain_gemm(A, B, D, config_of(c))
             name = "%s_%s" % (layout, tag_of(c))
             signature = export(launched, os.path.join(out_dir, "quack_%s.o" % name), "mxtrain_quack_%s" % name)
             signatures.append("# %s: %s" % (name, signature))

@@ -62,8 +62,9 @@ TEST_P(CpuActivation, ForwardMatchesDoubleReference) {
     for (int64_t f = 0; f < c.features; ++f) {
       const size_t out = static_cast<size_t>(row * c.features + f);
       if (swiglu()) {
-        const double gate = x[static_cast<size_t>(row * 2 * c.features + f)];
-        const double up = x[static_cast<size_t>(row * 2 * c.features + c.features + f)];
+        // gate/up interleaved: gate f in column 2f, up f in 2f + 1.
+        const double gate = x[static_cast<size_t>(row * 2 * c.features + 2 * f)];
+        const double up = x[static_cast<size_t>(row * 2 * c.features + 2 * f + 1)];
         expected[out] = silu(gate) * up;
       } else {
         expected[out] = gelu(x[out]);

@@ -77,6 +77,41 @@ TEST_F(CpuGemm, GeluEpiloguesAreTheGemmAndTheGeluOp) {
   EXPECT_EQ(records.ops[1].epilogue_bytes, bytes(input_pre));
 }
 
+// swiglu_aux: aux = x · Wᵀ (2F interleaved gate/up columns), out = swiglu_forward(aux); one op
+// whose epilogue traffic is out's write. A backend without the fused kernel runs the two apart,
+// and says so (gemm_fuses_swiglu) so that the model asks for it only where it is one kernel.
+TEST_F(CpuGemm, SwigluEpilogueIsTheGemmAndTheSwigluOp) {
+  constexpr int64_t kFfn = 4;
+  Buffer w1 = upload(backend_, random_vector(2 * kFfn * kIn, 67, -0.5f, 0.5f), Shape{2 * kFfn, kIn});
+  Buffer pre = zeros(backend_, Shape{kRows, 2 * kFfn}), out = zeros(backend_, Shape{kRows, kFfn});
+  EXPECT_FALSE(backend_.gemm_fuses_swiglu(DType::f32, kIn, kFfn));
+  Records records;
+  backend_.set_observer(&records);
+  backend_.gemm({.role = GemmRole::forward, .a = x_, .b = w1, .out = out, .epilogue = GemmEpilogue::swiglu_aux,
+                 .aux = pre});
+  backend_.set_observer(nullptr);
+  Buffer pre_apart = zeros(backend_, Shape{kRows, 2 * kFfn}), out_apart = zeros(backend_, Shape{kRows, kFfn});
+  backend_.gemm({.role = GemmRole::forward, .a = x_, .b = w1, .out = pre_apart});
+  backend_.swiglu_forward(pre_apart, out_apart);
+  EXPECT_EQ(download(backend_, pre), download(backend_, pre_apart));
+  EXPECT_EQ(download(backend_, out), download(backend_, out_apart));
+  ASSERT_EQ(records.ops.size(), 1u);
+  EXPECT_EQ(records.ops[0].kind, OpKind::linear_forward);
+  EXPECT_EQ(records.ops[0].flops, 2.0 * kRows * 2 * kFfn * kIn);
+  EXPECT_EQ(records.ops[0].bytes, bytes(x_) + bytes(w1) + bytes(pre) + bytes(out));
+  EXPECT_EQ(records.ops[0].epilogue_bytes, bytes(out));
+  EXPECT_EQ(records.ops[0].n, 2 * kFfn);
+  // No bias, no backward role, out half of aux's columns.
+  Buffer bias = zeros(backend_, Shape{2 * kFfn});
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = w1, .out = out,
+                                  .epilogue = GemmEpilogue::swiglu_aux, .bias = bias, .aux = pre}));
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = w1, .out = pre,
+                                  .epilogue = GemmEpilogue::swiglu_aux, .aux = pre}));
+  Buffer dx = zeros(backend_, Shape{kRows, kIn});
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::backward_input, .a = pre, .b = w1, .out = dx,
+                                  .epilogue = GemmEpilogue::swiglu_aux, .aux = out}));
+}
+
 TEST_F(CpuGemm, WeightGradientRecordsItsBiasGradientTwiceWhenAccumulating) {
   Buffer dweight = zeros(backend_, Shape{kOut, kIn}), dbias = zeros(backend_, Shape{kOut});
   Records records;

@@ -42,9 +42,11 @@ TEST(CudaQuackGemmBuild, ListsWhatItCarries) {
   std::string list;
   for (const std::string& name : carried) list += " [" + name + "]";
   std::printf("[ info  ] quack GEMMs in this build:%s\n", list.empty() ? " none" : list.c_str());
-  // Every carried function is one of the three layouts the linear ops map to.
+  // Every carried function is one of the three layouts the linear ops map to, or the gated GEMM.
   for (const std::string& name : carried)
-    EXPECT_TRUE(name.rfind("tn ", 0) == 0 || name.rfind("nn ", 0) == 0 || name.rfind("nt ", 0) == 0) << name;
+    EXPECT_TRUE(name.rfind("tn ", 0) == 0 || name.rfind("nn ", 0) == 0 || name.rfind("nt ", 0) == 0 ||
+                name.rfind("gated ", 0) == 0)
+        << name;
 }
 
 TEST_P(CudaQuackGemm, LinearOpsMatchTheOracleAndCublasLt) {
@@ -111,6 +113,66 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackGemm,
                          [](const ::testing::TestParamInfo<GemmCase>& info) {
                            return strf("rows%lld_in%lld_out%lld", static_cast<long long>(info.param.rows),
                                        static_cast<long long>(info.param.in), static_cast<long long>(info.param.out));
+                         });
+
+// The llama MLP's gate/up forward with SwiGLU in the epilogue (quack's gated GEMM, train.gemm_kernels
+// = cublaslt+quack-swiglu): Backend::gemm with swiglu_aux writes the interleaved pre-activation
+// and silu(gate) · up. Checked against the CPU oracle (the pre-activation: the BF16 rounding;
+// the activation: computed by the kernel from the FP32 product, by the oracle from its FP32 pre)
+// and against the same backend's GEMM + SwiGLU kernel. Where the shape does not qualify (k or
+// ffn not a multiple of 8) the backend says it does not fuse, and the epilogue runs apart.
+struct GatedCase {
+  int64_t rows, in, ffn;
+};
+
+class CudaQuackSwiglu : public CudaTest, public ::testing::WithParamInterface<GatedCase> {};
+
+TEST_P(CudaQuackSwiglu, FusedForwardMatchesTheOracleAndTheKernel) {
+  if (!quack_gemm::gated_carried()) GTEST_SKIP() << "built without quack's gated GEMM (scripts/fa4_kernels.sh's folder)";
+  const GatedCase c = GetParam();
+  const std::vector<float> x = random_as(c.rows * c.in, 21, DType::bf16);
+  const std::vector<float> w = random_as(2 * c.ffn * c.in, 22, DType::bf16, -0.1f, 0.1f);
+  const Shape xs{c.rows, c.in}, ws{2 * c.ffn, c.in}, ps{c.rows, 2 * c.ffn}, os{c.rows, c.ffn};
+  Buffer cx = upload(cpu(), x, xs), cw = upload(cpu(), w, ws);
+  Buffer cpre = cpu().allocate("pre", ps, DType::f32, Lifetime::scratch);
+  Buffer cout = cpu().allocate("out", os, DType::f32, Lifetime::scratch);
+  cpu().gemm({.role = GemmRole::forward, .a = cx, .b = cw, .out = cout, .epilogue = GemmEpilogue::swiglu_aux,
+              .aux = cpre});
+
+  BackendOptions options;
+  options.gemm_autotune = true;
+  options.gemm_quack_swiglu = true;
+  std::unique_ptr<Backend> backend = create_backend("cuda", options);
+  const bool qualifies = c.in % 8 == 0 && c.ffn % 8 == 0;
+  EXPECT_EQ(backend->gemm_fuses_swiglu(DType::bf16, c.in, c.ffn), qualifies);
+  EXPECT_FALSE(backend->gemm_fuses_swiglu(DType::f16, c.in, c.ffn));
+  Buffer gx = upload(*backend, x, xs, DType::bf16), gw = upload(*backend, w, ws, DType::bf16);
+  Buffer gpre = backend->allocate("pre", ps, DType::bf16, Lifetime::scratch);
+  Buffer gout = backend->allocate("out", os, DType::bf16, Lifetime::scratch);
+  // Twice: the first call of a shape times the configurations, the second runs the chosen one.
+  for (int repeat = 0; repeat < 2; ++repeat)
+    backend->gemm({.role = GemmRole::forward, .a = gx, .b = gw, .out = gout, .epilogue = GemmEpilogue::swiglu_aux,
+                   .aux = gpre});
+  Buffer apart_pre = backend->allocate("pre_apart", ps, DType::bf16, Lifetime::scratch);
+  Buffer apart_out = backend->allocate("out_apart", os, DType::bf16, Lifetime::scratch);
+  backend->gemm({.role = GemmRole::forward, .a = gx, .b = gw, .out = apart_pre});
+  backend->swiglu_forward(apart_pre, apart_out);
+  const std::string shape = strf(" %lldx%lld->2x%lld", static_cast<long long>(c.rows), static_cast<long long>(c.in),
+                                 static_cast<long long>(c.ffn));
+  const std::vector<float> pre = download(*backend, gpre), out = download(*backend, gout);
+  EXPECT_LT(report_error("gated pre-activation" + shape, pre, download(cpu(), cpre)), 1e-2);
+  EXPECT_LT(report_error("gated activation" + shape, out, download(cpu(), cout)), 1e-2);
+  EXPECT_LT(report_error("gated pre-activation against cuBLASLt" + shape, pre, download(*backend, apart_pre)), 1e-2);
+  EXPECT_LT(report_error("gated activation against GEMM + kernel" + shape, out, download(*backend, apart_out)), 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackSwiglu,
+                         ::testing::Values(GatedCase{1000, 520, 392},     // no dimension a whole tile
+                                           GatedCase{4096, 2048, 5632},   // llama-1b, 2 sequences
+                                           GatedCase{512, 260, 100}),     // not 16-byte rows: apart
+                         [](const ::testing::TestParamInfo<GatedCase>& info) {
+                           return strf("rows%lld_in%lld_ffn%lld", static_cast<long long>(info.param.rows),
+                                       static_cast<long long>(info.param.in), static_cast<long long>(info.param.ffn));
                          });
 
 }  // namespace

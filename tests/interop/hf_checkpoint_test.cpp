@@ -188,10 +188,18 @@ TEST(HfCheckpoint, LlamaTensorsStackIntoMxtrainParameters) {
     EXPECT_EQ(qkv[0], s.value("model.layers.1.self_attn.q_proj.weight", 0));
     EXPECT_EQ(qkv[16 * 16 + 5], s.value("model.layers.1.self_attn.k_proj.weight", 5));
     EXPECT_EQ(qkv[24 * 16 + 17], s.value("model.layers.1.self_attn.v_proj.weight", 17));
-    // up rows: gate first, then up.
+    // up rows interleaved: gate_proj's row j at row 2j, up_proj's at 2j + 1 (24 rows each).
     const std::vector<float> up = parameter(checkpoint, "layers.0.mlp.up.weight");
-    EXPECT_EQ(up[3], s.value("model.layers.0.mlp.gate_proj.weight", 3));
-    EXPECT_EQ(up[24 * 16 + 3], s.value("model.layers.0.mlp.up_proj.weight", 3));
+    ASSERT_EQ(up.size(), 48u * 16u);
+    for (int64_t j = 0; j < 24; ++j)
+      for (int64_t c = 0; c < 16; c += 5) {
+        EXPECT_EQ(up[static_cast<size_t>(2 * j * 16 + c)], s.value("model.layers.0.mlp.gate_proj.weight", j * 16 + c));
+        EXPECT_EQ(up[static_cast<size_t>((2 * j + 1) * 16 + c)], s.value("model.layers.0.mlp.up_proj.weight", j * 16 + c));
+      }
+    // Ranges that start and end inside rows read the same values as the whole parameter.
+    for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{5, 7}, {13, 40}, {47 * 16 - 3, 19}, {16, 16}})
+      EXPECT_EQ(parameter(checkpoint, "layers.0.mlp.up.weight", begin, count),
+                std::vector<float>(up.begin() + begin, up.begin() + begin + count));
     // The vocabulary is padded from 100 to 128 rows with zeros; a range across the edge.
     const std::vector<float> embed = parameter(checkpoint, "embed.token", 99 * 16, 32);
     EXPECT_EQ(embed[15], s.value("model.embed_tokens.weight", 99 * 16 + 15));

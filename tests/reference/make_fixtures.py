@@ -69,7 +69,7 @@ def forward(cfg, p, tokens, targets):
         if llama:
             h = rms_norm(x, p[pre + "mlp_norm.weight"], cfg["norm_eps"])
             gu = h @ p[pre + "mlp.up.weight"].T
-            g, u = gu.chunk(2, -1)
+            g, u = gu[..., 0::2], gu[..., 1::2]  # mxtrain stores the gate/up rows interleaved
             m = F.silu(g) * u
         else:
             h = F.layer_norm(x, (C,), p[pre + "mlp_norm.weight"], p[pre + "mlp_norm.bias"], cfg["norm_eps"])

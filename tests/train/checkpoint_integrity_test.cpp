@@ -233,9 +233,32 @@ TEST_F(CheckpointIntegrity, AVersionOneCheckpointStillLoads) {
   Shards target = make_shards(*backend_, 256, 500.0f);
   EXPECT_EQ(store_.load(newest, target.shards, *backend_).step, 2);
   EXPECT_EQ(test::download(*backend_, target.shards[0].master), test::download(*backend_, second_.shards[0].master));
-  manifest["version"] = 4;
+  manifest["version"] = 5;
   write_manifest(newest, manifest);
-  expect_rejected(newest, "format version 4");
+  expect_rejected(newest, "format version 5");
+}
+
+// Format 4 stores llama's gate/up weight rows interleaved: a llama checkpoint of an older format
+// is refused with the way out; another model's (GPT-2's MLP has no gate) still loads.
+TEST_F(CheckpointIntegrity, AnOlderLlamaCheckpointIsRefusedWithTheWayOut) {
+  const std::string newest = save_two();
+  nlohmann::json manifest = read_manifest(newest);
+  EXPECT_EQ(manifest["version"], 4);
+  manifest["version"] = 3;
+  manifest["config"]["model.family"] = "gpt2";
+  reseal(manifest);
+  write_manifest(newest, manifest);
+  Shards target = make_shards(*backend_, 256, 500.0f);
+  EXPECT_EQ(store_.load(newest, target.shards, *backend_).step, 2);
+  manifest["config"]["model.family"] = "llama";
+  reseal(manifest);
+  write_manifest(newest, manifest);
+  expect_rejected(newest, "stores the MLP's gate/up weight as [gate; up]");
+  expect_rejected(newest, "mxtrain export");
+  manifest["version"] = 4;
+  reseal(manifest);
+  write_manifest(newest, manifest);
+  EXPECT_EQ(store_.load(newest, target.shards, *backend_).step, 2);
 }
 
 // Each rank's resume state (FP8 delayed scaling's histories and scales) is saved in its own file
@@ -250,7 +273,7 @@ TEST_F(CheckpointIntegrity, ResumeStateRoundTripsAndIsCheckedLikeTheRest) {
   meta_.step = 2;
   const std::string newest = store_.save(meta_, second_.shards, *backend_, state);
   const nlohmann::json original = read_manifest(newest);
-  EXPECT_EQ(original["version"], 3);
+  EXPECT_EQ(original["version"], 4);
   EXPECT_EQ(original["extra"]["state_buffers"], nlohmann::json({"fp8.forward.amax_history", "fp8.forward.scale"}));
 
   Shards target = make_shards(*backend_, 256, 500.0f);

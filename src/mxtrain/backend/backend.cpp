@@ -206,6 +206,7 @@ const char* gemm_epilogue_name(GemmEpilogue epilogue) {
   switch (epilogue) {
     case GemmEpilogue::none: return "none";
     case GemmEpilogue::gelu_aux_bias: return "gelu_aux_bias";
+    case GemmEpilogue::swiglu_aux: return "swiglu_aux";
     case GemmEpilogue::dgelu: return "dgelu";
   }
   return "?";
@@ -231,6 +232,8 @@ void Backend::gemm(const GemmArgs& args) {
                  "gemm: a bias gradient is the backward_weight role's");
   MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::gelu_aux_bias || args.role == GemmRole::forward,
                  "gemm: gelu_aux_bias is the forward role's");
+  MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::swiglu_aux || (args.role == GemmRole::forward && !args.bias.defined()),
+                 "gemm: swiglu_aux is the forward role's, without a bias");
   MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::dgelu || args.role == GemmRole::backward_input,
                  "gemm: dgelu is the backward_input role's");
   MXTRAIN_ASSERT(args.epilogue == GemmEpilogue::none ? !args.aux.defined() : args.aux.defined(),
@@ -256,7 +259,8 @@ void Backend::check_and_record_gemm(const GemmArgs& args) {
       // out[N,M] = x[N,K] · weight[M,K]ᵀ; with GELU the GEMM's own output is aux (pre).
       const Tensor &x = a, &weight = bt;
       const bool gelu = args.epilogue == GemmEpilogue::gelu_aux_bias;
-      const Tensor& product = gelu ? args.aux : out;
+      const bool swiglu = args.epilogue == GemmEpilogue::swiglu_aux;
+      const Tensor& product = gelu || swiglu ? args.aux : out;
       MXTRAIN_ASSERT(weight.rank() == 2 && x.cols() == weight.size(1) && product.cols() == weight.size(0) &&
                          product.rows() == x.rows(),
                      "gemm forward: x %s, weight %s, out %s", x.describe().c_str(), weight.describe().c_str(),
@@ -269,6 +273,13 @@ void Backend::check_and_record_gemm(const GemmArgs& args) {
         require_same_shape(args.aux, out, "gemm gelu_aux_bias");
         MXTRAIN_ASSERT(args.aux.dtype == out.dtype, "gemm gelu_aux_bias: aux %s, out %s", args.aux.describe().c_str(),
                        out.describe().c_str());
+        extra_bytes = b(out);
+      }
+      if (swiglu) {
+        MXTRAIN_ASSERT(out.rank() == 2 && out.rows() == args.aux.rows() && 2 * out.cols() == args.aux.cols() &&
+                           args.aux.dtype == out.dtype,
+                       "gemm swiglu_aux: aux %s, out %s (aux [N, 2F], out [N, F], one dtype)",
+                       args.aux.describe().c_str(), out.describe().c_str());
         extra_bytes = b(out);
       }
       if (args.residual.defined()) {
@@ -346,6 +357,11 @@ void Backend::gemm_epilogue_apart(const GemmArgs& args) {
       plain.out = args.aux;
       impl_gemm(plain);
       impl_gelu_forward(args.aux, args.out, Tensor());
+      return;
+    case GemmEpilogue::swiglu_aux:
+      plain.out = args.aux;
+      impl_gemm(plain);
+      impl_swiglu_forward(args.aux, args.out, Tensor());
       return;
     case GemmEpilogue::dgelu: {
       Buffer product = allocate("linear.gelu_input_grad", args.out.shape, args.out.dtype, Lifetime::scratch);

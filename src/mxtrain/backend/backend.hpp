@@ -180,6 +180,11 @@ enum class GemmEpilogue : uint8_t {
   // before its 16-bit rounding where the backend fuses it; else the GEMM writes aux and
   // gelu_forward runs on the rounded aux). aux and out have one shape and dtype; overwritten.
   gelu_aux_bias,
+  // forward: aux = product [N, 2F] (gate/up interleaved: swiglu_forward), out [N, F] =
+  // silu(gate) · up. Where the backend fuses it (gemm_fuses_swiglu: quack's gated GEMM on an
+  // H200) SwiGLU is applied to the f32 product before its 16-bit rounding; else the GEMM writes
+  // aux and swiglu_forward runs on the rounded aux. No bias. aux and out are overwritten.
+  swiglu_aux,
   // backward_input: out = product ⊙ gelu'(aux), aux the forward's pre-activation (DGELU: on the
   // f32 product where the backend fuses it; else the product is rounded to out's dtype in a
   // scratch "linear.gelu_input_grad" first). Overwritten.
@@ -199,7 +204,7 @@ struct GemmArgs {
   Tensor bias{};           // input, [M]
   Tensor residual{};       // input, out's shape and dtype
   Tensor bias_gradient{};  // output, [M]
-  Tensor aux{};            // gelu_aux_bias: output; dgelu: input
+  Tensor aux{};            // gelu_aux_bias, swiglu_aux: output; dgelu: input
 };
 
 struct ScaleUpdateArgs {
@@ -234,7 +239,7 @@ struct CastProducer {
   enum class Op : uint8_t {
     none,
     swiglu_forward,   // x [R, F] = swiglu_forward(gate_up [R, 2F])
-    swiglu_backward,  // x [R, 2F] = swiglu_backward(dout [R, F], gate_up [R, 2F])
+    swiglu_backward,  // x [R, 2F] = swiglu_backward(dout [R, F], gate_up [R, 2F]), both interleaved
     norm_forward,     // x [R, H] = norm_forward(input [R, H]) with the statistics its stats-only
                       // pass saved (norm_forward or add_norm_forward without an output)
     rope_backward,    // x [R, qkv] = rope_backward(input [R, qkv]) (shape, rope), input unchanged
@@ -322,6 +327,14 @@ class Backend {
   // Whether this backend runs `kind` with activations of `dtype`. Asked before step 1; a
   // missing op is an error naming the op and dtype, never a silent fallback.
   virtual bool supports(OpKind kind, DType dtype) const = 0;
+  // Whether the forward GEMM x [N, k] · Wᵀ with the swiglu_aux epilogue (2·ffn output columns)
+  // runs as one fused kernel here with activations of `dtype`. The model asks it in place of
+  // running the GEMM and swiglu_forward, so a backend that would only run the two apart says no
+  // (and the dry run, which prices the op trace, answers as the GPU it models would).
+  virtual bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const {
+    (void)dtype, (void)k, (void)ffn;
+    return false;
+  }
   // Error(config or unsupported), with the fix, when the attention backward as this backend is
   // set (train.attention_backward, train.deterministic) cannot run `shape` with `activations`.
   // Asked before step 1, like supports().
@@ -429,7 +442,9 @@ class Backend {
   // dqkv (overwritten) from dout, the forward's qkv, out and lse.
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& dqkv, const AttentionShape& shape);
-  // out[N,F] = silu(gate) * up with gate_up [N, 2F] = [gate | up].
+  // out[N,F] = silu(gate) * up with gate_up [N, 2F] interleaved: gate j in column 2j, up j in
+  // column 2j + 1 (the llama MLP stores its gate/up weight rows in that order: model/layout.hpp).
+  // dgate_up [N, 2F] in the same order.
   void swiglu_forward(const Tensor& gate_up, const Tensor& out, const Tensor& out_amax = {});
   void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& out_amax = {});
   // GELU, tanh approximation.
@@ -518,9 +533,9 @@ class Backend {
   // The GEMM, arguments checked. Backends without a fused epilogue (or without one for this
   // call) run gemm_epilogue_apart.
   virtual void impl_gemm(const GemmArgs& args) = 0;
-  // A high-precision GEMM whose residual, gelu_aux_bias or dgelu epilogue runs as ops of their
-  // own: impl_gemm without it, then impl_add, impl_gelu_forward or (through a scratch)
-  // impl_gelu_backward. args must have one of those epilogues.
+  // A high-precision GEMM whose residual, gelu_aux_bias, swiglu_aux or dgelu epilogue runs as ops
+  // of their own: impl_gemm without it, then impl_add, impl_gelu_forward, impl_swiglu_forward or
+  // (through a scratch) impl_gelu_backward. args must have one of those epilogues.
   void gemm_epilogue_apart(const GemmArgs& args);
   // Whether args asks for an epilogue that gemm_epilogue_apart can run apart.
   static bool has_separable_epilogue(const GemmArgs& args) {
@@ -594,6 +609,7 @@ struct BackendOptions {
   bool tf32 = false;           // cuda: TF32 tensor cores for f32 GEMMs
   bool gemm_autotune = false;  // cuda: time cuBLASLt's candidate algorithms per GEMM shape
   bool gemm_quack = false;     // cuda: with gemm_autotune, quack's GEMMs among the candidates (train.gemm_kernels)
+  bool gemm_quack_swiglu = false;  // cuda: llama's gate/up GEMM with SwiGLU fused, quack's (train.gemm_kernels)
   size_t memory_bytes = 0;     // dryrun: simulated capacity
   std::string device_label;    // dryrun: e.g. "h200"
 };

@@ -208,11 +208,13 @@ std::vector<Field> fields(RunConfig& c) {
                          "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
                          "fastest (false: the heuristic's first choice, the same in every run)"));
   list.push_back(choice("train.gemm_kernels", c.train.gemm_kernels,
-                        "cuda: the GEMM libraries: cublaslt, or cublaslt+quack (with train.gemm_autotune, quack's "
-                        "Hopper tile configurations are timed beside cuBLASLt's algorithms for every plain BF16 "
-                        "GEMM shape and the faster runs; a build that carries them, docs/gemm-kernels.md; "
-                        "measured no faster on the H200 benchmark shapes)",
-                        {"cublaslt", "cublaslt+quack"}));
+                        "cuda: the GEMM libraries: cublaslt; cublaslt+quack-swiglu (llama's gate/up GEMM is "
+                        "quack's gated GEMM with SwiGLU in its epilogue, on Hopper in BF16 where the activation is "
+                        "kept and the run is not deterministic; every other GEMM cuBLASLt's); or cublaslt+quack "
+                        "(that, and with train.gemm_autotune quack's tile configurations timed beside cuBLASLt's "
+                        "algorithms for every plain BF16 GEMM shape, measured no faster on the H200). quack's "
+                        "kernels need a build that carries them: docs/gemm-kernels.md",
+                        {"cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack"}));
   list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
                          "GPU; every precision but fp16's loss scaling and nvfp4 with stochastic rounding; not "

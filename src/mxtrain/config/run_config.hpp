@@ -33,7 +33,7 @@ struct TrainConfig {
   // cuda: cudnn | flash-attention-4 (FlashAttention-4's backward after cuDNN's forward; a build
   // with its kernels, docs/attention.md)
   std::string attention_backward = "cudnn";
-  std::string gemm_kernels = "cublaslt";  // cublaslt | cublaslt+quack (quack's GEMMs among the autotune's candidates)
+  std::string gemm_kernels = "cublaslt";  // cublaslt | cublaslt+quack-swiglu | cublaslt+quack (docs/gemm-kernels.md)
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
   bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
   std::string nonfinite = "stop";    // a NaN/Inf loss or gradient norm: stop (before any save) | skip the update

@@ -278,8 +278,9 @@ HfSource hf_source(const ModelConfig& config, const ParamSpec& spec) {
     }
     if (local == "attn.out.weight") one(p + "self_attn.o_proj.weight", C);
     if (local == "mlp.up.weight") {
-      one(p + "mlp.gate_proj.weight", F);  // the SiLU side first
+      one(p + "mlp.gate_proj.weight", F);  // the SiLU side at even rows
       one(p + "mlp.up_proj.weight", F);
+      source.interleaved = true;
     }
     if (local == "mlp.down.weight") one(p + "mlp.down_proj.weight", C);
     if (local == "attn_norm.weight") one(p + "input_layernorm.weight", C);
@@ -389,6 +390,30 @@ ParameterValues HfCheckpoint::parameter_values() const {
 void HfCheckpoint::values(const ParamSpec& spec, int64_t begin, int64_t count, float* out) const {
   const int64_t cols = spec.shape.rank == 2 ? spec.shape[1] : 1;
   const HfSource source = hf_source(config_, spec);
+  if (source.interleaved) {
+    // Rows first_row..last_row of the parameter: each part's rows among them, read as one block.
+    const int64_t n = static_cast<int64_t>(source.parts.size());
+    if (count <= 0) return;
+    const int64_t first_row = begin / cols, last_row = (begin + count - 1) / cols;
+    std::vector<float> block;
+    for (int64_t k = 0; k < n; ++k) {
+      const HfSource::Part& part = source.parts[static_cast<size_t>(k)];
+      // Part k's rows j with first_row <= n·j + k <= last_row.
+      const int64_t j0 = first_row <= k ? 0 : (first_row - k + n - 1) / n;
+      if (n * j0 + k > last_row) continue;
+      const int64_t j1 = std::min((last_row - k) / n, part.rows - 1);
+      const SafetensorsReader* reader = nullptr;
+      const SafetensorsTensor& t = tensor(part.tensor, &reader);
+      block.resize(static_cast<size_t>((j1 - j0 + 1) * cols));
+      reader->read_f32(t, j0 * cols, (j1 - j0 + 1) * cols, block.data());
+      for (int64_t j = j0; j <= j1; ++j) {
+        const int64_t row_start = (n * j + k) * cols;
+        const int64_t from = std::max(begin, row_start), to = std::min(begin + count, row_start + cols);
+        for (int64_t e = from; e < to; ++e) out[e - begin] = block[static_cast<size_t>((j - j0) * cols + e - row_start)];
+      }
+    }
+    return;
+  }
   int64_t part_first_row = 0;
   for (const HfSource::Part& part : source.parts) {
     const int64_t part_begin = part_first_row * cols, part_end = (part_first_row + part.rows) * cols;

@@ -36,7 +36,9 @@ void apply_init_from(RunConfig& config);
 nlohmann::json hf_config_from_model(const ModelConfig& config, int bos_token_id, int eos_token_id);
 
 // Where one mxtrain parameter comes from: rows of one or more Hugging Face tensors, stacked in
-// order, each possibly stored transposed.
+// order, each possibly stored transposed; or (interleaved) taking turns row by row: llama's
+// mlp.up.weight is gate_proj's row j at row 2j and up_proj's row j at row 2j + 1, the order the
+// fused SwiGLU reads its pre-activation in (model/layout.hpp).
 struct HfSource {
   struct Part {
     std::string tensor;    // Hugging Face name
@@ -44,6 +46,7 @@ struct HfSource {
     bool transposed = false;
   };
   std::vector<Part> parts;  // rows of the parameter past the parts' total are zero (vocabulary padding)
+  bool interleaved = false;  // parts of equal rows, not transposed, row r from part r % n's row r / n
 };
 
 // The mapping for one mxtrain parameter of `config` (name as in the layout).

@@ -17,12 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One Hugging Face tensor: which rows of which mxtrain parameter, and whether stored transposed.
+// One Hugging Face tensor: which rows of which mxtrain parameter (first_row, then every
+// row_step-th: HfSource::interleaved), and whether stored transposed.
 struct Output {
   std::string name;
   const ParamSpec* spec;
   int64_t first_row, rows, cols;
   bool transposed;
+  int64_t row_step = 1;
   std::vector<int64_t> shape() const {
     if (spec->shape.rank == 1) return {rows};
     return transposed ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
@@ -35,10 +37,12 @@ std::vector<Output> outputs(const ModelConfig& config, const ModelLayout& layout
   for (const ParamGroup& group : layout.groups)
     for (const ParamSpec& spec : group.params) {
       const int64_t cols = spec.shape.rank == 2 ? spec.shape[1] : 1;
+      const HfSource source = hf_source(config, spec);
+      const int64_t step = source.interleaved ? static_cast<int64_t>(source.parts.size()) : 1;
       int64_t row = 0;
-      for (const HfSource::Part& part : hf_source(config, spec).parts) {
-        list.push_back({part.tensor, &spec, row, part.rows, cols, part.transposed});
-        row += part.rows;
+      for (const HfSource::Part& part : source.parts) {
+        list.push_back({part.tensor, &spec, row, part.rows, cols, part.transposed, step});
+        row += source.interleaved ? 1 : part.rows;
       }
     }
   return list;
@@ -47,7 +51,17 @@ std::vector<Output> outputs(const ModelConfig& config, const ModelLayout& layout
 // The tensor's values in its Hugging Face layout, converted to the export dtype.
 std::vector<unsigned char> tensor_bytes(const Output& output, const ParameterValues& values, DType dtype) {
   std::vector<float> rows(static_cast<size_t>(output.numel()));
-  values(*output.spec, output.first_row * output.cols, output.numel(), rows.data());
+  if (output.row_step == 1) {
+    values(*output.spec, output.first_row * output.cols, output.numel(), rows.data());
+  } else {
+    // Every row_step-th row from first_row: read the rows they span, keep theirs.
+    const int64_t span = (output.rows - 1) * output.row_step + 1;
+    std::vector<float> all(static_cast<size_t>(span * output.cols));
+    values(*output.spec, output.first_row * output.cols, span * output.cols, all.data());
+    for (int64_t r = 0; r < output.rows; ++r)
+      std::memcpy(rows.data() + r * output.cols, all.data() + r * output.row_step * output.cols,
+                  static_cast<size_t>(output.cols) * sizeof(float));
+  }
   std::vector<float> ordered;
   const std::vector<float>* source = &rows;
   if (output.transposed) {

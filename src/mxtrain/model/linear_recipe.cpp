@@ -332,6 +332,8 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
       MXTRAIN_ASSERT(!args.accumulate, "LinearRecipe::gemm: a forward overwrites its output");
       if (args.epilogue == GemmEpilogue::gelu_aux_bias) {
         forward_gelu(layer, kind, a, b, args.bias, args.aux, args.out, options.out_amax);
+      } else if (args.epilogue == GemmEpilogue::swiglu_aux) {
+        forward_swiglu(layer, kind, a, b, args.aux, args.out, options.out_amax);
       } else {
         // The residual rides on the GEMM's epilogue, quantized or not (out = x · Wᵀ + b + residual).
         forward(layer, kind, a, b, args.bias, args.out, options.save_input, producer, args.residual);
@@ -484,6 +486,17 @@ void LinearRecipe::forward_gelu(int64_t layer, LinearKind kind, const Tensor& x,
   }
   forward(layer, kind, x, weight, bias, pre, false);
   backend_.gelu_forward(pre, out, out_amax);
+}
+
+void LinearRecipe::forward_swiglu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight,
+                                  const Tensor& pre, const Tensor& out, const Tensor& out_amax) {
+  if (!quantized(layer) && !out_amax.defined()) {
+    backend_.gemm({.role = GemmRole::forward, .a = x, .b = weight, .out = out, .epilogue = GemmEpilogue::swiglu_aux,
+                   .aux = pre});
+    return;
+  }
+  forward(layer, kind, x, weight, Tensor(), pre, false);
+  backend_.swiglu_forward(pre, out, out_amax);
 }
 
 void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,

@@ -88,7 +88,8 @@ struct LinearGemmOptions {
   // copy is what backward would have cast from the same x with the same scale, so results do
   // not change; one pass over x and 1 byte an element are kept instead of x's 2.
   bool save_input = false;
-  // gelu_aux_bias / dgelu: f32 [1] that receives the amax of out (the GELU op's out_amax).
+  // gelu_aux_bias / swiglu_aux / dgelu: f32 [1] that receives the amax of out (the activation
+  // op's out_amax).
   Tensor out_amax{};
   // Where fuses_producers(layer): the op that writes a (the forward's input or the output
   // gradient) — a is then shape and dtype only — run inside a's casts, so a is never written
@@ -120,8 +121,9 @@ class LinearRecipe {
   // backward_weight a = dout, b = x). A layer in the activation dtype runs it as it is; a
   // quantized layer casts the operands with the format's quantizer and runs the quantized GEMM
   // (native) or the GEMM of their dequantized values (emulated); the residual rides on either's
-  // epilogue. Epilogues a quantized GEMM lacks run as ops of their own: GELU as gelu_forward /
-  // gelu_backward (those also where an out_amax is to be recorded); the bias gradient as
+  // epilogue. Epilogues a quantized GEMM lacks run as ops of their own: GELU and SwiGLU as
+  // gelu_forward / swiglu_forward / gelu_backward (those also where an out_amax is to be
+  // recorded); the bias gradient as
   // column_sum of the high-precision gradient, as TransformerEngine does.
   void gemm(int64_t layer, LinearKind kind, const GemmArgs& args, const LinearGemmOptions& options = {});
   // Current scaling: where the kernel that writes x — the input (gradient = false), or the output
@@ -237,6 +239,8 @@ class LinearRecipe {
                       bool accumulate, const CastProducer& producer = {}, bool keep_gradient_columnwise = false);
   void forward_gelu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Tensor& pre, const Tensor& out, const Tensor& out_amax);
+  void forward_swiglu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& pre,
+                      const Tensor& out, const Tensor& out_amax);
   void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
                            const Tensor& pre, const Tensor& dx, const Tensor& dx_amax);
 

@@ -207,11 +207,19 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   // in the last bit: layers that recompute the activation, and deterministic runs (bit-identical
   // gradients under every recompute policy), run the GELU kernel instead.
   const bool gelu_on_gemm = config_.family != ModelFamily::llama && keep_inputs && !options_.deterministic;
-  if (gelu_on_gemm) {
+  // SwiGLU rides on the up GEMM likewise where the backend has a fused kernel for it
+  // (Backend::gemm_fuses_swiglu: quack's gated GEMM on an H200, train.gemm_kernels): the GEMM
+  // writes the interleaved gate/up pre-activation for backward and silu(gate) · up beside it,
+  // from the f32 product — the same exceptions as GELU's for the same reason.
+  const bool swiglu_on_gemm = config_.family == ModelFamily::llama && keep_inputs && !options_.deterministic &&
+                              !linears_.quantized(l) &&
+                              backend_.gemm_fuses_swiglu(s.norm2.tensor().dtype, config_.hidden, config_.ffn_hidden);
+  if (gelu_on_gemm || swiglu_on_gemm) {
     s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::activation);
     linears_.gemm(l, LinearKind::up,
                   {.role = GemmRole::forward, .a = s.norm2, .b = w(l, p.up_weight), .out = s.act,
-                   .epilogue = GemmEpilogue::gelu_aux_bias, .bias = w(l, p.up_bias), .aux = s.up},
+                   .epilogue = gelu_on_gemm ? GemmEpilogue::gelu_aux_bias : GemmEpilogue::swiglu_aux,
+                   .bias = w(l, p.up_bias), .aux = s.up},
                   {.out_amax = linears_.amax_record(l, LinearKind::down, false, s.act)});
   } else {
     linears_.gemm(l, LinearKind::up, {.role = GemmRole::forward, .a = fused_norms ? produced(config_.hidden) : s.norm2,
@@ -235,7 +243,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   CastProducer act_producer;
   if (fused_act) {
     act_producer = {.op = CastProducer::Op::swiglu_forward, .gate_up = s.up};
-  } else if (!gelu_on_gemm) {
+  } else if (!gelu_on_gemm && !swiglu_on_gemm) {
     s.act = activation("mlp_act", l, config_.ffn_hidden, keep_inputs ? Lifetime::activation : Lifetime::scratch);
     const Tensor act_amax = linears_.amax_record(l, LinearKind::down, false, s.act);
     if (config_.family == ModelFamily::llama) {

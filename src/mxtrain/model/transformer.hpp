@@ -75,7 +75,7 @@ class Transformer {
     Buffer attn, lse;            // attention output, log-sum-exp rows
     Buffer mid;                  // residual after attention
     Buffer norm2, mean2, rstd2;  // MLP-norm output and statistics
-    Buffer up;                   // [gate | up] (SwiGLU) or pre-GELU
+    Buffer up;                   // gate/up pairs interleaved (SwiGLU) or pre-GELU
     Buffer act;                  // MLP activation, input of the down projection
   };
   enum class Keep { all, selective, input_only };

@@ -63,6 +63,7 @@ Plan make_plan(const RunConfig& config, const PlanTarget& target, const Calibrat
   request.gpus_per_node = plan.gpus / plan.nodes;
   request.calibration = plan.calibration;
   request.device_label = gpu.key;
+  request.compute_capability = gpu.compute_capability;
   request.native_quantized_gemms = native_quantized_gemms(gpu);
   request.steps = options.steps;
   request.detailed_peak = options.detailed;

@@ -131,6 +131,8 @@ DryrunResult run_dryrun(const TraceRequest& request, int64_t micro_batches, uint
   CudaAllocationModel cuda_model = request.calibration.cuda_allocations;
   cuda_model.deterministic_attention = config.train.deterministic;
   cuda_model.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
+  // As CudaBackend::gemm_fuses_swiglu: quack's gated GEMM is sm_90a code.
+  cuda_model.gemm_swiglu_fused = config.train.gemm_kernels != "cublaslt" && request.compute_capability == 90;
   DryrunBackend backend(request.capacity_bytes, request.device_label, cuda_model);
   backend.set_native_quantized_gemms(request.native_quantized_gemms);
   // As run_benchmark and the trainer resolve it: the recipe knows what the device runs natively.

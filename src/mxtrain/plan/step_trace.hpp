@@ -63,6 +63,7 @@ struct TraceRequest {
   int gpus_per_node = 8;         // hybrid_shard's default shard group
   GpuCalibration calibration;    // its cuda_allocations replay backend/cuda's in-op allocations
   std::string device_label;      // e.g. "h200"
+  int compute_capability = 0;    // the GPU's (90: Hopper, where quack's gated GEMM runs); 0 = none
   std::vector<DType> native_quantized_gemms;  // GEMM formats the GPU runs natively (the rest emulated)
   size_t capacity_bytes = 0;     // the simulated allocator's limit; 0 = unlimited
   int steps = 2;                 // the first step warms the allocator's cache; ops come from the last

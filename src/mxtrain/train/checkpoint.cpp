@@ -30,9 +30,13 @@ using nlohmann::json;
 namespace mxtrain {
 namespace {
 
+// 4: llama's mlp.up.weight (and its optimizer moments) hold the gate and up rows interleaved
+//    (gate j at row 2j, up j at 2j + 1) instead of [gate; up]: a llama checkpoint of an older
+//    version is refused (its rows would be read in the wrong order); other models load.
 // 3: segments of kind "state" (a rank's resume state, e.g. FP8 delayed scaling's histories).
 // 2: the manifest carries manifest_crc32. 1 (no checksum) is still read.
-constexpr int kFormatVersion = 3;
+constexpr int kFormatVersion = 4;
+constexpr int kInterleavedGateUpVersion = 4;
 constexpr int kOldestReadableVersion = 1;
 // A checkpoint write shows a progress line only when it runs longer than this (a small model's
 // write takes milliseconds, a 1B model's about a second on a local disk), then every few seconds
@@ -507,6 +511,13 @@ CheckpointReader::CheckpointReader(std::string path) : path_(std::move(path)) {
     meta_.config = fields.object(manifest, "config");
     for (const auto& [key, value] : meta_.config.items())
       if (!value.is_string()) fields.fail("config key '" + key + "' is not a string");
+    if (version_ < kInterleavedGateUpVersion && meta_.config.value("model.family", "") == "llama")
+      throw Error(ErrorKind::checkpoint,
+                  strf("%s is a llama checkpoint of format version %d, which stores the MLP's gate/up weight as "
+                       "[gate; up]; this mxtrain (format %d) stores it interleaved and would read it wrongly",
+                       manifest_path.c_str(), version_, kFormatVersion),
+                  "export it to Hugging Face format with the mxtrain that wrote it (mxtrain export), then start "
+                  "from that with model.init_from (the optimizer state does not carry over)");
     meta_.extra = version_ >= 2 || manifest.contains("extra") ? fields.object(manifest, "extra") : json::object();
     size_t state_buffers = 0;
     if (meta_.extra.contains("state_buffers")) {

@@ -43,6 +43,7 @@ BackendOptions backend_options(const RunConfig& config) {
   options.tf32 = config.train.tf32;
   options.gemm_autotune = config.train.gemm_autotune;
   options.gemm_quack = config.train.gemm_kernels == "cublaslt+quack";
+  options.gemm_quack_swiglu = config.train.gemm_kernels != "cublaslt";
   return options;
 }
 
@@ -130,6 +131,10 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
     throw Error(ErrorKind::config,
                 "train.attention_backward = " + config_.train.attention_backward +
                     " is a cuda setting, and this run is on the cpu",
+                "remove it, or train on cuda");
+  if (config_.train.gemm_kernels != "cublaslt" && backend_.device() == Device::cpu)
+    throw Error(ErrorKind::config,
+                "train.gemm_kernels = " + config_.train.gemm_kernels + " is a cuda setting, and this run is on the cpu",
                 "remove it, or train on cuda");
   AttentionShape attention;
   attention.batch = config_.train.micro_batch_size;

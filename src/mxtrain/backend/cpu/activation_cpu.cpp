@@ -23,10 +23,12 @@ void CpuBackend::impl_swiglu_forward(const Tensor& gate_up, const Tensor& out, c
   const float* input = gate_up.ptr<float>();
   float* output = out.ptr<float>();
   cpu::parallel_rows(threads_, out.rows(), [&](int64_t row) {
-    const float* gate = input + row * 2 * features;
-    const float* up = gate + features;
+    const float* pair = input + row * 2 * features;  // gate c at 2c, up c at 2c + 1
     float* out_row = output + row * features;
-    for (int64_t c = 0; c < features; ++c) out_row[c] = gate[c] / (1.0f + std::exp(-gate[c])) * up[c];
+    for (int64_t c = 0; c < features; ++c) {
+      const float gate = pair[2 * c], up = pair[2 * c + 1];
+      out_row[c] = gate / (1.0f + std::exp(-gate)) * up;
+    }
   });
 }
 
@@ -38,17 +40,16 @@ void CpuBackend::impl_swiglu_backward(const Tensor& dout, const Tensor& gate_up,
   const float* input = gate_up.ptr<float>();
   float* dinput = dgate_up.ptr<float>();
   cpu::parallel_rows(threads_, dout.rows(), [&](int64_t row) {
-    const float* gate = input + row * 2 * features;
-    const float* up = gate + features;
+    const float* pair = input + row * 2 * features;  // gate c at 2c, up c at 2c + 1
     const float* grad_row = grad + row * features;
-    float* dgate = dinput + row * 2 * features;
-    float* dup = dgate + features;
+    float* dpair = dinput + row * 2 * features;
     for (int64_t c = 0; c < features; ++c) {
-      const float s = sigmoid(gate[c]);
-      const float silu = gate[c] * s;
+      const float gate = pair[2 * c], up = pair[2 * c + 1];
+      const float s = sigmoid(gate);
+      const float silu = gate * s;
       const float g = grad_row[c];
-      dgate[c] = g * up[c] * (s * (1.0f + gate[c] * (1.0f - s)));
-      dup[c] = g * silu;
+      dpair[2 * c] = g * up * (s * (1.0f + gate * (1.0f - s)));
+      dpair[2 * c + 1] = g * silu;
     }
   });
 }

@@ -12,6 +12,7 @@
 #include "mxtrain/backend/cuda/device_memory.hpp"
 #include "mxtrain/backend/cuda/gemm.hpp"
 #include "mxtrain/backend/cuda/kernels.hpp"
+#include "mxtrain/backend/cuda/quack_gemm.hpp"
 #include "mxtrain/backend/private_buffers.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
@@ -70,6 +71,19 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_->set_tf32(options.tf32);
   gemm_->set_autotune(options.gemm_autotune);
   gemm_->set_quack(options.gemm_quack);
+  if ((options.gemm_quack || options.gemm_quack_swiglu) && quack_gemm::carried().empty())
+    throw Error(ErrorKind::config,
+                strf("train.gemm_kernels = %s needs quack's GEMMs, which this build does not carry",
+                     options.gemm_quack ? "cublaslt+quack" : "cublaslt+quack-swiglu"),
+                "configure with -DMXTRAIN_FLASH_ATTENTION_4=<the folder scripts/fa4_kernels.sh makes> "
+                "(docs/gemm-kernels.md), or set train.gemm_kernels = cublaslt");
+  gemm_->set_quack_swiglu(options.gemm_quack_swiglu && quack_gemm::gated_carried());
+  if (options.gemm_quack_swiglu && !quack_gemm::gated_carried())
+    log::warn("train.gemm_kernels: this build's quack kernels have no gated (SwiGLU) GEMM (a kernel folder made "
+              "before it was exported: rerun scripts/fa4_kernels.sh); SwiGLU runs as its own kernel");
+  if ((options.gemm_quack || options.gemm_quack_swiglu) && properties_.compute_capability != 90)
+    log::info(strf("train.gemm_kernels: quack's kernels are sm_90a code; on this sm_%d GPU every GEMM is cuBLASLt's "
+                   "and SwiGLU runs as its own kernel", properties_.compute_capability));
   attention_ = std::make_unique<CudnnAttention>(*this, &device_facts_);
   attention_->set_deterministic(options.deterministic);
   attention_->set_flash_attention_4_backward(options.flash_attention_4_backward);
@@ -332,6 +346,8 @@ void CudaBackend::impl_gemm(const GemmArgs& args) {
     case GemmRole::forward:
       if (args.epilogue == GemmEpilogue::gelu_aux_bias) {
         gemm_forward_gelu(args);
+      } else if (args.epilogue == GemmEpilogue::swiglu_aux) {
+        gemm_forward_swiglu(args);
       } else if (args.residual.defined()) {
         gemm_forward_residual(args);
       } else {
@@ -349,6 +365,21 @@ void CudaBackend::impl_gemm(const GemmArgs& args) {
       gemm_backward_weight(a, b, args.out, args.bias_gradient, args.accumulate);
       return;
   }
+}
+
+bool CudaBackend::gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const {
+  return gemm_->quack_swiglu() && properties_.compute_capability == 90 && dtype == DType::bf16 && k % 8 == 0 &&
+         ffn % 8 == 0;
+}
+
+void CudaBackend::gemm_forward_swiglu(const GemmArgs& args) {
+  if (gemm_->linear_forward_swiglu(args.a.tensor, args.b.tensor, args.aux, args.out, stream_)) return;
+  if (!logged_unfused_swiglu_) {
+    logged_unfused_swiglu_ = true;
+    log::info(strf("cuda: quack's gated GEMM cannot take %s (16-byte aligned BF16 rows, multiples of 8); the GEMM "
+                   "and the SwiGLU kernel run apart", args.out.describe().c_str()));
+  }
+  gemm_epilogue_apart(args);
 }
 
 void CudaBackend::gemm_forward_residual(const GemmArgs& args) {

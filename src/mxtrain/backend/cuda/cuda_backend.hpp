@@ -42,6 +42,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::cuda; }
   DeviceProperties properties() const override { return properties_; }
   bool supports(OpKind kind, DType dtype) const override;
+  bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const override;
   bool records_output_amax() const override { return true; }
   bool casts_weights_in_adamw() const override { return true; }
   void synchronize() override;
@@ -142,6 +143,7 @@ class CudaBackend final : public Backend {
   void gemm_forward_residual(const GemmArgs& args);
   void log_unfused_residual();
   void gemm_forward_gelu(const GemmArgs& args);
+  void gemm_forward_swiglu(const GemmArgs& args);
   void gemm_backward_input_gelu(const GemmArgs& args);
   void gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
                             bool accumulate);
@@ -165,6 +167,7 @@ class CudaBackend final : public Backend {
   bool logged_bias_gradient_path_ = false;
   bool logged_unfused_residual_ = false;  // cuBLASLt had no beta = 1 algorithm: GEMM + add ran
   bool logged_unfused_gelu_ = false;      // a GELU epilogue was unavailable: GEMM + GELU kernel ran
+  bool logged_unfused_swiglu_ = false;    // quack's gated GEMM could not take a call: GEMM + SwiGLU kernel ran
   void log_unfused_gelu(const char* op, const Tensor& out);
 
   struct HostInput {

@@ -164,11 +164,16 @@ void require_same_dtype(const char* op, std::initializer_list<const Tensor*> ten
   }
 }
 
-// ---- SwiGLU: gate_up [rows, 2F] = [gate | up], out [rows, F] ------------------------------------
+// ---- SwiGLU: gate_up [rows, 2F] interleaved (gate j in column 2j, up j in 2j + 1), out [rows, F]
 // I: the index type of the row/column split (with_index_type).
 //
 // The element math (swiglu_value, swiglu_gradients) is device_common.cuh's, shared with the FP8
-// casts that fuse these ops (quantize.cu).
+// casts that fuse these ops (quantize.cu). A thread's W outputs take the 2W consecutive inputs at
+// twice their column: two loads of W, pair i at elements 2i and 2i + 1 of the two.
+template <int W>
+__device__ __forceinline__ float pair_element(const float (&p)[2][W], int e) {
+  return p[e / W][e % W];
+}
 
 // V vectors a thread, all loaded before any is computed: with one vector (32 bytes of loads in
 // flight a thread) the forward had too few bytes in flight to reach the bandwidth.
@@ -176,16 +181,16 @@ template <int W, int V, typename I, typename T>
 __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t vectors, int64_t ffn, unsigned* amax_out) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * V + threadIdx.x;
   const I per_row = static_cast<I>(ffn / W);
-  float g[V][W], u[V][W];
+  float p[V][2][W];
   int64_t out_offset[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int64_t v = first + static_cast<int64_t>(j) * blockDim.x;
     if (v >= vectors) break;
     const int64_t row = static_cast<I>(v) / per_row, col = static_cast<int64_t>(static_cast<I>(v) % per_row) * W;
-    const T* gate_row = gate_up + row * 2 * ffn;
-    load<W>(gate_row + col, g[j]);
-    load<W>(gate_row + ffn + col, u[j]);
+    const T* pairs = gate_up + row * 2 * ffn + 2 * col;
+    load<W>(pairs, p[j][0]);
+    load<W>(pairs + W, p[j][1]);
     out_offset[j] = row * ffn + col;
   }
   unsigned amax = 0;
@@ -194,7 +199,7 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t vectors,
     if (first + static_cast<int64_t>(j) * blockDim.x >= vectors) break;
     float y[W];
 #pragma unroll
-    for (int i = 0; i < W; ++i) y[i] = swiglu_value(g[j][i], u[j][i]);
+    for (int i = 0; i < W; ++i) y[i] = swiglu_value(pair_element<W>(p[j], 2 * i), pair_element<W>(p[j], 2 * i + 1));
     store<W>(out + out_offset[j], y);
     if (amax_out != nullptr) {
 #pragma unroll
@@ -212,19 +217,21 @@ __global__ void swiglu_backward_kernel(const T* dout, const T* gate_up, T* dgate
   if (v < vectors) {
     const I per_row = static_cast<I>(ffn / W);
     const int64_t row = static_cast<I>(v) / per_row, col = static_cast<int64_t>(static_cast<I>(v) % per_row) * W;
-    const int64_t in_offset = row * 2 * ffn + col;
-    float d[W], g[W], u[W], dg[W], du[W];
+    const int64_t in_offset = row * 2 * ffn + 2 * col;
+    float d[W], p[2][W], q[2][W];
     load<W>(dout + row * ffn + col, d);
-    load<W>(gate_up + in_offset, g);
-    load<W>(gate_up + in_offset + ffn, u);
+    load<W>(gate_up + in_offset, p[0]);
+    load<W>(gate_up + in_offset + W, p[1]);
 #pragma unroll
-    for (int i = 0; i < W; ++i) swiglu_gradients(d[i], g[i], u[i], dg[i], du[i]);
-    store<W>(dgate_up + in_offset, dg);
-    store<W>(dgate_up + in_offset + ffn, du);
-    if (amax_out != nullptr) {
-#pragma unroll
-      for (int i = 0; i < W; ++i) amax = max(amax, max(abs_bits(dg[i]), abs_bits(du[i])));
+    for (int i = 0; i < W; ++i) {
+      float dg, du;
+      swiglu_gradients(d[i], pair_element<W>(p, 2 * i), pair_element<W>(p, 2 * i + 1), dg, du);
+      q[(2 * i) / W][(2 * i) % W] = dg;
+      q[(2 * i + 1) / W][(2 * i + 1) % W] = du;
+      if (amax_out != nullptr) amax = max(amax, max(abs_bits(dg), abs_bits(du)));
     }
+    store<W>(dgate_up + in_offset, q[0]);
+    store<W>(dgate_up + in_offset + W, q[1]);
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 }

@@ -85,6 +85,51 @@ void require_contiguous(const Tensor& tensor, const char* op) {
   MXTRAIN_ASSERT(tensor.is_contiguous(), "%s: %s must be contiguous", op, tensor.describe().c_str());
 }
 
+// Each trial's time a launch, in short bursts (a warm-up and three launches) per trial, in two
+// interleaved rounds; each keeps its faster round. Clocks drift with power while the trials run:
+// one round let a candidate measured in a dip lose (a GEMM of GPT-2 1.5B changed algorithm
+// between runs, 0.48 vs 0.53 ms in the step), and the minimum is the estimate least moved by such
+// dips. (Longer, sustained timing, tried before, measured the candidates under power-limited
+// clocks and chose algorithms that made the llama-1b step ~3 ms slower.) trial(i) launches
+// candidate i, false when it cannot; such a candidate's time is -1.
+template <typename Trial>
+std::vector<float> time_trials(size_t count, Trial&& trial, cudaStream_t stream) {
+  constexpr int kRepeats = 3, kRounds = 2;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MXTRAIN_CUDA_CHECK(cudaEventCreate(&start));
+  MXTRAIN_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> fastest(count, -1.0f);
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < count; ++i) {
+      if (round > 0 && fastest[i] < 0) continue;  // failed to launch in the first round
+      if (!trial(i)) continue;                    // warm-up
+      MXTRAIN_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kRepeats; ++r)
+        if (!trial(i)) throw Error(ErrorKind::system, "gemm autotune: a candidate that ran once failed to launch");
+      MXTRAIN_CUDA_CHECK(cudaEventRecord(stop, stream));
+      MXTRAIN_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      MXTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      ms /= kRepeats;
+      if (fastest[i] < 0 || ms < fastest[i]) fastest[i] = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return fastest;
+}
+
+// The index of the smallest non-negative time (0 when none is).
+size_t fastest_index(const std::vector<float>& times) {
+  size_t best = 0;
+  bool found = false;
+  for (size_t i = 0; i < times.size(); ++i) {
+    if (times[i] < 0) continue;
+    if (!found || times[i] < times[best]) best = i, found = true;
+  }
+  return best;
+}
+
 }  // namespace
 
 int CublasLtGemm::quack_choices() const {
@@ -272,16 +317,6 @@ void CublasLtGemm::tune(Plan* plan, const Call& call, cudaStream_t stream) {
   }
   void* d = scratch ? scratch : call.d;
   const void* c = scratch ? scratch : (call.c ? call.c : call.d);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MXTRAIN_CUDA_CHECK(cudaEventCreate(&start));
-  MXTRAIN_CUDA_CHECK(cudaEventCreate(&stop));
-  // Short bursts (a warm-up and three launches) per candidate, in two interleaved rounds; each
-  // candidate keeps its faster round. Clocks drift with power while the candidates run: one
-  // round let a candidate measured in a dip lose (a GEMM of GPT-2 1.5B changed algorithm
-  // between runs, 0.48 vs 0.53 ms in the step), and the minimum is the estimate least moved by
-  // such dips. (Longer, sustained timing, tried before, measured the candidates under
-  // power-limited clocks and chose algorithms that made the llama-1b step ~3 ms slower.)
-  constexpr int kRepeats = 3, kRounds = 2;
   // Candidates 0.. are cuBLASLt's algorithms in the heuristic's order, then quack's
   // configurations (plain BF16 GEMMs only: they neither read D nor need the scratch).
   const size_t algorithms = plan->candidates.size(), total = algorithms + plan->quack.size();
@@ -296,36 +331,10 @@ void CublasLtGemm::tune(Plan* plan, const Call& call, cudaStream_t stream) {
     quack_gemm::run(plan->quack[i - algorithms], product, stream);
     return true;
   };
-  std::vector<float> fastest(total, -1.0f);
-  for (int round = 0; round < kRounds; ++round) {
-    for (size_t i = 0; i < total; ++i) {
-      if (round > 0 && fastest[i] < 0) continue;  // failed to launch in the first round
-      if (!trial(i)) continue;                    // warm-up
-      MXTRAIN_CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int r = 0; r < kRepeats; ++r)
-        if (!trial(i)) throw Error(ErrorKind::system, "gemm autotune: a candidate that ran once failed to launch");
-      MXTRAIN_CUDA_CHECK(cudaEventRecord(stop, stream));
-      MXTRAIN_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      MXTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      ms /= kRepeats;
-      if (fastest[i] < 0 || ms < fastest[i]) fastest[i] = ms;
-    }
-  }
-  float best_ms = 0;
-  const float first_ms = fastest.front();
-  size_t best = 0;
-  bool found = false;
-  for (size_t i = 0; i < fastest.size(); ++i) {
-    if (fastest[i] < 0) continue;
-    if (!found || fastest[i] < best_ms) {
-      best_ms = fastest[i];
-      best = i;
-      found = true;
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  // (The short bursts of time_trials.)
+  const std::vector<float> fastest = time_trials(total, trial, stream);
+  const size_t best = fastest_index(fastest);
+  const float best_ms = fastest[best], first_ms = fastest.front();
   if (scratch) MXTRAIN_CUDA_CHECK(cudaFree(scratch));
   if (best < algorithms) {
     plan->algo = plan->candidates[best];
@@ -505,6 +514,37 @@ bool CublasLtGemm::linear_backward_input_gelu(const Tensor& dout, const Tensor& 
   call.epilogue = Epilogue::dgelu;
   call.aux = pre.data;
   return run(call, stream, true);
+}
+
+bool CublasLtGemm::linear_forward_swiglu(const Tensor& x, const Tensor& weight, const Tensor& pre, const Tensor& out,
+                                         cudaStream_t stream) {
+  if (!quack_swiglu_ || x.dtype != DType::bf16 || weight.dtype != DType::bf16 || pre.dtype != DType::bf16 ||
+      out.dtype != DType::bf16)
+    return false;
+  quack_gemm::Gated g;
+  g.rows = x.rows(), g.k = x.cols(), g.ffn = out.cols();
+  g.x = x.data, g.w = weight.data, g.preact = pre.data, g.postact = out.data;
+  const std::vector<int> candidates = quack_gemm::gated_candidates(g);
+  if (candidates.empty()) return false;
+  // One choice a shape: with autotuning, the fastest of the carried configurations on this
+  // call's operands (the trials write only pre and out, which the real call overwrites); else
+  // the export's first.
+  const std::array<int64_t, 3> key{g.rows, g.k, g.ffn};
+  auto found = gated_choice_.find(key);
+  if (found == gated_choice_.end()) {
+    size_t choice = 0;
+    if (autotune_ && candidates.size() > 1) {
+      const std::vector<float> times = time_trials(
+          candidates.size(), [&](size_t i) { return quack_gemm::run_gated(candidates[i], g, stream), true; }, stream);
+      choice = fastest_index(times);
+      log::info(strf("gemm autotune gated SwiGLU rows=%lld k=%lld ffn=%lld: chose %s: %.4f ms (%zu configurations)",
+                     static_cast<long long>(g.rows), static_cast<long long>(g.k), static_cast<long long>(g.ffn),
+                     quack_gemm::name(candidates[choice]).c_str(), times[choice], candidates.size()));
+    }
+    found = gated_choice_.emplace(key, candidates[choice]).first;
+  }
+  quack_gemm::run_gated(found->second, g, stream);
+  return true;
 }
 
 }  // namespace mxtrain

@@ -42,6 +42,9 @@ class CublasLtGemm {
   void set_autotune(bool enabled) { autotune_ = enabled; }
   // With autotuning, quack's configurations among the candidates (in a build that carries them).
   void set_quack(bool enabled) { quack_ = enabled; }
+  // quack's gated GEMM for the SwiGLU forward (linear_forward_swiglu), in a build that carries it.
+  void set_quack_swiglu(bool enabled) { quack_swiglu_ = enabled; }
+  bool quack_swiglu() const { return quack_swiglu_; }
   bool autotune() const { return autotune_; }
   bool tf32() const { return tf32_; }
   // How many GEMM shapes the autotune gave to quack's kernels so far.
@@ -66,6 +69,12 @@ class CublasLtGemm {
                            const Tensor& out, cudaStream_t stream);
   bool linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
                                   cudaStream_t stream);
+  // With set_quack_swiglu: pre [N, 2F] = x · weightᵀ (gate/up rows interleaved) and out [N, F] =
+  // silu(gate) · up of the f32 product, in quack's gated GEMM (BF16, contiguous; the
+  // configuration timed once a shape with autotuning). False when the call does not qualify
+  // (quack_gemm::gated_candidates), and then nothing ran.
+  bool linear_forward_swiglu(const Tensor& x, const Tensor& weight, const Tensor& pre, const Tensor& out,
+                             cudaStream_t stream);
   // dweight[M,K] (+)= dout[N,M]ᵀ · x[N,K]. With bias_sum (f32 [M]) the BGRADB epilogue writes the
   // column sums of dout there in the same pass; returns false when cuBLASLt has no algorithm
   // for that epilogue (then nothing ran, and the caller must run the plain GEMM and a
@@ -142,7 +151,9 @@ class CublasLtGemm {
   bool tf32_ = false;
   bool autotune_ = false;
   bool quack_ = false;
+  bool quack_swiglu_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<std::array<int64_t, 3>, int> gated_choice_;  // (rows, k, ffn) -> quack_gemm candidate
 };
 
 }  // namespace mxtrain

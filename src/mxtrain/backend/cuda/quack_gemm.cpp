@@ -102,12 +102,55 @@ TVMFFIAny scheduler_arguments(int64_t clusters) {
   return made.emplace(clusters, array).first->second;
 }
 
+// The stream and the number of clusters that fit, for a call of `kernel`.
+int64_t prepare_call(const Kernel& kernel, const std::string& what, cudaStream_t stream) {
+  const Device& dev = device();
+  if (TVMFFIEnvSetStream(kDLCUDA, dev.id, stream, nullptr) != 0)
+    fail("TVM-FFI could not take mxtrain's CUDA stream for " + what + ": " + tvm_ffi::raised_error());
+  return dev.sms / (kernel.cluster_m * kernel.cluster_n);
+}
+
+bool is_gated(const Kernel& k) { return std::string(k.layout) == "gated"; }
+
 }  // namespace
 
 std::vector<std::string> carried() {
   std::vector<std::string> names;
   for (const Kernel& k : kKernels) names.push_back(std::string(k.layout) + " " + k.config);
   return names;
+}
+
+bool gated_carried() {
+  for (const Kernel& k : kKernels)
+    if (is_gated(k)) return true;
+  return false;
+}
+
+std::vector<int> gated_candidates(const Gated& g) {
+  if (g.rows <= 0 || g.k <= 0 || g.ffn <= 0 || g.k % 8 || g.ffn % 8 || !device().hopper) return {};
+  if (!aligned16(g.x) || !aligned16(g.w) || !aligned16(g.preact) || !aligned16(g.postact)) return {};
+  std::vector<int> found;
+  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
+    if (is_gated(kKernels[i])) found.push_back(i);
+  return found;
+}
+
+void run_gated(int candidate, const Gated& g, cudaStream_t stream) {
+  const Kernel& kernel = kKernels[candidate];
+  const int64_t clusters = prepare_call(kernel, name(candidate), stream);
+  const int id = device().id;
+  using tvm_ffi::View;
+  View x(const_cast<void*>(g.x), tvm_ffi::kBf16, id, {g.rows, g.k}, {g.k, 1});
+  View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, 2 * g.ffn}, {1, g.k});  // quack's B [k, 2F] = wᵀ
+  View preact(g.preact, tvm_ffi::kBf16, id, {g.rows, 2 * g.ffn}, {2 * g.ffn, 1});
+  View postact(g.postact, tvm_ffi::kBf16, id, {g.rows, g.ffn}, {g.ffn, 1});
+  // The epilogue's (postact, None, None): postact goes in as an ffi.Tensor over the view.
+  tvm_ffi::TensorArray epilogue({postact.any(), tvm_ffi::none(), tvm_ffi::none()}, {&postact});
+  if (!epilogue.error.empty()) fail("TVM-FFI could not make the gated GEMM's epilogue arguments: " + epilogue.error);
+  const TVMFFIAny n = tvm_ffi::none();
+  const std::string error = tvm_ffi::call(
+      kernel.fn, {x.any(), w.any(), preact.any(), n, epilogue.any, scheduler_arguments(clusters), n, n, n});
+  if (!error.empty()) fail(name(candidate) + " failed: " + error);
 }
 
 std::vector<int> candidates(const Product& p) {
@@ -128,9 +171,8 @@ std::string name(int candidate) {
 
 void run(int candidate, const Product& p, cudaStream_t stream) {
   const Kernel& kernel = kKernels[candidate];
+  const int64_t clusters = prepare_call(kernel, name(candidate), stream);
   const Device& dev = device();
-  if (TVMFFIEnvSetStream(kDLCUDA, dev.id, stream, nullptr) != 0)
-    fail("TVM-FFI could not take mxtrain's CUDA stream: " + tvm_ffi::raised_error());
   // cuBLAS's column-major D[m, n] = op(A) · op(B) is row-major D[n, m] = op(B)ᵀ · op(A)ᵀ: quack's
   // A [n, k] is cuBLAS's B, its B [k, m] cuBLAS's A, each read in the order its transpose says.
   using tvm_ffi::View;
@@ -140,7 +182,6 @@ void run(int candidate, const Product& p, cudaStream_t stream) {
   View b(const_cast<void*>(p.a), tvm_ffi::kBf16, dev.id, {p.k, p.m},
          {p.transpose_a ? one : p.lda, p.transpose_a ? p.lda : one});
   View d(p.d, tvm_ffi::kBf16, dev.id, {p.n, p.m}, {p.ldd, 1});
-  const int64_t clusters = dev.sms / (kernel.cluster_m * kernel.cluster_n);
   const TVMFFIAny n = tvm_ffi::none();
   const std::string error = tvm_ffi::call(
       kernel.fn, {a.any(), b.any(), d.any(), n, epilogue_arguments(), scheduler_arguments(clusters), n, n, n});
@@ -154,6 +195,11 @@ std::vector<int> candidates(const Product&) { return {}; }
 std::string name(int) { return ""; }
 void run(int, const Product&, cudaStream_t) {
   throw Error(ErrorKind::internal, "quack_gemm::run in a build without quack's GEMMs", "");
+}
+bool gated_carried() { return false; }
+std::vector<int> gated_candidates(const Gated&) { return {}; }
+void run_gated(int, const Gated&, cudaStream_t) {
+  throw Error(ErrorKind::internal, "quack_gemm::run_gated in a build without quack's GEMMs", "");
 }
 
 #endif

@@ -5,8 +5,10 @@
 // candidates of the GEMM autotune beside cuBLASLt's algorithms (backend/cuda/gemm.cpp): where a
 // plain BF16 GEMM of the three linear ops runs faster in one of quack's tile configurations in
 // the autotune's trials, that shape keeps it. Measured on an H200, the picks did not hold in the
-// step (llama-1b 1% slower), hence not the default (docs/gemm-kernels.md). Built without the
-// folder, nothing here runs.
+// step (llama-1b 1% slower), hence not the default (docs/gemm-kernels.md). And the llama MLP's
+// gate/up forward with SwiGLU fused into the GEMM's epilogue (quack's gated GEMM:
+// Backend::gemm_fuses_swiglu, train.gemm_kernels = cublaslt+quack-swiglu or cublaslt+quack).
+// Built without the folder, nothing here runs.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -42,5 +44,23 @@ std::string name(int candidate);
 
 // Runs candidate `candidate` (one of candidates(p)) on `stream`; throws with the fix on failure.
 void run(int candidate, const Product& p, cudaStream_t stream);
+
+// The gated forward, row-major and contiguous: preact [rows, 2·ffn] = x [rows, k] · w [2·ffn, k]ᵀ
+// (w's gate and up rows interleaved) and postact [rows, ffn] = silu(preact[:, 2j]) · preact[:, 2j+1],
+// SwiGLU applied to the FP32 product, each output rounded to BF16 once.
+struct Gated {
+  int64_t rows = 0, k = 0, ffn = 0;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  void* preact = nullptr;
+  void* postact = nullptr;
+};
+
+// Whether this build carries the gated GEMM at all, and (gated_candidates) the functions that can
+// run `g` on the current device (an sm_90 GPU; k and ffn multiples of 8; 16-byte aligned
+// pointers), in the export's order (its first is the one to take untimed).
+bool gated_carried();
+std::vector<int> gated_candidates(const Gated& g);
+void run_gated(int candidate, const Gated& g, cudaStream_t stream);
 
 }  // namespace mxtrain::quack_gemm

@@ -176,8 +176,23 @@ struct CastFromX {  // x itself
   }
 };
 
+// gate_up [R, 2F] is interleaved (gate j in column 2j, up j in 2j + 1): the 8 gate/up pairs of
+// columns gc..gc+7 are the 16 values at 2gc, fetched as two packs; pair k is elements 2k, 2k + 1.
 template <typename T>
-struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
+__device__ __forceinline__ float gate_up_element(const Pack8<T>& low, const Pack8<T>& high, int e) {
+  return to_float<T>(e < 8 ? low.v[e] : high.v[e - 8]);
+}
+
+template <bool kFull, typename T>
+__device__ __forceinline__ void load_gate_up(const T* gate_up, int64_t gr, bool in_rows, int64_t gc, int64_t ffn,
+                                             bool vector, Pack8<T>& low, Pack8<T>& high) {
+  const T* row = in_rows ? gate_up + gr * 2 * ffn : nullptr;
+  load_pack<kFull>(row, 2 * gc, 2 * ffn, vector, low);
+  load_pack<kFull>(row, 2 * gc + 8, 2 * ffn, vector, high);
+}
+
+template <typename T>
+struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F] (interleaved)
   static constexpr int kInputs = 2, kOutputs = 1, kMinBlocks = sizeof(T) == 2 ? 4 : 2;
   using Fetched = Packs<T, kInputs>;
   using Lane = NoLane;
@@ -186,25 +201,27 @@ struct CastFromSwiglu {  // x [R, F] = silu(gate) · up of gate_up [R, 2F]
   bool vector;
   template <bool kFull>
   __device__ __forceinline__ void fetch(int64_t gr, int, bool in_rows, int64_t gc, const Lane&, Fetched& in) const {
-    const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
-    load_pack<kFull>(gate, gc, cols, vector, in.pack[0]);
-    load_pack<kFull>(in_rows ? gate + cols : nullptr, gc, cols, vector, in.pack[1]);
+    load_gate_up<kFull>(gate_up, gr, in_rows, gc, cols, vector, in.pack[0], in.pack[1]);
   }
   __device__ __forceinline__ Lane lane(int64_t, int64_t) const { return {}; }
   __device__ __forceinline__ void values(const Fetched& in, const Lane&, float (&v)[kOutputs][8]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      v[0][i] = round_to<T>(swiglu_value(to_float<T>(in.pack[0].v[i]), to_float<T>(in.pack[1].v[i])));
+    for (int k = 0; k < 8; ++k)
+      v[0][k] = round_to<T>(swiglu_value(gate_up_element(in.pack[0], in.pack[1], 2 * k),
+                                         gate_up_element(in.pack[0], in.pack[1], 2 * k + 1)));
   }
 };
 
-// kWithAct: the side output is the activation silu(gate) · up [R, F] (CastFromSwiglu's values),
-// for the down projection's weight gradient.
+// x [R, 2F] = the interleaved [dgate, dup] pairs from dout [R, F] and gate_up [R, 2F]. Its two
+// parts (kInterleaved: see cast_tile) are the first and second 8 of the 16 x columns of part
+// columns gc..gc+7: pairs gc..gc+3 and gc+4..gc+7. kWithAct: the side output is the activation
+// silu(gate) · up [R, F] (CastFromSwiglu's values), for the down projection's weight gradient.
 template <typename T, bool kWithAct = false>
-struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] and gate_up [R, 2F]
+struct CastFromSwigluBackward {
   static constexpr int kInputs = 3, kOutputs = 2;
   static constexpr int kMinBlocks = sizeof(T) == 2 ? (kWithAct ? 2 : 3) : (kWithAct ? 1 : 2);  // no spills (ptxas -v)
   static constexpr bool kSide = kWithAct;
+  static constexpr bool kInterleaved = true;
   using Fetched = Packs<T, kInputs>;
   using Lane = NoLane;
   const T* dout;
@@ -213,26 +230,25 @@ struct CastFromSwigluBackward {  // x [R, 2F] = [dgate | dup] from dout [R, F] a
   bool vector;
   template <bool kFull>
   __device__ __forceinline__ void fetch(int64_t gr, int, bool in_rows, int64_t gc, const Lane&, Fetched& in) const {
-    const T* gate = in_rows ? gate_up + gr * 2 * cols : nullptr;
     load_pack<kFull>(in_rows ? dout + gr * cols : nullptr, gc, cols, vector, in.pack[0]);
-    load_pack<kFull>(gate, gc, cols, vector, in.pack[1]);
-    load_pack<kFull>(in_rows ? gate + cols : nullptr, gc, cols, vector, in.pack[2]);
+    load_gate_up<kFull>(gate_up, gr, in_rows, gc, cols, vector, in.pack[1], in.pack[2]);
   }
   __device__ __forceinline__ Lane lane(int64_t, int64_t) const { return {}; }
   __device__ __forceinline__ void values(const Fetched& in, const Lane&, float (&v)[kOutputs][8]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int k = 0; k < 8; ++k) {
       float dgate, dup;
-      swiglu_gradients(to_float<T>(in.pack[0].v[i]), to_float<T>(in.pack[1].v[i]), to_float<T>(in.pack[2].v[i]),
-                       dgate, dup);
-      v[0][i] = round_to<T>(dgate);
-      v[1][i] = round_to<T>(dup);
+      swiglu_gradients(to_float<T>(in.pack[0].v[k]), gate_up_element(in.pack[1], in.pack[2], 2 * k),
+                       gate_up_element(in.pack[1], in.pack[2], 2 * k + 1), dgate, dup);
+      v[k / 4][2 * (k % 4)] = round_to<T>(dgate);
+      v[k / 4][2 * (k % 4) + 1] = round_to<T>(dup);
     }
   }
   __device__ __forceinline__ void side_values(const Fetched& in, const Lane&, float (&v)[8]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      v[i] = round_to<T>(swiglu_value(to_float<T>(in.pack[1].v[i]), to_float<T>(in.pack[2].v[i])));
+    for (int k = 0; k < 8; ++k)
+      v[k] = round_to<T>(swiglu_value(gate_up_element(in.pack[1], in.pack[2], 2 * k),
+                                      gate_up_element(in.pack[1], in.pack[2], 2 * k + 1)));
   }
 };
 
@@ -295,8 +311,15 @@ struct HasSide : std::false_type {};
 template <typename Source>
 struct HasSide<Source, std::void_t<decltype(Source::kSide)>> : std::bool_constant<Source::kSide> {};
 
+// Whether a source's parts interleave in x (Source::kInterleaved): part p's columns gc..gc+7 (gc a
+// multiple of 8) are x's columns 2gc + 8p .. 2gc + 8p + 7, so two parts fill x's 16 columns at 2gc.
+template <typename Source, typename = void>
+struct InterleavedParts : std::false_type {};
+template <typename Source>
+struct InterleavedParts<Source, std::void_t<decltype(Source::kInterleaved)>> : std::bool_constant<Source::kInterleaved> {};
+
 // One block's tile (rows row0.., columns col0.. of every part; rows x cols is one part of x, part
-// p being x's columns [p · cols, (p + 1) · cols)). kFull: the tile lies inside x and the source
+// p being x's columns [p · cols, (p + 1) · cols), or interleaved: InterleavedParts). kFull: the tile lies inside x and the source
 // loads whole 16-byte vectors, so no row or column needs a bounds check.
 template <typename T, typename Source, nm::Fp8Format kFormat, bool kFull>
 __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
@@ -308,6 +331,17 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
                                                          [kCastPitch]) {
   constexpr int kParts = Source::kOutputs;
   constexpr bool kSide = HasSide<Source>::value;
+  constexpr bool kInterleaved = InterleavedParts<Source>::value;
+  static_assert(!kInterleaved || kParts == 2, "interleaved parts come in twos");
+  // x's column of part `part`'s column c, and whether it lies inside x.
+  auto x_col = [&](int part, int64_t c) -> int64_t {
+    if constexpr (kInterleaved) return 2 * (c & ~int64_t{7}) + 8 * part + (c & 7);
+    else return part * cols + c;
+  };
+  auto inside = [&](int part, int64_t c) {
+    if constexpr (kInterleaved) return x_col(part, c) < 2 * cols;
+    else return c < cols;
+  };
   // Thread t: columns c0..c0+7 of rows r0..r0+3 (a warp's loads: 4 rows of 128 bytes).
   const int r0 = 4 * (threadIdx.x / 8), c0 = (threadIdx.x % 8) * 8;
   const int64_t gr0 = row0 + r0, gc = col0 + c0;
@@ -378,12 +412,12 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
       words[part][0][j] = w[0];
       words[part][1][j] = w[1];
       if (rowwise != nullptr) {
-        uint8_t* out = rowwise + gr * x_cols + part * cols + gc;
+        uint8_t* out = rowwise + gr * x_cols + x_col(part, gc);
         if (vector_rowwise && (kFull || (gr < rows && gc + 8 <= cols))) {
           *reinterpret_cast<uint2*>(out) = make_uint2(w[0], w[1]);
         } else {
           for (int i = 0; i < 8; ++i)
-            if (gr < rows && gc + i < cols) out[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
+            if (gr < rows && inside(part, gc + i)) out[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
         }
       }
     }
@@ -410,8 +444,8 @@ __device__ __forceinline__ void cast_tile(const Source& source, int64_t rows, in
          v += kCastThreads) {
       const int part = v / (kCastCols * kCastRows / 16), c = v / 8 % kCastCols, r = (v % 8) * 16;
       const int64_t gcol = col0 + c, grow = row0 + r;
-      if (!kFull && gcol >= cols) continue;
-      uint8_t* out = part < kParts ? columnwise + (part * cols + gcol) * rows + grow : side.columnwise + gcol * rows + grow;
+      if (!kFull && (part < kParts ? !inside(part, gcol) : gcol >= cols)) continue;
+      uint8_t* out = part < kParts ? columnwise + x_col(part, gcol) * rows + grow : side.columnwise + gcol * rows + grow;
       if (vector_columnwise && (kFull || grow + 16 <= rows)) {
         uint4 packed;
         uint32_t* packed_words = reinterpret_cast<uint32_t*>(&packed);

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 // Turns a CUDA error code into a raised TVM-FFI error through the setter it is handed. Inline,
 // and `used` so that every program including this header emits it (the exported objects refer to
@@ -107,6 +108,46 @@ inline std::string make_array(TVMFFIAny* elements, int count, TVMFFIAny* array) 
   if (TVMFFIFunctionCall(make, elements, count, array) != 0) return raised_error();
   return "";
 }
+
+// A TVM-FFI Array of values some of which are tensors: each element that is a View's any() goes
+// in as an ffi.Tensor over that view (`tensors`, in order; the views must outlive the array and
+// own nothing). Holds its references until destroyed; `error` is "" when made.
+struct TensorArray {
+  TVMFFIAny any = none();
+  std::string error;
+  std::vector<TVMFFIObjectHandle> owned;
+  std::vector<DLManagedTensor> managed;
+  TensorArray(std::vector<TVMFFIAny> elements, std::initializer_list<View*> tensors) : managed(tensors.size()) {
+    auto view = tensors.begin();
+    for (size_t i = 0, t = 0; i < elements.size() && error.empty(); ++i) {
+      if (elements[i].type_index != kTVMFFIDLTensorPtr) continue;
+      if (view == tensors.end()) {
+        error = "more tensors than views";
+        return;
+      }
+      DLManagedTensor& m = managed[t++];
+      m.dl_tensor = (*view++)->t;
+      m.manager_ctx = nullptr;
+      m.deleter = [](DLManagedTensor*) {};
+      TVMFFIObjectHandle handle = nullptr;
+      if (TVMFFITensorFromDLPack(&m, 0, 0, &handle) != 0) {
+        error = raised_error();
+        return;
+      }
+      owned.push_back(handle);
+      elements[i] = TVMFFIAny{};
+      elements[i].type_index = kTVMFFITensor;
+      elements[i].v_obj = static_cast<TVMFFIObject*>(handle);
+    }
+    if (error.empty()) error = make_array(elements.data(), static_cast<int>(elements.size()), &any);
+  }
+  TensorArray(const TensorArray&) = delete;
+  TensorArray& operator=(const TensorArray&) = delete;
+  ~TensorArray() {
+    if (any.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(any.v_obj);
+    for (TVMFFIObjectHandle h : owned) TVMFFIObjectDecRef(h);
+  }
+};
 
 // The (None, None) auxiliary-data tuple FlashAttention-4's functions take.
 inline std::string make_none_pair(TVMFFIAny* pair) {

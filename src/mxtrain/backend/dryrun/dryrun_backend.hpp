@@ -37,6 +37,9 @@ struct CudaAllocationModel {
   // train.attention_backward = flash-attention-4: the backward's workspace is FlashAttention-4's
   // buffers, sized by formula (private_buffers::flash_attention_4_workspace), not a fact.
   bool flash_attention_4_backward = false;
+  // Not a fact but the run's setting (train.gemm_kernels with quack's SwiGLU on a Hopper GPU): the
+  // llama gate/up GEMM with SwiGLU in its epilogue, as CudaBackend::gemm_fuses_swiglu answers.
+  bool gemm_swiglu_fused = false;
   // cub's radix-sort temp storage of the embedding backward (about this many bytes per token
   // plus a fixed part; the exact figure is cub's and depends on its version).
   double embedding_sort_bytes_per_token = 9;
@@ -61,6 +64,9 @@ class DryrunBackend : public Backend {
   Device device() const override { return Device::none; }
   DeviceProperties properties() const override;
   bool supports(OpKind kind, DType dtype) const override;
+  bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const override {
+    return cuda_.enabled && cuda_.gemm_swiglu_fused && dtype == DType::bf16 && k % 8 == 0 && ffn % 8 == 0;
+  }
   // FlashAttention-4's backward: its shape rules (the build's configurations are the cuda run's).
   void check_attention_backward(const AttentionShape& shape, DType activations) const override;
   void synchronize() override {}
