@@ -2,7 +2,8 @@
 group's CuTe DSL kernels, the ones FlashAttention-4 depends on) without a GPU, and export each as
 an object file holding a TVM-FFI packed function, for bench/quack_probe.cpp to time from C++
 beside cuBLASLt. The four GEMMs a gated MLP's gate/up projection needs when its weight is stored
-[gate; up] (as mxtrain stores it) and its pre-activation interleaved (as quack's epilogues read it):
+[gate; up] (as mxtrain stored it when this probe was written; it now stores the rows
+interleaved, docs/gemm-kernels.md) and its pre-activation interleaved (as quack's epilogues read it):
 
   gated   x · W1ᵀ → preact (interleaved gate/up pairs) and postact = silu(gate) · up, one kernel
   dgated  dY · W2 → with the saved preact: dpreact (interleaved) and the recomputed postact

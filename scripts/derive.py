@@ -799,6 +799,29 @@ def gemm_kernels_ab(relative, autotune):
     return "; ".join(parts)
 
 
+def swiglu_ab(relative, name):
+    """The alternating train.gemm_kernels = cublaslt / cublaslt+quack-swiglu A/B of `name`: each
+    setting's step times in file order, their means, in how many pairs the fused one was faster,
+    and the peak memory when both settings agree on it."""
+    runs = {"cublaslt": [], "cublaslt+quack-swiglu": []}
+    peaks = set()
+    for r in jsonl(relative):
+        if r.get("engine") == "mxtrain" and r["name"] == name and r["gemm_kernels"] in runs:
+            runs[r["gemm_kernels"]].append(r["step_ms"])
+            peaks.add(r["peak_bytes"])
+    a, b = runs["cublaslt"], runs["cublaslt+quack-swiglu"]
+    if not a or len(a) != len(b):
+        raise SystemExit(f"derive.py: {relative} has no alternating pairs of {name}")
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    ms = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+    faster = sum(y < x for x, y in zip(a, b))
+    peak = (f"; peak memory {next(iter(peaks)) / 2**30:.2f} GiB with either" if len(peaks) == 1
+            else "; peak memory differs")
+    return (f"{name}: {ms(a)} ms with cuBLASLt and the SwiGLU kernel, {ms(b)} ms with quack's gated GEMM "
+            f"(means {ma:.1f} and {mb:.1f} ms, {(mb - ma) / ma * 100:+.1f}%; the fused step faster in {faster} of "
+            f"{len(a)} pairs){peak}")
+
+
 def mfu_of(relative, name, gemm_kernels):
     """The MFU of each mxtrain line of `name` run with `gemm_kernels`, in file order: "59.97% and 59.90%"."""
     values = [f"{100 * r['mfu']:.2f}%" for r in jsonl(relative)
@@ -839,6 +862,7 @@ def generate(kind, args, planner):
         "quack-probe-layer": lambda: quack_probe_layer(*args),
         "gemm-kernels-ab": lambda: gemm_kernels_ab(*args),
         "mfu": lambda: mfu_of(*args),
+        "swiglu-ab": lambda: swiglu_ab(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")

@@ -40,7 +40,7 @@ dsl=$("$py" -m cutlass.cute.export.aot_config --libdir 2>/dev/null | tail -1)
 work=$(mktemp -d "${out%/}.partial.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$py" scripts/fa4_export.py "$work" "${configs[@]}"
-# quack's BF16 GEMMs for the GEMM autotune (docs/gemm-kernels.md), from the same venv: 1 min.
+# quack's BF16 GEMMs for the GEMM autotune and the gated SwiGLU GEMM (docs/gemm-kernels.md), from the same venv: 1 min.
 "$py" scripts/quack_gemm_export.py "$work"
 mkdir -p "$work/lib" "$work/include"
 cp "$ffi/lib/libtvm_ffi.so" "$dsl/libcuda_dialect_runtime_static.a" "$work/lib/"
