@@ -211,8 +211,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x, const Tensor& x_out,
   // (Backend::gemm_fuses_swiglu: quack's gated GEMM on an H200, train.gemm_kernels): the GEMM
   // writes the interleaved gate/up pre-activation for backward and silu(gate) · up beside it,
   // from the f32 product — the same exceptions as GELU's for the same reason.
+  // (quack's gated epilogue takes no bias: a llama with model.bias runs the two apart.)
   const bool swiglu_on_gemm = config_.family == ModelFamily::llama && keep_inputs && !options_.deterministic &&
-                              !linears_.quantized(l) &&
+                              !linears_.quantized(l) && !w(l, p.up_bias).defined() &&
                               backend_.gemm_fuses_swiglu(s.norm2.tensor().dtype, config_.hidden, config_.ffn_hidden);
   if (gelu_on_gemm || swiglu_on_gemm) {
     s.act = activation("mlp_act", l, config_.ffn_hidden, Lifetime::activation);
