@@ -11,7 +11,8 @@
 # TORCH_FP8_ONLY=1: PyTorch's FP8 row only (one torch.compile per set instead of two for 1b).
 # ATTENTION_BACKWARDS="cudnn flash-attention-4": every mxtrain row once with each attention
 # backward (train.attention_backward; the second needs a build with FlashAttention-4's kernels,
-# docs/attention.md); default cudnn. Each line records its attention_backward.
+# docs/attention.md); default auto (the trainer's default). Each line records the backward the run
+# took.
 set -euo pipefail
 out=${1:?usage: bench/fp8_vs_torch.sh OUT.jsonl SET...}; shift
 bin=${BIN:-build/cuda/mxtrain}
@@ -19,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # The optimizer is the baseline's: AdamW without gradient clipping (optimizer.grad_clip = 0; the
 # AdamW pass still sums the squared gradients for the reported norm), as in bench/vs_torch.sh.
 mx() {
-  for backward in ${ATTENTION_BACKWARDS:-cudnn}; do
+  for backward in ${ATTENTION_BACKWARDS:-auto}; do
     "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 \
       --set train.attention_backward="$backward" "$@" >/dev/null || echo "mxtrain bench $* ($backward) failed" >&2
   done

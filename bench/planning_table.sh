@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The table of docs/planning.md: `mxtrain plan --recommend` for every Llama preset from 1B to 64B
 # on 8 x H100, H200, B200 and B300 (one node), 4096-token sequences, a global batch of 256
-# sequences (1M tokens), BF16. Prints it; with --update rewrites it in docs/planning.md between
-# the planning-table markers. No GPU needed (a few seconds on a laptop).
+# sequences (1M tokens), BF16, with the kernels of the README's build (cuDNN's attention backward,
+# cuBLASLt alone: train.attention_backward and train.gemm_kernels are auto, and a build that
+# carries FlashAttention-4's and quack's kernels would plan those on the Hopper rows). Prints it;
+# with --update rewrites it in docs/planning.md between the planning-table markers. No GPU needed
+# (a few seconds on a laptop).
 #
 # Usage: bench/planning_table.sh [--update] [path/to/mxtrain]   (default: build/cpu/mxtrain)
 set -euo pipefail
@@ -19,7 +22,8 @@ table() {
   printf '|---|---|---|---|---|---|---|\n'
   for preset in llama-1b llama-3b llama-8b llama-14b llama-32b llama-64b; do
     for gpu in h100 h200 b200 b300; do
-      "$binary" plan -m "$preset" -s 4096 --global-batch 256 --gpu "$gpu" --gpus 8 --recommend --summary
+      "$binary" plan -m "$preset" -s 4096 --global-batch 256 --gpu "$gpu" --gpus 8 --recommend --summary \
+        --set train.attention_backward=cudnn --set train.gemm_kernels=cublaslt
     done
   done
 }

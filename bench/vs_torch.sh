@@ -17,13 +17,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 # (optimizer.grad_clip = 0: its AdamW pass still sums the squared gradients for the reported norm).
 # ATTENTION_BACKWARDS="cudnn flash-attention-4": each mxtrain row of the sets above once with each
 # attention backward (train.attention_backward; the second needs a build with FlashAttention-4's
-# kernels, docs/attention.md); default cudnn. Each line records its attention_backward.
-# GEMM_KERNELS="cublaslt cublaslt+quack": likewise with each train.gemm_kernels (the second adds
-# quack's GEMMs to the autotune in a build that carries them, docs/gemm-kernels.md); default
-# cublaslt. Each line records its gemm_kernels.
+# kernels, docs/attention.md); default auto (the trainer's default: FlashAttention-4's where the
+# build carries it for the shape on a Hopper, else cuDNN's). Each line records the backward the
+# run took. GEMM_KERNELS="cublaslt cublaslt+quack-swiglu": likewise with each train.gemm_kernels
+# (docs/gemm-kernels.md); default auto. Each line records the kernels the run took.
 mx() {
-  for kernels in ${GEMM_KERNELS:-cublaslt}; do
-    for backward in ${ATTENTION_BACKWARDS:-cudnn}; do
+  for kernels in ${GEMM_KERNELS:-auto}; do
+    for backward in ${ATTENTION_BACKWARDS:-auto}; do
       "$bin" bench --warmup 3 --timed 10 --json "$out" --set optimizer.grad_clip=0 \
         --set train.attention_backward="$backward" --set train.gemm_kernels="$kernels" "$@" >/dev/null ||
         echo "mxtrain bench $* ($backward, $kernels) failed" >&2

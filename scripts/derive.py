@@ -297,6 +297,15 @@ def attention_backward_ratios(*relatives):
     return ", ".join(parts)
 
 
+def kernels_as_measured(r):
+    """The --set flags that re-plan a measured line with the kernels it ran: its attention_backward
+    and gemm_kernels, or what both were before the lines recorded them (cudnn, cublaslt): since
+    both settings default to auto, a build that carries FlashAttention-4's and quack's kernels
+    would otherwise plan those."""
+    return ["--set", f"train.attention_backward={r.get('attention_backward', 'cudnn')}",
+            "--set", f"train.gemm_kernels={r.get('gemm_kernels', 'cublaslt')}"]
+
+
 def fp8_planned_rows(relative, commit, planner):
     """Each mxtrain line of `commit` in the FP8 file re-planned: (line, planned peak bytes, planned ms)."""
     rows = []
@@ -304,7 +313,7 @@ def fp8_planned_rows(relative, commit, planner):
         if r.get("engine") != "mxtrain" or r.get("commit") not in commit.split(","):
             continue
         args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
-                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json"]
+                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r)]
         if "quantized_weights" in r:
             args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
         if "grad_clip" in r:  # the optimizer as it ran (bench/fp8_vs_torch.sh sets 0 since 2026-12-02)
@@ -339,8 +348,7 @@ def attention_backward_planned(planner, *relatives):
     peaks and step times against the measured, and the planned saving against the measured."""
     def plan(r):
         args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
-                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json",
-                "--set", f"train.attention_backward={r['attention_backward']}",
+                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r),
                 "--set", f"optimizer.grad_clip={r['grad_clip']}"]
         if r["precision"] != "bf16":
             args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]

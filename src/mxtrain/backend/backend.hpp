@@ -615,6 +615,17 @@ struct BackendOptions {
 };
 std::vector<std::string> backend_names();  // in registration order
 bool backend_available(std::string_view name);
+// The kernels compiled ahead of time that this build links (-DMXTRAIN_FLASH_ATTENTION_4:
+// docs/attention.md, docs/gemm-kernels.md): FlashAttention-4's backward configurations as
+// "d<head_dim>_g<query heads per key/value head>", and whether quack's gated (SwiGLU) GEMM is
+// among quack's GEMMs. Empty without them or without CUDA.
+struct CarriedKernels {
+  std::vector<std::string> flash_attention_4;
+  bool quack_gated_gemm = false;
+};
+CarriedKernels carried_kernels();
+// The compute capability (e.g. 90) of CUDA device `index`; 0 where there is none or no CUDA.
+int cuda_compute_capability(int index = 0);
 std::unique_ptr<Backend> create_backend(std::string_view name, const BackendOptions& options = {});
 
 }  // namespace mxtrain

@@ -12,7 +12,32 @@ namespace mxtrain {
 #ifdef MXTRAIN_HAVE_CUDA
 std::unique_ptr<Backend> create_cuda_backend(const BackendOptions& options);  // backend/cuda/cuda_backend.cpp
 bool cuda_device_present();
+int cuda_device_capability(int index);
+namespace flash_attention_4 {
+std::vector<std::string> carried();  // backend/cuda/flash_attention_4.cpp
+}
+namespace quack_gemm {
+bool gated_carried();  // backend/cuda/quack_gemm.cpp
+}
 #endif
+
+CarriedKernels carried_kernels() {
+  CarriedKernels carried;
+#ifdef MXTRAIN_HAVE_CUDA
+  carried.flash_attention_4 = flash_attention_4::carried();
+  carried.quack_gated_gemm = quack_gemm::gated_carried();
+#endif
+  return carried;
+}
+
+int cuda_compute_capability(int index) {
+#ifdef MXTRAIN_HAVE_CUDA
+  return cuda_device_present() ? cuda_device_capability(index) : 0;
+#else
+  (void)index;
+  return 0;
+#endif
+}
 
 std::vector<std::string> backend_names() {
   std::vector<std::string> names{"cpu"};

@@ -202,8 +202,10 @@ std::vector<Field> fields(RunConfig& c) {
                         "cuda: the attention backward: cudnn (cuDNN's SDPA graph) or flash-attention-4 "
                         "(FlashAttention-4's Hopper kernels after cuDNN's forward, about 1.25x faster at head "
                         "dimension 64 on an H200; bf16 activations, more than 128 tokens, not with "
-                        "train.deterministic; a build with its kernels: docs/attention.md)",
-                        {"cudnn", "flash-attention-4"}));
+                        "train.deterministic; a build with its kernels: docs/attention.md); auto takes "
+                        "flash-attention-4 where all of that holds for the run (its kernels carried for the "
+                        "model's head dimension and query heads per key/value head, a Hopper GPU), else cudnn",
+                        {"auto", "cudnn", "flash-attention-4"}));
   list.push_back(boolean("train.gemm_autotune", c.train.gemm_autotune,
                          "cuda: time cuBLASLt's candidate algorithms for each GEMM shape once and keep the "
                          "fastest (false: the heuristic's first choice, the same in every run)"));
@@ -213,8 +215,10 @@ std::vector<Field> fields(RunConfig& c) {
                         "kept and the run is not deterministic; every other GEMM cuBLASLt's); or cublaslt+quack "
                         "(that, and with train.gemm_autotune quack's tile configurations timed beside cuBLASLt's "
                         "algorithms for every plain BF16 GEMM shape, measured no faster on the H200). quack's "
-                        "kernels need a build that carries them: docs/gemm-kernels.md",
-                        {"cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack"}));
+                        "kernels need a build that carries them: docs/gemm-kernels.md. auto takes "
+                        "cublaslt+quack-swiglu for a llama where the build carries quack's gated GEMM and the "
+                        "GPU is a Hopper, else cublaslt",
+                        {"auto", "cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack"}));
   list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
                          "GPU; every precision but fp16's loss scaling and nvfp4 with stochastic rounding; not "

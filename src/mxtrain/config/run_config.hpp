@@ -30,10 +30,13 @@ struct TrainConfig {
   int64_t logits_chunk_tokens = 0;  // 0 = auto (Transformer::logits_chunk_rows)
   bool tf32 = false;                 // fp32 precision on cuda: TF32 tensor-core GEMMs
   bool deterministic = false;        // deterministic attention backward on cuda
-  // cuda: cudnn | flash-attention-4 (FlashAttention-4's backward after cuDNN's forward; a build
-  // with its kernels, docs/attention.md)
-  std::string attention_backward = "cudnn";
-  std::string gemm_kernels = "cublaslt";  // cublaslt | cublaslt+quack-swiglu | cublaslt+quack (docs/gemm-kernels.md)
+  // cuda: auto | cudnn | flash-attention-4 (FlashAttention-4's backward after cuDNN's forward; a
+  // build with its kernels, docs/attention.md). auto: FlashAttention-4's where it can run
+  // (attention_backward_of in train/session.hpp), else cuDNN's.
+  std::string attention_backward = "auto";
+  // auto | cublaslt | cublaslt+quack-swiglu | cublaslt+quack (docs/gemm-kernels.md). auto: quack's
+  // gated SwiGLU GEMM where the build carries it and the GPU is a Hopper, else cuBLASLt alone.
+  std::string gemm_kernels = "auto";
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
   bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
   std::string nonfinite = "stop";    // a NaN/Inf loss or gradient norm: stop (before any save) | skip the update

@@ -75,7 +75,7 @@ nlohmann::json compare_allocation_traces(Backend& reference, const RunConfig& co
                                          CudaAllocationModel model) {
   const std::vector<AllocationEvent> real = record_step_allocations(reference, config);
   model.deterministic_attention = config.train.deterministic;
-  model.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
+  model.flash_attention_4_backward = attention_backward_of(config, gpu.compute_capability) == "flash-attention-4";
   DryrunBackend dryrun(0, gpu.key, model);
   dryrun.set_native_quantized_gemms(native_quantized_gemms(gpu));
   const std::vector<AllocationEvent> planned = record_step_allocations(dryrun, config);

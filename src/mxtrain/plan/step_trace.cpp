@@ -130,9 +130,12 @@ DryrunResult run_dryrun(const TraceRequest& request, int64_t micro_batches, uint
   const RunConfig& config = request.config;
   CudaAllocationModel cuda_model = request.calibration.cuda_allocations;
   cuda_model.deterministic_attention = config.train.deterministic;
-  cuda_model.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
+  // The kernels as this binary would take them on the GPU planned for (attention_backward_of).
+  cuda_model.flash_attention_4_backward =
+      attention_backward_of(config, request.compute_capability) == "flash-attention-4";
   // As CudaBackend::gemm_fuses_swiglu: quack's gated GEMM is sm_90a code.
-  cuda_model.gemm_swiglu_fused = config.train.gemm_kernels != "cublaslt" && request.compute_capability == 90;
+  cuda_model.gemm_swiglu_fused =
+      gemm_kernels_of(config, request.compute_capability) != "cublaslt" && request.compute_capability == 90;
   DryrunBackend backend(request.capacity_bytes, request.device_label, cuda_model);
   backend.set_native_quantized_gemms(request.native_quantized_gemms);
   // As run_benchmark and the trainer resolve it: the recipe knows what the device runs natively.
@@ -186,7 +189,7 @@ StepTrace trace_step(const TraceRequest& request) {
   trace.activation_dtype = precision.activation;
   trace.mfu_dtype = mfu_dtype(precision);
   trace.tf32 = config.train.tf32;
-  trace.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
+  trace.flash_attention_4_backward = attention_backward_of(config, request.compute_capability) == "flash-attention-4";
   DryrunResult first = run_dryrun(request, trace.traced_micro_batches, 0, &trace);
   trace.memory = first.memory;
   trace.peak = first.peak;

@@ -26,8 +26,11 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
   try {
     std::unique_ptr<Backend> backend = create_backend(result.device, backend_options(config));
     result.device_name = backend->properties().name;
+    result.attention_backward = attention_backward_of(config, backend->properties().compute_capability);
+    result.gemm_kernels = gemm_kernels_of(config, backend->properties().compute_capability);
     const PrecisionPlan precision = resolve_precision(config, *backend);
     log::info(precision.startup_line);
+    if (result.device == "cuda") log::info(kernels_startup_line(config, backend->properties().compute_capability));
     result.quantized_weights = uses_quantized_weights(config, precision, false);
     TrainingSession session(config, *backend, precision, make_parameter_store(*backend, config, precision, nullptr, 1));
 
@@ -89,8 +92,9 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
                          {"global_batch", config.train.global_batch(1)},
                          {"precision", result.precision},
                          {"recompute", config.train.recompute},
-                         {"attention_backward", config.train.attention_backward},
-                         {"gemm_kernels", config.train.gemm_kernels},
+                         {"attention_backward", result.attention_backward.empty() ? config.train.attention_backward
+                                                                                  : result.attention_backward},
+                         {"gemm_kernels", result.gemm_kernels.empty() ? config.train.gemm_kernels : result.gemm_kernels},
                          {"grad_clip", config.optimizer.grad_clip},
                          {"device", result.device},
                          {"gpu", result.device_name},

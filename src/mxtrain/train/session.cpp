@@ -1,10 +1,12 @@
 #include "mxtrain/train/session.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 
+#include "mxtrain/backend/private_buffers.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
@@ -35,15 +37,52 @@ std::string resolve_device(const std::string& requested) {
   return requested;
 }
 
+std::string attention_backward_of(const RunConfig& config, int capability) {
+  if (config.train.attention_backward != "auto") return config.train.attention_backward;
+  const std::string& precision = config.train.precision;
+  if (capability != 90 || config.train.deterministic || precision == "fp16" || precision == "fp32") return "cudnn";
+  AttentionShape shape;
+  shape.batch = config.train.micro_batch_size;
+  shape.seq = config.train.seq_len;
+  shape.heads = config.model.heads;
+  shape.kv_heads = config.model.kv_heads;
+  shape.head_dim = config.model.head_dim();
+  if (!private_buffers::flash_attention_4_unsupported(shape, DType::bf16).empty()) return "cudnn";
+  const std::string tag = strf("d%lld_g%lld", static_cast<long long>(shape.head_dim),
+                               static_cast<long long>(shape.heads / shape.kv_heads));
+  const std::vector<std::string> carried = carried_kernels().flash_attention_4;
+  return std::find(carried.begin(), carried.end(), tag) != carried.end() ? "flash-attention-4" : "cudnn";
+}
+
+std::string gemm_kernels_of(const RunConfig& config, int capability) {
+  if (config.train.gemm_kernels != "auto") return config.train.gemm_kernels;
+  return config.model.family == ModelFamily::llama && capability == 90 && carried_kernels().quack_gated_gemm
+             ? "cublaslt+quack-swiglu"
+             : "cublaslt";
+}
+
+std::string kernels_startup_line(const RunConfig& config, int capability) {
+  auto chosen = [](const std::string& setting, const std::string& taken) {
+    return setting == "auto" ? taken + " (auto)" : taken;
+  };
+  return "kernels: attention backward " +
+         chosen(config.train.attention_backward, attention_backward_of(config, capability)) + ", GEMMs " +
+         chosen(config.train.gemm_kernels, gemm_kernels_of(config, capability));
+}
+
 BackendOptions backend_options(const RunConfig& config) {
   BackendOptions options;
   options.threads = static_cast<int>(config.train.threads);
   options.deterministic = config.train.deterministic;
-  options.flash_attention_4_backward = config.train.attention_backward == "flash-attention-4";
+  // `auto` as the run's GPU takes it (no GPU asked about unless a setting is auto on a cuda run).
+  const bool any_auto = config.train.attention_backward == "auto" || config.train.gemm_kernels == "auto";
+  const int capability = any_auto && config.train.device != "cpu" ? cuda_compute_capability() : 0;
+  options.flash_attention_4_backward = attention_backward_of(config, capability) == "flash-attention-4";
   options.tf32 = config.train.tf32;
   options.gemm_autotune = config.train.gemm_autotune;
-  options.gemm_quack = config.train.gemm_kernels == "cublaslt+quack";
-  options.gemm_quack_swiglu = config.train.gemm_kernels != "cublaslt";
+  const std::string kernels = gemm_kernels_of(config, capability);
+  options.gemm_quack = kernels == "cublaslt+quack";
+  options.gemm_quack_swiglu = kernels != "cublaslt";
   return options;
 }
 
@@ -127,12 +166,13 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
   model_ = std::make_unique<Transformer>(config_.model, options, backend_, *params_);
   const int64_t rows = config_.train.micro_batch_size * config_.train.seq_len;
   model_->check_batch(rows);
-  if (config_.train.attention_backward != "cudnn" && backend_.device() == Device::cpu)
+  if (config_.train.attention_backward == "flash-attention-4" && backend_.device() == Device::cpu)
     throw Error(ErrorKind::config,
                 "train.attention_backward = " + config_.train.attention_backward +
                     " is a cuda setting, and this run is on the cpu",
                 "remove it, or train on cuda");
-  if (config_.train.gemm_kernels != "cublaslt" && backend_.device() == Device::cpu)
+  if (config_.train.gemm_kernels != "cublaslt" && config_.train.gemm_kernels != "auto" &&
+      backend_.device() == Device::cpu)
     throw Error(ErrorKind::config,
                 "train.gemm_kernels = " + config_.train.gemm_kernels + " is a cuda setting, and this run is on the cpu",
                 "remove it, or train on cuda");

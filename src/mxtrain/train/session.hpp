@@ -44,7 +44,23 @@ struct StepResult {
 // "auto" -> "cuda" when a GPU backend is built and a GPU is present, else "cpu".
 std::string resolve_device(const std::string& requested);
 
-// The options of the backend for this run (threads, determinism, TF32).
+// train.attention_backward and train.gemm_kernels as a run takes them on a GPU of compute
+// capability `capability` (0: no GPU) with this build's kernels (carried_kernels()). An explicit
+// value stays; `auto` (the default) takes the fastest path measured on the H200 where it can run:
+// FlashAttention-4's backward where the build carries its kernels for the model's attention
+// shape (head dimension, query heads per key/value head), the GPU is a Hopper (sm_90), the
+// activations are bf16, the sequence is longer than 128 tokens and the run is not deterministic,
+// else "cudnn"; for a llama, quack's gated SwiGLU GEMM ("cublaslt+quack-swiglu") where the build
+// carries it and the GPU is a Hopper, else "cublaslt" (docs/attention.md, docs/gemm-kernels.md).
+// The planner asks with the GPU it plans for, so it plans what this binary would run there.
+std::string attention_backward_of(const RunConfig& config, int capability);
+std::string gemm_kernels_of(const RunConfig& config, int capability);
+// "kernels: attention backward flash-attention-4 (auto), GEMMs cublaslt+quack-swiglu (auto)": what
+// a cuda run takes, and which settings `auto` decided.
+std::string kernels_startup_line(const RunConfig& config, int capability);
+
+// The options of the backend for this run (threads, determinism, TF32, the kernels above on the
+// run's GPU).
 BackendOptions backend_options(const RunConfig& config);
 
 class Communicator;

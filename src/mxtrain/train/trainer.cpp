@@ -131,6 +131,7 @@ void log_start(const RunConfig& c, const std::string& device, const DeviceProper
                  static_cast<long long>(c.model.heads), static_cast<long long>(c.model.kv_heads),
                  static_cast<long long>(c.model.ffn_hidden), static_cast<long long>(c.model.vocab_size)));
   log::info(precision.startup_line);
+  if (device == "cuda") log::info(kernels_startup_line(c, props.compute_capability));
   log::info(strf("batch: %lld sequences x %lld tokens = %s tokens per step (micro-batch %lld, %lld accumulation "
                  "steps, %d ranks); recompute %s",
                  static_cast<long long>(batch.global), static_cast<long long>(c.train.seq_len),

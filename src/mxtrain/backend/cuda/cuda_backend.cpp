@@ -35,6 +35,16 @@ bool cuda_device_present() {
   return count > 0;
 }
 
+int cuda_device_capability(int index) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
 std::unique_ptr<Backend> create_cuda_backend(const BackendOptions& options) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
