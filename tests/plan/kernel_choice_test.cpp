@@ -76,6 +76,7 @@ TEST(KernelChoice, AutoGemmKernelsFuseSwigluOnlyForALlamaOnAHopperWithTheKernels
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}}), 100), "cublaslt");
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}}), 0), "cublaslt");
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "gpt2-124m"}}), 90), "cublaslt");  // no SwiGLU to fuse
+  EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}, {"train.deterministic", "true"}}), 90), "cublaslt");
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}, {"train.gemm_kernels", "cublaslt+quack"}}), 0),
             "cublaslt+quack");
   // The start-up line says what was taken and that auto took it.

@@ -216,8 +216,8 @@ std::vector<Field> fields(RunConfig& c) {
                         "(that, and with train.gemm_autotune quack's tile configurations timed beside cuBLASLt's "
                         "algorithms for every plain BF16 GEMM shape, measured no faster on the H200). quack's "
                         "kernels need a build that carries them: docs/gemm-kernels.md. auto takes "
-                        "cublaslt+quack-swiglu for a llama where the build carries quack's gated GEMM and the "
-                        "GPU is a Hopper, else cublaslt",
+                        "cublaslt+quack-swiglu for a llama where the build carries quack's gated GEMM, the "
+                        "GPU is a Hopper and the run is not deterministic, else cublaslt",
                         {"auto", "cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack"}));
   list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "

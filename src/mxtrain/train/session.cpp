@@ -56,7 +56,10 @@ std::string attention_backward_of(const RunConfig& config, int capability) {
 
 std::string gemm_kernels_of(const RunConfig& config, int capability) {
   if (config.train.gemm_kernels != "auto") return config.train.gemm_kernels;
-  return config.model.family == ModelFamily::llama && capability == 90 && carried_kernels().quack_gated_gemm
+  // A deterministic run keeps SwiGLU as its own kernel (Transformer::layer_forward), so auto
+  // takes nothing it would not run.
+  return config.model.family == ModelFamily::llama && capability == 90 && !config.train.deterministic &&
+                 carried_kernels().quack_gated_gemm
              ? "cublaslt+quack-swiglu"
              : "cublaslt";
 }

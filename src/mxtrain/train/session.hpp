@@ -51,7 +51,8 @@ std::string resolve_device(const std::string& requested);
 // shape (head dimension, query heads per key/value head), the GPU is a Hopper (sm_90), the
 // activations are bf16, the sequence is longer than 128 tokens and the run is not deterministic,
 // else "cudnn"; for a llama, quack's gated SwiGLU GEMM ("cublaslt+quack-swiglu") where the build
-// carries it and the GPU is a Hopper, else "cublaslt" (docs/attention.md, docs/gemm-kernels.md).
+// carries it, the GPU is a Hopper and the run is not deterministic, else "cublaslt"
+// (docs/attention.md, docs/gemm-kernels.md).
 // The planner asks with the GPU it plans for, so it plans what this binary would run there.
 std::string attention_backward_of(const RunConfig& config, int capability);
 std::string gemm_kernels_of(const RunConfig& config, int capability);
