@@ -37,16 +37,26 @@ std::string resolve_device(const std::string& requested) {
   return requested;
 }
 
-std::string attention_backward_of(const RunConfig& config, int capability) {
-  if (config.train.attention_backward != "auto") return config.train.attention_backward;
-  const std::string& precision = config.train.precision;
-  if (capability != 90 || config.train.deterministic || precision == "fp16" || precision == "fp32") return "cudnn";
+namespace {
+
+// The attention of one micro-batch of the run.
+AttentionShape attention_shape_of(const RunConfig& config) {
   AttentionShape shape;
   shape.batch = config.train.micro_batch_size;
   shape.seq = config.train.seq_len;
   shape.heads = config.model.heads;
   shape.kv_heads = config.model.kv_heads;
   shape.head_dim = config.model.head_dim();
+  return shape;
+}
+
+}  // namespace
+
+std::string attention_backward_of(const RunConfig& config, int capability) {
+  if (config.train.attention_backward != "auto") return config.train.attention_backward;
+  const std::string& precision = config.train.precision;
+  if (capability != 90 || config.train.deterministic || precision == "fp16" || precision == "fp32") return "cudnn";
+  const AttentionShape shape = attention_shape_of(config);
   if (!private_buffers::flash_attention_4_unsupported(shape, DType::bf16).empty()) return "cudnn";
   const std::string tag = strf("d%lld_g%lld", static_cast<long long>(shape.head_dim),
                                static_cast<long long>(shape.heads / shape.kv_heads));
@@ -179,13 +189,7 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
     throw Error(ErrorKind::config,
                 "train.gemm_kernels = " + config_.train.gemm_kernels + " is a cuda setting, and this run is on the cpu",
                 "remove it, or train on cuda");
-  AttentionShape attention;
-  attention.batch = config_.train.micro_batch_size;
-  attention.seq = config_.train.seq_len;
-  attention.heads = config_.model.heads;
-  attention.kv_heads = config_.model.kv_heads;
-  attention.head_dim = config_.model.head_dim();
-  backend_.check_attention_backward(attention, precision_.activation);
+  backend_.check_attention_backward(attention_shape_of(config_), precision_.activation);
   if (precision_.loss_scaling) loss_scaler_ = std::make_unique<LossScaler>(loss_scaler_options(config_.precision));
   tokens_ = backend_.allocate("tokens", Shape{rows}, DType::i32, Lifetime::data);
   targets_ = backend_.allocate("targets", Shape{rows}, DType::i32, Lifetime::data);
