@@ -35,7 +35,8 @@ struct TrainConfig {
   // (attention_backward_of in train/session.hpp), else cuDNN's.
   std::string attention_backward = "auto";
   // auto | cublaslt | cublaslt+quack-swiglu | cublaslt+quack (docs/gemm-kernels.md). auto: quack's
-  // gated SwiGLU GEMM where the build carries it and the GPU is a Hopper, else cuBLASLt alone.
+  // gated SwiGLU GEMM for a Llama where the build carries it, the GPU is a Hopper and the run is not
+  // deterministic (gemm_kernels_of in train/session.hpp), else cuBLASLt alone.
   std::string gemm_kernels = "auto";
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
   bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
