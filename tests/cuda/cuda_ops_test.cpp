@@ -390,13 +390,14 @@ TEST_P(CudaOps, Embedding) {
 }
 
 TEST_P(CudaOps, CrossEntropyInPlace) {
-  // valid_vocab < cols: padding columns must be ignored and zeroed. 300 rows of 2048 (bf16):
-  // the streamed kernel (a block per SM, two or three rows each, through both row buffers),
-  // with a vector straddling valid_vocab, as GPT-2's 50257 of 50304 columns.
+  // valid_vocab < cols: padding columns must be ignored and zeroed. 300 rows of 2048 and 400 of
+  // GPT-2's 50304 (bf16): the streamed kernel (a block per SM, two to four rows each, through
+  // both row buffers; one and seven vectors a thread), with a vector straddling valid_vocab.
   struct Case {
     int64_t rows, cols, valid;
   };
-  for (auto [rows, cols, valid] : {Case{37, 1024, 1000}, Case{37, 264, 257}, Case{37, 50, 50}, Case{300, 2048, 1997}}) {
+  for (auto [rows, cols, valid] : {Case{37, 1024, 1000}, Case{37, 264, 257}, Case{37, 50, 50}, Case{300, 2048, 1997},
+                                   Case{400, 50304, 50257}}) {
     const std::string tag = dtype_text(dtype()) + " " + std::to_string(rows) + " rows, V" + std::to_string(valid) +
                             "/" + std::to_string(cols);
     std::vector<int32_t> ids(static_cast<size_t>(rows));
@@ -423,6 +424,23 @@ TEST_P(CudaOps, CrossEntropyInPlace) {
           for (int64_t c = valid; c < cols; ++c) ASSERT_EQ(got[static_cast<size_t>(r * cols + c)], 0.0f);
     }
   }
+  // A NaN logit makes its row's loss NaN, and only its row's: one in row 3 (the other values of
+  // its thread finite), and in row 4 every value of one thread's share (thread 5 of 1024, eight
+  // columns every 8192, in every kernel here), where the thread has no finite value to take a
+  // max from. The trainer's NaN check stops on such a loss.
+  const int64_t rows = 300, cols = 50304, valid = 50257;
+  std::vector<float> values = random_as(static_cast<size_t>(rows * cols), 51, dtype(), -8, 8);
+  values[static_cast<size_t>(3 * cols + 777)] = NAN;
+  for (int64_t c = 8 * 5; c < valid; c += 8 * 1024)
+    for (int64_t i = c; i < std::min(c + 8, valid); ++i) values[static_cast<size_t>(4 * cols + i)] = NAN;
+  std::vector<int32_t> ids(static_cast<size_t>(rows), 1);
+  Buffer targets = upload_i32(cuda(), ids, Shape{rows});
+  Buffer logits = upload(cuda(), values, Shape{rows, cols}, dtype());
+  auto losses = zeros(Shape{rows}, DType::f32);
+  cuda().cross_entropy(logits, targets, losses.second, valid, 1.0f / rows);
+  const std::vector<float> loss = download(cuda(), losses.second);
+  for (int64_t r = 0; r < rows; ++r)
+    EXPECT_EQ(std::isnan(loss[static_cast<size_t>(r)]), r == 3 || r == 4) << "row " << r << " loss " << loss[r];
 }
 
 // The amax a norm or activation kernel records for the current-scaling FP8 cast (out_amax) has the

@@ -7,18 +7,19 @@
 //
 // - Streamed (Hopper and later, 16-byte rows, two rows fit in shared memory: GPT-2's and Llama's
 //   vocabularies in bf16): one persistent 1024-thread block per SM walks its rows with two row
-//   buffers in shared memory; one thread starts the bulk copy (TMA, cp.async.bulk) of the next
-//   row while the block computes on the current one, so the read of row r+1 overlaps the math
-//   and the gradient writes of row r. (The one-block-per-row kernel below reached 2.5 TB/s on
-//   GPT-2 124M's 8192x50304 chunks on an H200: each row's loads, reductions and writes ran one
-//   after the other, with two rows per SM to hide them.)
+//   buffers in shared memory, filled by bulk copies (TMA, cp.async.bulk) that one thread starts.
+//   Each thread moves its columns of a row into registers, the buffer then takes the row after
+//   next, and the row's max, sum and gradient run on the registers with one block reduction, so
+//   two rows' reads overlap the math and the gradient writes of a third. (The one-block-per-row
+//   kernel below reached 2.5 TB/s on GPT-2 124M's 8192x50304 chunks on an H200: each row's
+//   loads, reductions and writes ran one after the other, with two rows per SM to hide them.)
 // - Cached: one block per row; the first pass also copies the row into shared memory, so the
 //   second pass reads it from there.
 // - Uncached (rows too long for shared memory): the second pass reads device memory again.
 // The two one-block-per-row kernels are one template sharing fold_row, row_log_sum_exp and
-// write_gradient; the streamed kernel has its own three-pass row math (shared_row_*).
-// The streamed kernel sums in a different order (three passes instead of one online pass), so
-// its last bits differ from the others'; each is checked against the CPU oracle.
+// write_gradient; the streamed kernel has its own row math (each thread's max and sum, merged).
+// It sums in a different order, so its last bits differ from the others'; each is checked
+// against the CPU oracle.
 //
 // Exponentials use the hardware ex2 (__expf), a third of the accurate expf's instructions: the
 // kernel moved only 2.2 TB/s on GPT-2's 8192x50304 chunk on an H200 with expf, two of them per
@@ -60,9 +61,10 @@ __device__ __forceinline__ void fold_row(const T* row, T* copy, int64_t valid_vo
 }
 
 // The row's log-sum-exp from every thread's running max and sum (block reductions: all threads).
+// A thread with no finite value (max -inf) adds its sum as it is: 0, or NaN from NaN logits.
 __device__ __forceinline__ float row_log_sum_exp(float running_max, float running_sum) {
   const float row_max = block_max(running_max);
-  const float scaled = running_max == -INFINITY ? 0.0f : running_sum * __expf(running_max - row_max);
+  const float scaled = running_max == -INFINITY ? running_sum : running_sum * __expf(running_max - row_max);
   const float row_sum = block_sum(scaled);
   return row_max + logf(row_sum);
 }
@@ -142,10 +144,17 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity)
 #endif
 }
 
-// The streamed kernel's row math, three passes over the row in shared memory (max, sum of
-// exponentials, gradient) with 32-bit columns, per-element checks only in the vector holding
-// valid_vocab's boundary or the target, and exp(v - m) as one FFMA and one ex2: about half the
-// instructions per element of the online single pass, which left the kernel issue-bound.
+// The streamed kernel's row math. Each thread takes its columns of the row out of the shared
+// buffer into registers once (kVectors 16-byte vectors, the packed 16-bit values), so the buffer
+// is free for the row after next as soon as every thread has them; the max, the sum of
+// exponentials and the gradient then run on the registers. The max and the sum come out of one
+// block reduction: each thread's (max, sum of exp(v - max)) pair is merged with the others'
+// (m, s) + (m', s') = (M, s·exp(m - M) + s'·exp(m' - M)), a warp's 32 in shuffles, the block's 32
+// warps' pairs through shared memory, each warp merging those itself, so one barrier a row.
+// (Before: three passes over the row in shared memory with two block reductions, seven barriers
+// a row; the kernel ran at 3.3 TB/s on GPT-2's 8192x50304 chunk on an H200 in a burst and at
+// 2.4 TB/s inside a real training step, where the power-capped clock slows what is issue-bound.)
+// exp(v - m) is one FFMA and one ex2: 2^(v·log2e - m·log2e).
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -154,97 +163,130 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <typename T>
-__device__ __forceinline__ float shared_row_max(const T* row, int valid_vocab) {
-  float m = -INFINITY;
-  for (int c = threadIdx.x * 8; c < valid_vocab; c += blockDim.x * 8) {
-    float v[8];
-    load<8>(row + c, v);
-    const int count = min(8, valid_vocab - c);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, i < count ? v[i] : -INFINITY);
-  }
-  return block_max(m);
+// Merges the pair (other_max, other_sum) into (max, sum). A side with max -inf has no finite
+// value: its sum is 0 (no values, or all -inf) or NaN (NaN values, which fmaxf passed over), and
+// is taken as it is, so a NaN logit makes the row's sum, and so its loss, NaN.
+__device__ __forceinline__ void merge_max_sum(float& max, float& sum, float other_max, float other_sum) {
+  const float merged = fmaxf(max, other_max);
+  const float mine = max == -INFINITY ? sum : sum * fast_exp2((max - merged) * kLog2e);
+  const float theirs = other_max == -INFINITY ? other_sum : other_sum * fast_exp2((other_max - merged) * kLog2e);
+  max = merged;
+  sum = mine + theirs;
 }
 
-// Σ exp(v - row_max) over the valid columns, as 2^(v·log2e - row_max·log2e).
-template <typename T>
-__device__ __forceinline__ float shared_row_sum(const T* row, int valid_vocab, float row_max) {
-  const float shift = row_max * kLog2e;
-  float sum = 0.0f;
-  for (int c = threadIdx.x * 8; c < valid_vocab; c += blockDim.x * 8) {
-    float v[8];
-    load<8>(row + c, v);
-    const int count = min(8, valid_vocab - c);
+__device__ __forceinline__ void warp_merge_max_sum(float& max, float& sum) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sum += i < count ? fast_exp2(fmaf(v[i], kLog2e, -shift)) : 0.0f;
-  }
-  return block_sum(sum);
-}
-
-template <typename T>
-__device__ __forceinline__ void shared_row_gradient(const T* row, T* out, int cols, int valid_vocab, int target,
-                                                    float log_sum_exp, float grad_scale) {
-  const float shift = log_sum_exp * kLog2e;
-  for (int c = threadIdx.x * 8; c < cols; c += blockDim.x * 8) {
-    float v[8], g[8];
-    if (c + 8 <= valid_vocab && static_cast<unsigned>(target - c) >= 8u) {
-      load<8>(row + c, v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) g[i] = grad_scale * fast_exp2(fmaf(v[i], kLog2e, -shift));
-    } else {  // the vector holding the target or the end of the valid columns
-      if (c < valid_vocab) load<8>(row + c, v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int column = c + i;
-        const float probability = column < valid_vocab ? fast_exp2(fmaf(v[i], kLog2e, -shift)) : 0.0f;
-        g[i] = grad_scale * (column == target ? probability - 1.0f : probability);
-      }
-    }
-    store<8>(out + c, g);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+    merge_max_sum(max, sum, other_max, other_sum);
   }
 }
 
-// Rows blockIdx.x, blockIdx.x + gridDim.x, ...; buffer b holds every other one of them.
-// row_stride: the bytes of one row's buffer (the row's bytes rounded up to 128).
-template <typename T>
+// The 16-bit values of a vector as floats.
+template <typename T> __device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = to_float<T>(e[i]);
+}
+
+// Rows blockIdx.x, blockIdx.x + gridDim.x, ...: the block's k-th row lands in buffer k % 2.
+// row_stride: the bytes of one row's buffer (the row's bytes rounded up to 128). kVectors: the
+// 8-column vectors a thread holds, cols <= kVectors * 8 * kStreamThreads.
+template <typename T, int kVectors>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 cross_entropy_streamed_kernel(T* logits, const int32_t* targets, float* losses, int64_t rows, int64_t cols,
                               int64_t valid_vocab, float grad_scale, uint32_t row_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stream_shared[];
   __shared__ __align__(8) uint64_t full[2];
-  __shared__ float target_logit;
+  __shared__ float2 partial[2][32];  // by the row's buffer: each warp's (max, sum)
   auto buffer = [&](int b) { return reinterpret_cast<T*>(stream_shared + b * row_stride); };
   const uint32_t row_bytes = static_cast<uint32_t>(cols * static_cast<int64_t>(sizeof(T)));
   if (threadIdx.x == 0) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&full[0])) : "memory");
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&full[1])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (blockIdx.x < rows) start_row_copy(buffer(0), logits + blockIdx.x * cols, row_bytes, &full[0]);
+    for (int b = 0; b < 2; ++b) {
+      const int64_t row = blockIdx.x + static_cast<int64_t>(b) * gridDim.x;
+      if (row < rows) start_row_copy(buffer(b), logits + row * cols, row_bytes, &full[b]);
+    }
   }
   __syncthreads();
-  uint32_t parities = 0;  // bit b: the phase of buffer b's barrier to wait for
-  int b = 0;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, b ^= 1) {
-    // The other buffer's row was finished by every thread (the barrier closing the last
-    // iteration): refill it with the block's next row while this one is computed.
-    const int64_t next = row + gridDim.x;
-    if (threadIdx.x == 0 && next < rows) start_row_copy(buffer(b ^ 1), logits + next * cols, row_bytes, &full[b ^ 1]);
-    wait_barrier(&full[b], (parities >> b) & 1u);
-    parities ^= 1u << b;
-    const T* row_values = buffer(b);
-    T* row_logits = logits + row * cols;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int valid = static_cast<int>(valid_vocab), width = static_cast<int>(cols);
+  int k = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, ++k) {
+    const int b = k & 1;
     const int32_t target = targets[row];
-    if (threadIdx.x == 0)
-      target_logit = target >= 0 && target < valid_vocab ? to_float<T>(row_values[target]) : NAN;
-    const int valid = static_cast<int>(valid_vocab);
-    const float row_max = shared_row_max(row_values, valid);  // its barriers publish target_logit
-    const float log_sum_exp = row_max + logf(shared_row_sum(row_values, valid, row_max));
+    wait_barrier(&full[b], static_cast<uint32_t>(k >> 1) & 1u);
+    const T* row_values = buffer(b);
+    float target_logit = NAN;
+    if (threadIdx.x == 0 && target >= 0 && target < valid) target_logit = to_float<T>(row_values[target]);
+    uint4 raw[kVectors];
+    float max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      const int c = (threadIdx.x + j * kStreamThreads) * 8;
+      if (c < width) raw[j] = *reinterpret_cast<const uint4*>(row_values + c);
+      if (c < valid) {
+        float v[8];
+        unpack8<T>(raw[j], v);
+        const int count = min(8, valid - c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) max = fmaxf(max, i < count ? v[i] : -INFINITY);
+      }
+    }
+    // With no finite value the shift is 0: -inf values add 0, NaN values NaN.
+    float sum = 0.0f;
+    const float local_shift = max == -INFINITY ? 0.0f : max * kLog2e;
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      const int c = (threadIdx.x + j * kStreamThreads) * 8;
+      if (c < valid) {
+        float v[8];
+        unpack8<T>(raw[j], v);
+        const int count = min(8, valid - c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += i < count ? fast_exp2(fmaf(v[i], kLog2e, -local_shift)) : 0.0f;
+      }
+    }
+    warp_merge_max_sum(max, sum);
+    if (lane == 0) partial[b][warp] = make_float2(max, sum);
+    // Every thread holds its columns and its warp's pair is published: buffer b takes the row after next.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t after_next = row + 2 * static_cast<int64_t>(gridDim.x);
+      if (after_next < rows) start_row_copy(buffer(b), logits + after_next * cols, row_bytes, &full[b]);
+    }
+    const float2 pair = partial[b][lane];
+    max = pair.x;
+    sum = pair.y;
+    warp_merge_max_sum(max, sum);
+    const float log_sum_exp = max + logf(sum);
     if (threadIdx.x == 0) losses[row] = log_sum_exp - target_logit;
-    if (grad_scale != 0.0f)
-      shared_row_gradient(row_values, row_logits, static_cast<int>(cols), valid, target, log_sum_exp, grad_scale);
-    __syncthreads();  // buffer b is read by no one from here on
+    if (grad_scale == 0.0f) continue;
+    const float shift = log_sum_exp * kLog2e;
+    T* row_logits = logits + row * cols;
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      const int c = (threadIdx.x + j * kStreamThreads) * 8;
+      if (c >= width) continue;
+      float v[8], g[8];
+      unpack8<T>(raw[j], v);
+      if (c + 8 <= valid && static_cast<unsigned>(target - c) >= 8u) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) g[i] = grad_scale * fast_exp2(fmaf(v[i], kLog2e, -shift));
+      } else {  // the vector holding the target or the end of the valid columns
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int column = c + i;
+          const float probability = column < valid ? fast_exp2(fmaf(v[i], kLog2e, -shift)) : 0.0f;
+          g[i] = grad_scale * (column == target ? probability - 1.0f : probability);
+        }
+      }
+      store<8>(row_logits + c, g);
+    }
   }
 #endif
 }
@@ -286,21 +328,42 @@ void launch(T* data, const int32_t* ids, float* out, int64_t rows, int64_t cols,
 }
 
 // The streamed kernel, when it applies: true if it ran.
+template <typename T, int kVectors>
+void launch_streamed_with(T* data, const int32_t* ids, float* out, int64_t rows, int64_t cols, int64_t valid_vocab,
+                          float grad_scale, unsigned blocks, size_t shared_bytes, uint32_t row_stride,
+                          cudaStream_t stream) {
+  static const size_t dynamic = allow_all_shared_memory(cross_entropy_streamed_kernel<T, kVectors>);
+  MXTRAIN_ASSERT(shared_bytes <= dynamic, "cross_entropy: %zu bytes of row buffers, %zu allowed", shared_bytes,
+                 dynamic);
+  cross_entropy_streamed_kernel<T, kVectors><<<blocks, kStreamThreads, shared_bytes, stream>>>(
+      data, ids, out, rows, cols, valid_vocab, grad_scale, row_stride);
+  MXTRAIN_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 bool launch_streamed(T* data, const int32_t* ids, float* out, int64_t rows, int64_t cols, int64_t valid_vocab,
                      float grad_scale, cudaStream_t stream) {
   static_assert(sizeof(T) == 2, "the streamed kernel's rows are 16-bit values");
   static const int capability = device_attribute(cudaDevAttrComputeCapabilityMajor);
   static const int processors = device_attribute(cudaDevAttrMultiProcessorCount);
-  if (capability < 9 || cols % 8 != 0 || cols > (int64_t{1} << 30) || !aligned16(data)) return false;
-  static const size_t dynamic = allow_all_shared_memory(cross_entropy_streamed_kernel<T>);
+  constexpr int64_t kMaxVectors = 8;
+  if (capability < 9 || cols % 8 != 0 || cols > kMaxVectors * 8 * kStreamThreads || !aligned16(data)) return false;
   const size_t row_stride = (static_cast<size_t>(cols) * sizeof(T) + 127) / 128 * 128;
   const size_t shared_bytes = 2 * row_stride;
-  if (shared_bytes > dynamic) return false;
+  // The kernel's static shared memory (the barriers, the warps' pairs) is under 1 KB.
+  if (shared_bytes + 1024 > shared_memory_limit()) return false;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, processors));
-  cross_entropy_streamed_kernel<T><<<blocks, kStreamThreads, shared_bytes, stream>>>(
-      data, ids, out, rows, cols, valid_vocab, grad_scale, static_cast<uint32_t>(row_stride));
-  MXTRAIN_CUDA_CHECK_LAUNCH();
+  const uint32_t stride = static_cast<uint32_t>(row_stride);
+  switch ((cols / 8 + kStreamThreads - 1) / kStreamThreads) {
+    case 1: launch_streamed_with<T, 1>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 2: launch_streamed_with<T, 2>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 3: launch_streamed_with<T, 3>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 4: launch_streamed_with<T, 4>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 5: launch_streamed_with<T, 5>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 6: launch_streamed_with<T, 6>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 7: launch_streamed_with<T, 7>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    default: launch_streamed_with<T, 8>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+  }
   return true;
 }
 
