@@ -147,14 +147,25 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity)
 // The streamed kernel's row math. Each thread takes its columns of the row out of the shared
 // buffer into registers once (kVectors 16-byte vectors, the packed 16-bit values), so the buffer
 // is free for the row after next as soon as every thread has them; the max, the sum of
-// exponentials and the gradient then run on the registers. The max and the sum come out of one
-// block reduction: each thread's (max, sum of exp(v - max)) pair is merged with the others'
-// (m, s) + (m', s') = (M, s·exp(m - M) + s'·exp(m' - M)), a warp's 32 in shuffles, the block's 32
-// warps' pairs through shared memory, each warp merging those itself, so one barrier a row.
-// (Before: three passes over the row in shared memory with two block reductions, seven barriers
-// a row; the kernel ran at 3.3 TB/s on GPT-2's 8192x50304 chunk on an H200 in a burst and at
-// 2.4 TB/s inside a real training step, where the power-capped clock slows what is issue-bound.)
-// exp(v - m) is one FFMA and one ex2: 2^(v·log2e - m·log2e).
+// exponentials and the gradient then run on the registers:
+//
+// - the thread's max m over its valid columns, on packed pairs (NaN-propagating);
+// - e = exp(v - m) for each column, added to the thread's sum in FP32 and kept in the registers
+//   of the logits as FP16 (e <= 1; FP16's 11-bit significand against the gradient's 8 bits);
+// - one block reduction of the threads' (m, sum) pairs, merged as
+//   (m, s) + (m', s') = (M, s·exp(m - M) + s'·exp(m' - M)): a warp's 32 in shuffles, the block's
+//   32 warps' pairs through shared memory, each warp merging those itself, so one barrier a row;
+// - the gradient grad_scale · e · exp(m - lse): one multiply a column, the exponential once a
+//   thread; the target's column from its logit, kept aside, as grad_scale · (exp(v - lse) - 1),
+//   since e's rounding would swamp p - 1 where p is near 1.
+//
+// So one exponential a column (the hardware's ex2 unit, a sixteenth of the FP32 rate, had set
+// the pace with two) and no second conversion of the logits. Before: three passes over the row
+// in shared memory with two block reductions, seven barriers a row; the kernel ran at 3.3 TB/s
+// on GPT-2's 8192x50304 chunk on an H200 in a burst and at 2.4 TB/s inside a real training step,
+// where the power-capped clock slows what is issue-bound. exp(v - m) is one FFMA and one ex2:
+// 2^(v·log2e - m·log2e). The gradient is rounded twice (e to FP16, then the product to the
+// logits' type); the op's tests hold it to the CPU oracle's tolerance.
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -164,8 +175,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Merges the pair (other_max, other_sum) into (max, sum). A side with max -inf has no finite
-// value: its sum is 0 (no values, or all -inf) or NaN (NaN values, which fmaxf passed over), and
-// is taken as it is, so a NaN logit makes the row's sum, and so its loss, NaN.
+// value: its sum is 0 (no values, or all -inf) and is taken as it is. NaN logits make the
+// thread's max NaN and so every sum they touch.
 __device__ __forceinline__ void merge_max_sum(float& max, float& sum, float other_max, float other_sum) {
   const float merged = fmaxf(max, other_max);
   const float mine = max == -INFINITY ? sum : sum * fast_exp2((max - merged) * kLog2e);
@@ -183,12 +194,44 @@ __device__ __forceinline__ void warp_merge_max_sum(float& max, float& sum) {
   }
 }
 
+template <typename T> struct PackedPair;
+template <> struct PackedPair<bf16> { using type = __nv_bfloat162; };
+template <> struct PackedPair<f16> { using type = __half2; };
+
+// The NaN-propagating max of a vector's eight 16-bit values, as pairs.
+template <typename T>
+__device__ __forceinline__ typename PackedPair<T>::type vector_max(const uint4& raw) {
+  using T2 = typename PackedPair<T>::type;
+  const T2* p = reinterpret_cast<const T2*>(&raw);
+  return __hmax2_nan(__hmax2_nan(p[0], p[1]), __hmax2_nan(p[2], p[3]));
+}
+
 // The 16-bit values of a vector as floats.
 template <typename T> __device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] = to_float<T>(e[i]);
 }
+
+__device__ __forceinline__ uint4 pack8_half(const float (&e)[8]) {
+  uint4 raw;
+  __half2* h = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(e[2 * k], e[2 * k + 1]);
+  return raw;
+}
+
+__device__ __forceinline__ void unpack8_half(const uint4& raw, float (&e)[8]) {
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __half22float2(h[k]);
+    e[2 * k] = f.x;
+    e[2 * k + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || b != b ? NAN : fmaxf(a, b); }
 
 // Rows blockIdx.x, blockIdx.x + gridDim.x, ...: the block's k-th row lands in buffer k % 2.
 // row_stride: the bytes of one row's buffer (the row's bytes rounded up to 128). kVectors: the
@@ -198,6 +241,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 cross_entropy_streamed_kernel(T* logits, const int32_t* targets, float* losses, int64_t rows, int64_t cols,
                               int64_t valid_vocab, float grad_scale, uint32_t row_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using T2 = typename PackedPair<T>::type;
   extern __shared__ __align__(128) unsigned char stream_shared[];
   __shared__ __align__(8) uint64_t full[2];
   __shared__ float2 partial[2][32];  // by the row's buffer: each warp's (max, sum)
@@ -221,25 +265,29 @@ cross_entropy_streamed_kernel(T* logits, const int32_t* targets, float* losses, 
     const int32_t target = targets[row];
     wait_barrier(&full[b], static_cast<uint32_t>(k >> 1) & 1u);
     const T* row_values = buffer(b);
-    float target_logit = NAN;
-    if (threadIdx.x == 0 && target >= 0 && target < valid) target_logit = to_float<T>(row_values[target]);
     uint4 raw[kVectors];
-    float max = -INFINITY;
+    T2 pair_max;
+    pair_max.x = pair_max.y = from_float<T>(-INFINITY);
+    float edge_max = -INFINITY;  // the vector holding the end of the valid columns
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {
       const int c = (threadIdx.x + j * kStreamThreads) * 8;
       if (c < width) raw[j] = *reinterpret_cast<const uint4*>(row_values + c);
-      if (c < valid) {
+      if (c + 8 <= valid) {
+        pair_max = __hmax2_nan(pair_max, vector_max<T>(raw[j]));
+      } else if (c < valid) {
         float v[8];
         unpack8<T>(raw[j], v);
-        const int count = min(8, valid - c);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) max = fmaxf(max, i < count ? v[i] : -INFINITY);
+        for (int i = 0; i < 8; ++i)
+          if (c + i < valid) edge_max = nan_max(edge_max, v[i]);
       }
     }
-    // With no finite value the shift is 0: -inf values add 0, NaN values NaN.
-    float sum = 0.0f;
+    const float max = nan_max(to_float<T>(__hmax_nan(pair_max.x, pair_max.y)), edge_max);
+    // e = exp(v - max) into the registers of the logits (FP16), the target's logit kept aside.
+    // With no finite value the shift is 0: -inf values give 0.
     const float local_shift = max == -INFINITY ? 0.0f : max * kLog2e;
+    float sum = 0.0f, target_value = 0.0f;
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {
       const int c = (threadIdx.x + j * kStreamThreads) * 8;
@@ -248,11 +296,17 @@ cross_entropy_streamed_kernel(T* logits, const int32_t* targets, float* losses, 
         unpack8<T>(raw[j], v);
         const int count = min(8, valid - c);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sum += i < count ? fast_exp2(fmaf(v[i], kLog2e, -local_shift)) : 0.0f;
+        for (int i = 0; i < 8; ++i) {
+          if (c + i == target) target_value = v[i];
+          v[i] = i < count ? fast_exp2(fmaf(v[i], kLog2e, -local_shift)) : 0.0f;
+          sum += v[i];
+        }
+        raw[j] = pack8_half(v);
       }
     }
-    warp_merge_max_sum(max, sum);
-    if (lane == 0) partial[b][warp] = make_float2(max, sum);
+    float row_max = max, row_sum = sum;
+    warp_merge_max_sum(row_max, row_sum);
+    if (lane == 0) partial[b][warp] = make_float2(row_max, row_sum);
     // Every thread holds its columns and its warp's pair is published: buffer b takes the row after next.
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -260,30 +314,36 @@ cross_entropy_streamed_kernel(T* logits, const int32_t* targets, float* losses, 
       if (after_next < rows) start_row_copy(buffer(b), logits + after_next * cols, row_bytes, &full[b]);
     }
     const float2 pair = partial[b][lane];
-    max = pair.x;
-    sum = pair.y;
-    warp_merge_max_sum(max, sum);
-    const float log_sum_exp = max + logf(sum);
-    if (threadIdx.x == 0) losses[row] = log_sum_exp - target_logit;
+    row_max = pair.x;
+    row_sum = pair.y;
+    warp_merge_max_sum(row_max, row_sum);
+    const float log_sum_exp = row_max + logf(row_sum);
+    // The target's owner has its logit; an invalid target makes the loss NaN (the trainer stops).
+    const bool target_valid = target >= 0 && target < valid;
+    if (target_valid ? (target / 8) % kStreamThreads == static_cast<int>(threadIdx.x) : threadIdx.x == 0)
+      losses[row] = target_valid ? log_sum_exp - target_value : NAN;
     if (grad_scale == 0.0f) continue;
-    const float shift = log_sum_exp * kLog2e;
+    // The thread's columns: grad_scale · e · exp(max - lse).
+    const float scale = max == -INFINITY ? 0.0f : grad_scale * fast_exp2((max - log_sum_exp) * kLog2e);
+    const float target_gradient = grad_scale * (fast_exp2(fmaf(target_value, kLog2e, -log_sum_exp * kLog2e)) - 1.0f);
     T* row_logits = logits + row * cols;
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {
       const int c = (threadIdx.x + j * kStreamThreads) * 8;
       if (c >= width) continue;
-      float v[8], g[8];
-      unpack8<T>(raw[j], v);
-      if (c + 8 <= valid && static_cast<unsigned>(target - c) >= 8u) {
+      float g[8];
+      if (c < valid) {
+        unpack8_half(raw[j], g);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) g[i] = grad_scale * fast_exp2(fmaf(v[i], kLog2e, -shift));
-      } else {  // the vector holding the target or the end of the valid columns
+        for (int i = 0; i < 8; ++i) g[i] *= scale;  // columns past valid_vocab: e = 0
+        if (static_cast<unsigned>(target - c) < 8u) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int column = c + i;
-          const float probability = column < valid ? fast_exp2(fmaf(v[i], kLog2e, -shift)) : 0.0f;
-          g[i] = grad_scale * (column == target ? probability - 1.0f : probability);
+          for (int i = 0; i < 8; ++i)
+            if (c + i == target) g[i] = target_gradient;
         }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) g[i] = 0.0f;
       }
       store<8>(row_logits + c, g);
     }
