@@ -30,6 +30,8 @@
 // streamed kernel), so the in-place gradient cannot overwrite it first. A target outside
 // [0, valid_vocab) is a data bug (the CPU oracle asserts); here it makes that row's loss NaN,
 // which the trainer's NaN-loss check turns into an error.
+#include <type_traits>
+
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
@@ -159,13 +161,14 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity)
 //   thread; the target's column from its logit, kept aside, as grad_scale · (exp(v - lse) - 1),
 //   since e's rounding would swamp p - 1 where p is near 1.
 //
-// So one exponential a column (the hardware's ex2 unit, a sixteenth of the FP32 rate, had set
-// the pace with two) and no second conversion of the logits. Before: three passes over the row
-// in shared memory with two block reductions, seven barriers a row; the kernel ran at 3.3 TB/s
-// on GPT-2's 8192x50304 chunk on an H200 in a burst and at 2.4 TB/s inside a real training step,
-// where the power-capped clock slows what is issue-bound. exp(v - m) is one FFMA and one ex2:
-// 2^(v·log2e - m·log2e). The gradient is rounded twice (e to FP16, then the product to the
-// logits' type); the op's tests hold it to the CPU oracle's tolerance.
+// So one exponential a column instead of two (the ex2 unit runs at an eighth of the FP32 rate)
+// and no second conversion of the logits. Before: three passes over the row in shared memory
+// with two block reductions, seven barriers a row; the kernel ran at 3.3 TB/s on GPT-2's
+// 8192x50304 chunk on an H200 in a burst and at 2.4 TB/s inside a real training step, where the
+// power-capped clock slows what is issue-bound; now 3.6 and 3.4 TB/s, and 3.4 TB/s at Llama's
+// 8192x32000 (2.7 before; bench/results/h200_cross_entropy_eef9d23.md). exp(v - m) is one FFMA
+// and one ex2: 2^(v·log2e - m·log2e). The gradient is rounded twice (e to FP16, then the
+// product to the logits' type); the op's tests hold it to the CPU oracle's tolerance.
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -414,15 +417,19 @@ bool launch_streamed(T* data, const int32_t* ids, float* out, int64_t rows, int6
   if (shared_bytes + 1024 > shared_memory_limit()) return false;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, processors));
   const uint32_t stride = static_cast<uint32_t>(row_stride);
+  auto run = [&](auto vectors) {
+    launch_streamed_with<T, decltype(vectors)::value>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks,
+                                                      shared_bytes, stride, stream);
+  };
   switch ((cols / 8 + kStreamThreads - 1) / kStreamThreads) {
-    case 1: launch_streamed_with<T, 1>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    case 2: launch_streamed_with<T, 2>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    case 3: launch_streamed_with<T, 3>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    case 4: launch_streamed_with<T, 4>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    case 5: launch_streamed_with<T, 5>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    case 6: launch_streamed_with<T, 6>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    case 7: launch_streamed_with<T, 7>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
-    default: launch_streamed_with<T, 8>(data, ids, out, rows, cols, valid_vocab, grad_scale, blocks, shared_bytes, stride, stream); break;
+    case 1: run(std::integral_constant<int, 1>{}); break;
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    case 3: run(std::integral_constant<int, 3>{}); break;
+    case 4: run(std::integral_constant<int, 4>{}); break;
+    case 5: run(std::integral_constant<int, 5>{}); break;
+    case 6: run(std::integral_constant<int, 6>{}); break;
+    case 7: run(std::integral_constant<int, 7>{}); break;
+    default: run(std::integral_constant<int, 8>{}); break;
   }
   return true;
 }
