@@ -91,6 +91,35 @@ TEST(PrivateBuffers, NormBackwardPaths) {
                   .buffers.empty());
 }
 
+TEST(PrivateBuffers, NormBackwardDxColumnSums) {
+  auto plan_for = [](NormKind kind, int64_t cols, DType dtype, DType weight_dtype, bool both) {
+    const Tensor x = at(kAligned, Shape{1024, cols}, dtype);
+    const Tensor weight = at(kAligned, Shape{cols}, weight_dtype), dweight = at(kAligned, Shape{cols}, DType::f32);
+    const Tensor dbias = kind == NormKind::layer ? at(kAligned, Shape{cols}, DType::f32) : Tensor();
+    const Tensor sum = at(kAligned, Shape{cols}, dtype);
+    const DxColumnSums sums{.in = sum, .out = both ? sum : Tensor()};
+    return pb::norm_backward(kind, x, x, weight, x, dweight, dbias, sums);
+  };
+  // GPT-2 124M's LayerNorm: four rows of sums a warp (48 KiB), one partial buffer of four parts.
+  const pb::NormBackwardPlan gpt2 = plan_for(NormKind::layer, 768, DType::bf16, DType::bf16, true);
+  EXPECT_TRUE(gpt2.fused && gpt2.dx_sums);
+  EXPECT_EQ(pb::norm_fused_shared_bytes(768, true, true, true), 4u * 4u * 768u * 4u);
+  EXPECT_EQ(gpt2.buffers.at(0).shape, (Shape{4 * 32, 768}));
+  // GPT-2 774M's 1280 columns fit (80 KiB); GPT-2 1.5B's 1600 (112 KiB) do not: the fused
+  // kernel keeps dweight's and dbias's sums and dx's run as column sums.
+  EXPECT_TRUE(plan_for(NormKind::layer, 1280, DType::bf16, DType::bf16, true).dx_sums);
+  const pb::NormBackwardPlan xl = plan_for(NormKind::layer, 1600, DType::bf16, DType::bf16, true);
+  EXPECT_TRUE(xl.fused);
+  EXPECT_FALSE(xl.dx_sums);
+  EXPECT_EQ(xl.buffers.at(0).shape, (Shape{2 * 32, 1600}));
+  // Only both sums at once, 16-bit activations, norm weights of their dtype.
+  EXPECT_FALSE(plan_for(NormKind::layer, 768, DType::bf16, DType::bf16, false).dx_sums);
+  EXPECT_FALSE(plan_for(NormKind::layer, 768, DType::f32, DType::f32, true).dx_sums);
+  EXPECT_FALSE(plan_for(NormKind::layer, 768, DType::bf16, DType::f32, true).dx_sums);
+  EXPECT_TRUE(plan_for(NormKind::rms, 2048, DType::bf16, DType::bf16, true).dx_sums);  // three rows: 96 KiB
+  EXPECT_FALSE(plan_for(NormKind::rms, 4096, DType::bf16, DType::bf16, true).dx_sums);  // 16 vectors a lane
+}
+
 TEST(PrivateBuffers, AdamwNormPartials) {
   AdamWArgs args;
   args.grad_norm_output = AdamWArgs::NormOutput::overwrite;
@@ -214,10 +243,20 @@ class WatchedDryrun final : public DryrunBackend {
   }
   void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                           const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                          bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax) override {
-    watch("norm_backward", pb::norm_backward(kind, dout, x, weight, dx, dweight, dbias).buffers, [&] {
+                          bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
+                          const DxColumnSums& dx_sums) override {
+    // dx's column sums that the fused kernel does not take are column-sum kernels around it.
+    const pb::NormBackwardPlan plan = pb::norm_backward(kind, dout, x, weight, dx, dweight, dbias, dx_sums);
+    pb::PrivateBuffers expected;
+    if (!plan.dx_sums && dx_sums.in.defined()) expected = pb::column_sum(dx);
+    expected.insert(expected.end(), plan.buffers.begin(), plan.buffers.end());
+    if (!plan.dx_sums && dx_sums.out.defined()) {
+      const pb::PrivateBuffers after = pb::column_sum(dx);
+      expected.insert(expected.end(), after.begin(), after.end());
+    }
+    watch("norm_backward", expected, [&] {
       DryrunBackend::impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx,
-                                        accumulate_dparams, dx_amax);
+                                        accumulate_dparams, dx_amax, dx_sums);
     });
   }
   void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& copy,

@@ -75,6 +75,15 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
     time("norm_forward", [&] { cuda().norm_forward(norm, x, w, bias, out, m, rstd, 1e-5f); });
     time("add_norm_forward", [&] { cuda().add_norm_forward(norm, x, y, sum, w, bias, out, m, rstd, 1e-5f); });
     time("norm_backward (accumulate dx)", [&] { cuda().norm_backward(norm, y, x, w, m, rstd, out, dw, dbias, true); });
+    if (!s.llama) {
+      // GPT-2's MLP norm backward with the out and down projections' bias gradients (dx's
+      // column sums in and out) against the two column sums they replace.
+      Buffer bias_in = random(Shape{C}, bf, 30), bias_out = random(Shape{C}, bf, 31);
+      const DxColumnSums sums{.in = bias_in, .out = bias_out};
+      time("norm_backward (accumulate dx, dx column sums in and out)",
+           [&] { cuda().norm_backward(norm, y, x, w, m, rstd, out, dw, dbias, true, true, {}, sums); });
+      time("column_sum (one hidden-wide bias gradient)", [&] { cuda().column_sum(out, bias_in, true); });
+    }
     time("add", [&] { cuda().add(x, y, out); });
 
     const int64_t up_cols = s.llama ? 2 * s.ffn : s.ffn;

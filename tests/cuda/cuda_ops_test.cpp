@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "cuda/cuda_test_support.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 #include "mxtrain/model/parameters.hpp"
 #include "mxtrain/numerics/host_device.hpp"
 #include "mxtrain/numerics/split_master.hpp"
@@ -151,13 +152,19 @@ TEST_P(CudaOps, NormForwardAndFusedAdd) {
 }
 
 TEST_P(CudaOps, NormBackward) {
+  // overwrite, accumulate, and accumulate with dx's column sums in and out (DxColumnSums: the
+  // bias gradients of the linears around a GPT-2 block's MLP norm), which the fused kernel takes
+  // for 16-bit rows up to 2048 columns whose sums fit its shared memory, and column-sum kernels
+  // otherwise.
+  enum Mode { overwrite, accumulate, with_dx_sums };
   for (NormKind kind : {NormKind::rms, NormKind::layer}) {
     const bool layer = kind == NormKind::layer;
     for (const RowShape& s : kNormShapes) {
-      for (bool accumulate : {false, true}) {
+      for (Mode mode : {overwrite, accumulate, with_dx_sums}) {
+        const bool accumulate = mode != overwrite;
         // dx and the parameter gradients both add (accumulate) or both overwrite.
         const std::string name = std::string(layer ? "layer_norm" : "rms_norm") + "_backward" +
-                                 (accumulate ? " accumulate" : " overwrite");
+                                 (mode == overwrite ? " overwrite" : mode == accumulate ? " accumulate" : " dx sums");
         const Shape shape{s.rows, s.cols};
         const size_t n = static_cast<size_t>(shape.numel());
         auto x = both(random_as(n, 11, dtype(), -2, 3), shape);
@@ -177,12 +184,29 @@ TEST_P(CudaOps, NormBackward) {
         // Gradients start non-zero: the op must add to them, or ignore them when it overwrites.
         auto dweight = both(random_vector(static_cast<size_t>(s.cols), 16), Shape{s.cols}, DType::f32);
         auto dbias = both(random_vector(static_cast<size_t>(s.cols), 17), Shape{s.cols}, DType::f32);
+        // The sums in the activations' dtype, as a block's bias gradients are in BF16 training;
+        // the incoming one adds, the outgoing one overwrites.
+        auto sum_in = both(random_as(static_cast<size_t>(s.cols), 18, dtype()), Shape{s.cols});
+        auto sum_out = both(random_as(static_cast<size_t>(s.cols), 19, dtype()), Shape{s.cols});
+        DxColumnSums cpu_sums, cuda_sums;
+        if (mode == with_dx_sums) {
+          cpu_sums = {.in = sum_in.first, .out = sum_out.first, .accumulate_in = true, .accumulate_out = false};
+          cuda_sums = {.in = sum_in.second, .out = sum_out.second, .accumulate_in = true, .accumulate_out = false};
+          const bool fits = s.cols % 8 == 0 && s.cols <= 2048 &&
+                            private_buffers::norm_fused_shared_bytes(s.cols, layer, true, true) <=
+                                private_buffers::kNormFusedSharedLimit;
+          EXPECT_EQ(private_buffers::norm_backward(kind, dout.second, x.second, weight.second, dx.second,
+                                                   dweight.second, layer ? dbias.second.tensor() : no, cuda_sums)
+                        .dx_sums,
+                    fits && dtype() != DType::f32)
+              << label(name, s);
+        }
         cpu().norm_backward(kind, dout.first, x.first, weight.first, layer ? mean_both.first.tensor() : no,
                             rstd_both.first, dx.first, dweight.first, layer ? dbias.first.tensor() : no, accumulate,
-                            accumulate);
+                            accumulate, {}, cpu_sums);
         cuda().norm_backward(kind, dout.second, x.second, weight.second, layer ? mean_both.second.tensor() : no,
                              rstd_both.second, dx.second, dweight.second, layer ? dbias.second.tensor() : no,
-                             accumulate, accumulate);
+                             accumulate, accumulate, {}, cuda_sums);
         EXPECT_LE(report_error(label(name + " dx", s), download(cuda(), dx.second), download(cpu(), dx.first)),
                   tolerance(dtype(), 1e-5, 4e-3));
         EXPECT_LE(report_error(label(name + " dweight", s), download(cuda(), dweight.second),
@@ -192,6 +216,15 @@ TEST_P(CudaOps, NormBackward) {
           EXPECT_LE(report_error(label(name + " dbias", s), download(cuda(), dbias.second),
                                  download(cpu(), dbias.first)),
                     1e-4);
+        if (mode == with_dx_sums) {
+          // The GPU sums the stored (rounded) dx; the oracle the f32 one: the activations' rounding apart.
+          EXPECT_LE(report_error(label(name + " dx column sums in", s), download(cuda(), sum_in.second),
+                                 download(cpu(), sum_in.first)),
+                    tolerance(dtype(), 1e-5, 4e-3));
+          EXPECT_LE(report_error(label(name + " dx column sums out", s), download(cuda(), sum_out.second),
+                                 download(cpu(), sum_out.first)),
+                    tolerance(dtype(), 1e-5, 4e-3));
+        }
       }
     }
   }

@@ -35,8 +35,9 @@ Expected analytic(const ModelConfig& m, int64_t batch, int64_t seq, const Recomp
   // One block's forward GEMMs: qkv, out projection, up, down; bias adds one FLOP per output.
   const double qkv_out_up = 2 * R * (C * qkv + C * C + C * up) + bias * R * (qkv + C + up);
   const double block_forward = qkv_out_up + 2 * R * F * C + bias * R * C;
-  // Backward: input gradients (no bias) and weight gradients (plus bias column sums).
-  const double block_backward = 2 * (2 * R * (C * qkv + C * C + C * up + F * C)) + bias * R * (qkv + C + up + C);
+  // Backward: input gradients (no bias) and weight gradients (plus the qkv and up projections'
+  // bias column sums; the out and down projections' ride on the MLP norm's backward).
+  const double block_backward = 2 * (2 * R * (C * qkv + C * C + C * up + F * C)) + bias * R * (qkv + up);
   const double head = 2 * R * V * C;
   // Causal attention: QKᵀ and PV forward, recomputed QKᵀ plus dV, dP, dQ, dK backward, each half
   // of 2·batch·heads·seq²·head_dim.

@@ -190,15 +190,23 @@ void Backend::impl_add_norm_forward(NormKind kind, const Tensor& a, const Tensor
 void Backend::norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                             const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                             const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                            const Tensor& dx_amax) {
+                            const Tensor& dx_amax, const DxColumnSums& dx_sums) {
   require_same_shape(dout, x, "norm_backward");
   require_same_shape(dout, dx, "norm_backward");
   MXTRAIN_ASSERT(dweight.numel() == x.cols(), "norm_backward: dweight shape");
-  record({OpKind::norm_backward, phase_, x.dtype, 2 * norm_flops(kind, n(x)),
+  for (const Tensor* sums : {&dx_sums.in, &dx_sums.out})
+    MXTRAIN_ASSERT(!sums->defined() || sums->numel() == x.cols(), "norm_backward: dx column sums %s for %lld columns",
+                   sums->describe().c_str(), static_cast<long long>(x.cols()));
+  MXTRAIN_ASSERT(!dx_sums.in.defined() || accumulate_dx, "norm_backward: the incoming dx's column sums need accumulate_dx");
+  // The column sums add an addition an element each and their own small outputs; dx is read and
+  // written by the norm's pass either way.
+  const double sums = (dx_sums.in.defined() ? 1.0 : 0.0) + (dx_sums.out.defined() ? 1.0 : 0.0);
+  record({OpKind::norm_backward, phase_, x.dtype, 2 * norm_flops(kind, n(x)) + sums * n(x),
           b(dout) + b(x) + b(dx) * (accumulate_dx ? 2 : 1) + b(weight) +
-              (b(dweight) + b(dbias)) * (accumulate_dparams ? 2 : 1) + b(mean) + b(rstd)});
+              (b(dweight) + b(dbias)) * (accumulate_dparams ? 2 : 1) + b(mean) + b(rstd) +
+              b(dx_sums.in) * (dx_sums.accumulate_in ? 2 : 1) + b(dx_sums.out) * (dx_sums.accumulate_out ? 2 : 1)});
   impl_norm_backward(kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, accumulate_dparams,
-                     kernel_amax(dx_amax));
+                     kernel_amax(dx_amax), dx_sums);
   finish_amax(dx, dx_amax);
 }
 

@@ -48,6 +48,18 @@ const char* phase_name(Phase phase);
 
 enum class NormKind : uint8_t { rms, layer };
 
+// Column sums of a norm backward's dx, taken on the norm's own pass over dx: the bias gradients of
+// the linears whose output gradient dx is. In a pre-norm block the residual gradient reaching the
+// MLP norm's backward is the down projection's output gradient, and what leaves it is the
+// attention output projection's, so both bias gradients ride on that one pass instead of two
+// column-sum passes over the residual gradient. in (+)= the column sums of dx as it comes in
+// (needs accumulate_dx), out (+)= those of dx as it leaves; each undefined when not wanted.
+struct DxColumnSums {
+  Tensor in{}, out{};
+  bool accumulate_in = true, accumulate_out = true;
+  bool any() const { return in.defined() || out.defined(); }
+};
+
 struct OpRecord {
   OpKind kind;
   Phase phase;
@@ -416,9 +428,11 @@ class Backend {
                         const Tensor& out_amax = {});
   // dx (+)= d norm; dweight (+)= ; dbias (+)= (layer). mean/rstd as saved by the forward.
   // accumulate_dparams = false overwrites dweight and dbias (a gradient's first write).
+  // dx_sums: column sums of dx before and after (DxColumnSums), part of the op.
   void norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                      const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                     bool accumulate_dx, bool accumulate_dparams = true, const Tensor& dx_amax = {});
+                     bool accumulate_dx, bool accumulate_dparams = true, const Tensor& dx_amax = {},
+                     const DxColumnSums& dx_sums = {});
   // The GEMMs of the linear layers, high precision or quantized, with their epilogues
   // (GemmArgs above). supports(linear_forward, e4m3 | e8m0 | e2m1) says whether a quantized GEMM
   // of that format exists; the precision recipes emulate it otherwise.
@@ -529,7 +543,7 @@ class Backend {
   virtual void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                                   const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                                  const Tensor& dx_amax) = 0;
+                                  const Tensor& dx_amax, const DxColumnSums& dx_sums) = 0;
   // The GEMM, arguments checked. Backends without a fused epilogue (or without one for this
   // call) run gemm_epilogue_apart.
   virtual void impl_gemm(const GemmArgs& args) = 0;

@@ -64,13 +64,15 @@ int norm_fused_vectors_per_lane(int64_t cols, int width) {
   return 0;
 }
 
-size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector) {
-  return static_cast<size_t>(kNormFusedWarps) * (with_bias ? 2 : 1) *
-         static_cast<size_t>(norm_fused_row_floats(cols, vector)) * sizeof(float);
+size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums) {
+  const size_t rows = 1 + static_cast<size_t>(with_bias) + 2 * static_cast<size_t>(dx_sums);
+  return static_cast<size_t>(kNormFusedWarps) * rows * static_cast<size_t>(norm_fused_row_floats(cols, vector)) *
+         sizeof(float);
 }
 
 NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                               const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                               const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                               const DxColumnSums& dx_sums) {
   NormBackwardPlan plan;
   if (x.numel() == 0) return plan;
   const int64_t rows = x.rows(), cols = x.cols();
@@ -79,9 +81,14 @@ NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& 
   plan.lanes = norm_fused_vectors_per_lane(cols, plan.vector ? 8 : 1);
   plan.fused = dweight.defined() && plan.lanes > 0 &&
                norm_fused_shared_bytes(cols, plan.with_bias, plan.vector) <= kNormFusedSharedLimit;
+  // (The kernel is built for it with 16-bit activations and norm weights of the same dtype, at
+  // most 8 vectors a lane: rows up to 2048 columns.)
+  plan.dx_sums = plan.fused && plan.vector && plan.lanes <= 8 && dx_sums.in.defined() && dx_sums.out.defined() &&
+                 (x.dtype == DType::bf16 || x.dtype == DType::f16) && weight.dtype == x.dtype &&
+                 norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, true) <= kNormFusedSharedLimit;
   if (!plan.fused && !dweight.defined()) return plan;
   plan.chunks = plan.fused ? norm_fused_chunks(rows) : column_reduction_chunks(rows);
-  plan.buffers.push_back(f32("norm_backward.partials", Shape{plan.with_bias ? 2 * plan.chunks : plan.chunks, cols}));
+  plan.buffers.push_back(f32("norm_backward.partials", Shape{plan.partial_rows() * plan.chunks, cols}));
   return plan;
 }
 

@@ -67,18 +67,28 @@ int64_t norm_fused_chunks(int64_t rows);                 // >= 32 rows a chunk, 
 int norm_fused_vectors_per_lane(int64_t cols, int width);  // 4, 8 or 16; 0 = too wide
 // Floats of one warp's row of sums: 8-wide vectors pad the row to whole 256-column groups.
 constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) { return vector ? (cols + 255) / 256 * 256 : cols; }
-size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector);
+// Rows of sums a warp keeps: dweight's, dbias's with a bias, and dx's column sums in and out.
+size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums = false);
 
+// dx's column sums (DxColumnSums) ride on the fused kernel when both are asked for, its loads are
+// 8-wide and the two more rows of sums still fit the shared-memory limit (GPT-2 124M's 768
+// columns: 48 KiB a block); otherwise each runs as a column-sum kernel over dx, the incoming one
+// before the norm's kernels and the outgoing one after them.
 struct NormBackwardPlan {
   bool vector = false;   // 8-wide loads (cols % 8 == 0, 16-byte aligned operands)
   bool with_bias = false;
   int lanes = 0;         // the fused kernel's vectors per lane
   bool fused = false;
+  bool dx_sums = false;  // the fused kernel takes dx's column sums in and out
   int64_t chunks = 0;    // row chunks of the partial sums (0: no partials)
-  PrivateBuffers buffers;  // "norm_backward.partials" f32 [chunks (x2 with a bias), cols]
+  // "norm_backward.partials" f32 [chunks x (1 + with_bias + 2 dx_sums), cols]: dweight's, dbias's,
+  // then dx's in and out
+  PrivateBuffers buffers;
+  int64_t partial_rows() const { return 1 + static_cast<int64_t>(with_bias) + 2 * static_cast<int64_t>(dx_sums); }
 };
 NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                               const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+                               const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                               const DxColumnSums& dx_sums = {});
 
 // ---- AdamW ------------------------------------------------------------------------------------
 constexpr int kAdamwThreads = 256;

@@ -309,9 +309,13 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     });
     if (s.act.defined()) act = s.act;
   }
+  // The down projection's bias gradient (the column sums of dres as it is here) and the
+  // attention output projection's (those of dres after the MLP norm's backward adds its part)
+  // ride on that norm backward's pass over dres (DxColumnSums), not on the weight gradients.
+  const GradPair d_out = dw(l, p.out_weight, p.out_bias);
   auto down_weight_gradient = [&](const CastProducer& input_producer) {
     linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_weight, .a = dres, .b = act, .out = d_down.weight,
-                                        .accumulate = d_down.accumulate, .bias_gradient = d_down.bias},
+                                        .accumulate = d_down.accumulate},
                   {.input_producer = input_producer});
   };
   if (!act_with_dup) down_weight_gradient(act_producer);
@@ -376,18 +380,17 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     dup.reset();
     const GradPair dnorm = dw(l, p.mlp_norm_weight, p.mlp_norm_bias);
     backend_.norm_backward(norm, dnorm2, s.mid, w(l, p.mlp_norm_weight), s.mean2, s.rstd2, dres, dnorm.weight,
-                           dnorm.bias, true, dnorm.accumulate, linears_.amax_record(l, LinearKind::out, true, dres));
+                           dnorm.bias, true, dnorm.accumulate, linears_.amax_record(l, LinearKind::out, true, dres),
+                           {.in = d_down.bias, .out = d_out.bias, .accumulate_in = d_down.accumulate,
+                            .accumulate_out = d_out.accumulate});
   }
   s.mid.reset();
   s.mean2.reset();
   s.rstd2.reset();
 
   // Attention: output projection, attention, QKV projection and norm.
-  {
-    const GradPair d = dw(l, p.out_weight, p.out_bias);
-    linears_.gemm(l, LinearKind::out, {.role = GemmRole::backward_weight, .a = dres, .b = s.attn, .out = d.weight,
-                                       .accumulate = d.accumulate, .bias_gradient = d.bias});
-  }
+  linears_.gemm(l, LinearKind::out, {.role = GemmRole::backward_weight, .a = dres, .b = s.attn, .out = d_out.weight,
+                                     .accumulate = d_out.accumulate});
   {
     Buffer dattn = activation("attn.grad", l, config_.hidden, Lifetime::scratch);
     linears_.gemm(l, LinearKind::out, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.out_weight),

@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
   void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                           const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                          const Tensor& dx_amax) override;
+                          const Tensor& dx_amax, const DxColumnSums& dx_sums) override;
   // linear_cpu.cpp: the high-precision GEMMs; quantized operands go to gemm_quantized.
   void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,

@@ -59,8 +59,10 @@ void CpuBackend::impl_norm_forward(NormKind kind, const Tensor& x, const Tensor&
 void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                                     const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                                    const Tensor&) {
+                                    const Tensor&, const DxColumnSums& dx_sums) {
   cpu::require_f32("norm_backward", {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
+  // The oracle takes dx's column sums as their own passes, before and after the norm's.
+  if (dx_sums.in.defined()) impl_column_sum(dx, dx_sums.in, dx_sums.accumulate_in);
   const bool layer = kind == NormKind::layer;
   MXTRAIN_ASSERT(rstd.numel() == x.rows() && (!layer || mean.numel() == x.rows()), "norm_backward: mean/rstd");
   MXTRAIN_ASSERT(!dbias.defined() || dbias.numel() == x.cols(), "norm_backward: dbias %s", dbias.describe().c_str());
@@ -122,6 +124,7 @@ void CpuBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Ten
       if (db) db[c] = static_cast<float>(bias_total);
     }
   });
+  if (dx_sums.out.defined()) impl_column_sum(dx, dx_sums.out, dx_sums.accumulate_out);
 }
 
 }  // namespace mxtrain

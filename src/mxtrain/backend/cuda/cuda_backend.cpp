@@ -331,9 +331,9 @@ void CudaBackend::impl_add_norm_forward(NormKind kind, const Tensor& a, const Te
 void CudaBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                                      const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                                     const Tensor& dx_amax) {
+                                     const Tensor& dx_amax, const DxColumnSums& dx_sums) {
   cuda_kernels::norm_backward(*this, kind, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx,
-                              accumulate_dparams, dx_amax, stream_);
+                              accumulate_dparams, dx_amax, dx_sums, stream_);
 }
 
 void CudaBackend::impl_gemm(const GemmArgs& args) {

@@ -103,7 +103,7 @@ class CudaBackend final : public Backend {
   void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                           const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams,
-                          const Tensor& dx_amax) override;
+                          const Tensor& dx_amax, const DxColumnSums& dx_sums) override;
   // The GEMMs through cuBLASLt (gemm.hpp), epilogues fused where it has them.
   void impl_gemm(const GemmArgs& args) override;
   void impl_rope(const Tensor& qkv, const AttentionShape& shape, const RopeSpec& rope, bool inverse,

@@ -32,7 +32,7 @@ void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor&
 void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                    const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
-                   cudaStream_t stream);
+                   const DxColumnSums& dx_sums, cudaStream_t stream);
 
 // ---- reduce.cu ------------------------------------------------------------------------------
 // out[0] (+)= sum of x or of x^2; partials: f32 scratch of at least kSumMaxBlocks elements (the

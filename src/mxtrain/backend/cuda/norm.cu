@@ -336,16 +336,20 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // the launch, so at 128 registers it spills nothing (it spilled 20 bytes before: one launch
 // 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). With a bias its two shared rows
 // (64 KB a block at GPT-2 1.5B's width) allow three blocks anyway.
-template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias>
-__global__ void __launch_bounds__(kFusedWarps * 32, kBias ? 1 : 4)
+// kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is then set),
+// two more rows of sums a warp, into partial_dx [2][chunks][cols].
+template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx>
+__global__ void __launch_bounds__(kFusedWarps * 32, kBias || kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
-                           T* dx, float* partial_weight, float* partial_bias, int64_t rows, int cols, float inv_cols,
-                           int rows_per_chunk, bool accumulate, unsigned* amax_out) {
+                           T* dx, float* partial_weight, float* partial_bias, float* partial_dx, int64_t rows,
+                           int cols, float inv_cols, int rows_per_chunk, bool accumulate, unsigned* amax_out) {
   constexpr bool kHold = W == 8 && sizeof(T) == 2 && K <= 8;
   constexpr int kHeld = kHold ? K : 1;
-  constexpr int kSums = kBias ? 2 : 1;
+  constexpr int kSums = (kBias ? 2 : 1) + (kDx ? 2 : 0);
+  constexpr int kDxRow = kBias ? 2 : 1;  // the first of dx's two rows
   constexpr int warps = kFusedWarps;
-  extern __shared__ float warp_partials[];  // [warps][kSums][row]: dweight's row, then dbias's
+  // [warps][kSums][row]: dweight's row, then dbias's, then dx's in and out
+  extern __shared__ float warp_partials[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t chunk = blockIdx.x;
   const int64_t begin = chunk * rows_per_chunk;
@@ -356,6 +360,8 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   const int64_t row_floats = shared_row_floats<W>(cols);
   float* sum_w = warp_partials + static_cast<int64_t>(warp) * kSums * row_floats;
   float* sum_b = sum_w + row_floats;
+  float* sum_in = sum_w + kDxRow * row_floats;
+  float* sum_out = sum_in + row_floats;
   for (int64_t c = lane; c < kSums * row_floats; c += 32) sum_w[c] = 0.0f;  // the warp's own rows
   __syncwarp();
 
@@ -415,6 +421,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
         for (int i = 0; i < W; ++i) g[i] = 0.0f;
       }
       load<W>(weight + c, w);
+      if constexpr (kDx) add_to_shared<W>(sum_in, k, lane, g);
       float pw[W], pb[W];
 #pragma unroll
       for (int i = 0; i < W; ++i) {
@@ -426,6 +433,13 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
       store<W>(dx + base + c, g);
       add_to_shared<W>(sum_w, k, lane, pw);
       if constexpr (kBias) add_to_shared<W>(sum_b, k, lane, pb);
+      if constexpr (kDx) {
+        // The sum of what was stored: dx rounded to T, as a separate pass would read it.
+        float stored[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) stored[i] = round_to<T>(g[i]);
+        add_to_shared<W>(sum_out, k, lane, stored);
+      }
       if (amax_out != nullptr) {
 #pragma unroll
         for (int i = 0; i < W; ++i) amax = max(amax, abs_bits(g[i]));
@@ -438,14 +452,17 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   __syncthreads();
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     const int64_t slot = shared_slot<W>(c);
-    float total_w = 0.0f, total_b = 0.0f;
+    float total[kSums] = {};
     for (int w = 0; w < warps; ++w) {
-      total_w += warp_partials[static_cast<int64_t>(w) * kSums * row_floats + slot];
-      if constexpr (kBias)
-        total_b += warp_partials[static_cast<int64_t>(w) * kSums * row_floats + row_floats + slot];
+#pragma unroll
+      for (int r = 0; r < kSums; ++r) total[r] += warp_partials[(static_cast<int64_t>(w) * kSums + r) * row_floats + slot];
     }
-    partial_weight[chunk * cols + c] = total_w;
-    if constexpr (kBias) partial_bias[chunk * cols + c] = total_b;
+    partial_weight[chunk * cols + c] = total[0];
+    if constexpr (kBias) partial_bias[chunk * cols + c] = total[1];
+    if constexpr (kDx) {
+      partial_dx[chunk * cols + c] = total[kDxRow];
+      partial_dx[(static_cast<int64_t>(gridDim.x) + chunk) * cols + c] = total[kDxRow + 1];
+    }
   }
 }
 
@@ -578,28 +595,29 @@ void launch_backward_partials(NormKind kind, bool vector, bool with_bias, const 
 }
 
 template <typename T, typename Wt>
-void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes_k, const Tensor& dout,
+void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_sums, int lanes_k, const Tensor& dout,
                            const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dx, bool accumulate, float* partial_weight, float* partial_bias,
-                           int64_t chunks, unsigned* amax, cudaStream_t stream) {
+                           float* partial_dx, int64_t chunks, unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const int rows_per_chunk = static_cast<int>((rows + chunks - 1) / chunks);  // <= max(32, rows / 512 + 1)
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, vector);
-  auto go = [&](auto width, auto vectors, auto layer, auto has_bias) {
+  const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, vector, dx_sums);
+  auto go = [&](auto width, auto vectors, auto layer, auto has_bias, auto has_dx) {
     constexpr int W = decltype(width)::value;
     constexpr int K = decltype(vectors)::value;
     constexpr bool kLayer = decltype(layer)::value;
     constexpr bool kBias = decltype(has_bias)::value;
-    auto kernel = norm_backward_fused_kernel<W, K, T, Wt, kLayer, kBias>;
+    constexpr bool kDx = decltype(has_dx)::value;
+    auto kernel = norm_backward_fused_kernel<W, K, T, Wt, kLayer, kBias, kDx>;
     if (shared_bytes > 48 * 1024)
       MXTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(shared_bytes)));
     kernel<<<static_cast<unsigned>(chunks), kFusedWarps * 32, shared_bytes, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
-        partial_weight, partial_bias, rows, cols, inv_cols, rows_per_chunk, accumulate, amax);
+        partial_weight, partial_bias, partial_dx, rows, cols, inv_cols, rows_per_chunk, accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -609,14 +627,25 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, int lanes
   using Yes = std::true_type;
   using No = std::false_type;
   auto with_k = [&](auto width, auto layer, auto has_bias) {
+    // dx's column sums are built for 8-wide 16-bit rows of at most 8 vectors a lane with norm
+    // weights of the activations' dtype (private_buffers::norm_backward decides the same).
+    constexpr bool kDxBuilt = decltype(width)::value == 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>;
     if (lanes_k == 4) {
-      go(width, K4{}, layer, has_bias);
+      if constexpr (kDxBuilt) {
+        if (dx_sums) return go(width, K4{}, layer, has_bias, Yes{});
+      }
+      go(width, K4{}, layer, has_bias, No{});
     } else if (lanes_k == 8) {
-      go(width, K8{}, layer, has_bias);
+      if constexpr (kDxBuilt) {
+        if (dx_sums) return go(width, K8{}, layer, has_bias, Yes{});
+      }
+      go(width, K8{}, layer, has_bias, No{});
     } else {
-      go(width, K16{}, layer, has_bias);
+      go(width, K16{}, layer, has_bias, No{});
     }
   };
+  MXTRAIN_ASSERT(!dx_sums || (vector && lanes_k <= 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>),
+                 "norm_backward: dx column sums planned for a kernel that does not take them");
   const bool layer = kind == NormKind::layer;
   if (vector) {
     if (layer) with_bias ? with_k(V8{}, Yes{}, Yes{}) : with_k(V8{}, Yes{}, No{});
@@ -664,35 +693,51 @@ void norm_forward(NormKind kind, const Tensor& a, const Tensor& b, const Tensor&
 void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                    const Tensor& dbias, bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
-                   cudaStream_t stream) {
+                   const DxColumnSums& dx_sums, cudaStream_t stream) {
   require_activation_dtypes("norm_backward", {&x, &dout, &dx});
   unsigned* amax = start_amax_record(dx_amax, stream);
   if (x.numel() == 0) {
     if (!accumulate_dparams && dweight.defined()) fill(dweight, 0.0f, stream);
     if (!accumulate_dparams && dbias.defined()) fill(dbias, 0.0f, stream);
+    if (!dx_sums.accumulate_in && dx_sums.in.defined()) fill(dx_sums.in, 0.0f, stream);
+    if (!dx_sums.accumulate_out && dx_sums.out.defined()) fill(dx_sums.out, 0.0f, stream);
     return;
   }
   const int64_t cols = x.cols();
   // The path (fused or two kernels), its row chunks and its partials: private_buffers.hpp.
   const private_buffers::NormBackwardPlan plan =
-      private_buffers::norm_backward(kind, dout, x, weight, dx, dweight, dbias);
+      private_buffers::norm_backward(kind, dout, x, weight, dx, dweight, dbias, dx_sums);
   const bool with_bias = plan.with_bias, vector = plan.vector;
   const int lanes_k = plan.lanes;
   const int64_t chunks = plan.chunks;
+  // dx's column sums that the fused kernel does not take: column-sum kernels before and after.
+  if (!plan.dx_sums && dx_sums.in.defined()) column_sum(backend, dx, dx_sums.in, dx_sums.accumulate_in, stream);
+  auto sum_out_apart = [&] {
+    if (!plan.dx_sums && dx_sums.out.defined()) column_sum(backend, dx, dx_sums.out, dx_sums.accumulate_out, stream);
+  };
   if (plan.fused) {
-    std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
-    float* partial_weight = scratch.at(0).tensor().ptr<float>();
-    float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
-    dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
-      using T = decltype(tag);
-      dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
-        using Wt = decltype(weight_tag);
-        launch_backward_fused<T, Wt>(kind, vector, with_bias, lanes_k, dout, x, weight, mean, rstd, dx,
-                                     accumulate_dx, partial_weight, partial_bias, chunks, amax, stream);
+    {
+      std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
+      float* partial_weight = scratch.at(0).tensor().ptr<float>();
+      float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
+      float* partial_dx = plan.dx_sums ? partial_weight + (with_bias ? 2 : 1) * chunks * cols : nullptr;
+      dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
+        using T = decltype(tag);
+        dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
+          using Wt = decltype(weight_tag);
+          launch_backward_fused<T, Wt>(kind, vector, with_bias, plan.dx_sums, lanes_k, dout, x, weight, mean, rstd,
+                                       dx, accumulate_dx, partial_weight, partial_bias, partial_dx, chunks, amax,
+                                       stream);
+        });
       });
-    });
-    reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
-    if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
+      reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
+      if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
+      if (plan.dx_sums) {
+        reduce_column_partials(partial_dx, chunks, dx_sums.in, dx_sums.accumulate_in, stream);
+        reduce_column_partials(partial_dx + chunks * cols, chunks, dx_sums.out, dx_sums.accumulate_out, stream);
+      }
+    }
+    sum_out_apart();
     return;
   }
   dispatch_float<true>(x.dtype, "norm_backward", [&](auto tag) {
@@ -702,7 +747,10 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
       launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, amax, stream);
     });
   });
-  if (!dweight.defined()) return;
+  if (!dweight.defined()) {
+    sum_out_apart();
+    return;
+  }
   std::vector<Buffer> scratch = private_buffers::allocate_private(backend, plan.buffers);
   float* partial_weight = scratch.at(0).tensor().ptr<float>();
   float* partial_bias = with_bias ? partial_weight + chunks * cols : nullptr;
@@ -713,6 +761,8 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
   });
   reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
   if (with_bias) reduce_column_partials(partial_bias, chunks, dbias, accumulate_dparams, stream);
+  scratch.clear();
+  sum_out_apart();
 }
 
 }  // namespace mxtrain::cuda_kernels

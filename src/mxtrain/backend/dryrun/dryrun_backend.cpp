@@ -150,10 +150,18 @@ void DryrunBackend::impl_embedding_backward(const Tensor&, const Tensor& dout, c
 
 void DryrunBackend::impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
                                        const Tensor&, const Tensor&, const Tensor& dx, const Tensor& dweight,
-                                       const Tensor& dbias, bool, bool, const Tensor&) {
+                                       const Tensor& dbias, bool, bool, const Tensor&,
+                                       const DxColumnSums& dx_sums) {
   if (!cuda_.enabled) return;
-  const private_buffers::NormBackwardPlan plan = private_buffers::norm_backward(kind, dout, x, weight, dx, dweight, dbias);
-  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, plan.buffers);
+  const private_buffers::NormBackwardPlan plan =
+      private_buffers::norm_backward(kind, dout, x, weight, dx, dweight, dbias, dx_sums);
+  // As backend/cuda runs it: dx's column sums that the fused kernel does not take run as
+  // column-sum kernels, the incoming one first and the outgoing one last.
+  if (!plan.dx_sums && dx_sums.in.defined()) impl_column_sum(dx, dx_sums.in, dx_sums.accumulate_in);
+  {
+    std::vector<Buffer> scratch = private_buffers::allocate_private(*this, plan.buffers);
+  }
+  if (!plan.dx_sums && dx_sums.out.defined()) impl_column_sum(dx, dx_sums.out, dx_sums.accumulate_out);
 }
 
 void DryrunBackend::gemm_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight,
