@@ -530,8 +530,10 @@ def planner_summary(planner):
     rows = cross["entries"]
     worst_in = max(rows, key=lambda r: abs(r["predicted_error"]))
     worst_out = max(rows, key=lambda r: abs(r["held_out_error"]))
+    remeasured = [e["name"] for e in report["entries"] if "measured_note" in e]
     return {
         "configs": len(peaks), "commit": report["commit"], "exact": exact, "worst_peak": worst_peak,
+        "remeasured": remeasured,
         "worst_in": worst_in, "worst_out": worst_out,
         "median_in": statistics.median(abs(r["predicted_error"]) for r in rows),
         "median_out": statistics.median(abs(r["held_out_error"]) for r in rows),
@@ -541,7 +543,9 @@ def planner_summary(planner):
 def planner_accuracy_text(planner):
     s = planner_summary(planner)
     p = s["worst_peak"]
-    return (f"{s['configs']} configs measured at commit `{s['commit']}` and re-planned by this commit's planner: "
+    later = (f" (the peak of {', '.join(s['remeasured'])} re-measured later: the entry's `measured_note`)"
+             if s["remeasured"] else "")
+    return (f"{s['configs']} configs measured at commit `{s['commit']}`{later} and re-planned by this commit's planner: "
             f"planned peak equal to the allocator's measured peak to the byte on {s['exact']} of {s['configs']}, "
             f"at most {mib(abs(p['difference_bytes']))} ({100 * abs(p['relative_error']):.4f}%, {p['name']}) apart; "
             f"step time within **{100 * abs(s['worst_in']['predicted_error']):.1f}%** with the committed calibration "
@@ -830,6 +834,23 @@ def swiglu_ab(relative, name):
             f"{len(a)} pairs){peak}")
 
 
+def binary_ab(before, after, name):
+    """Two binaries run alternately in one call, their lines in two files (the device's stale git
+    metadata gives both the same commit field): `name`'s step times in file order, the means, in
+    how many pairs the second was faster, and the peak when every run agrees on it."""
+    runs = [[r for r in jsonl(f) if r.get("engine") == "mxtrain" and r["name"] == name] for f in (before, after)]
+    a, b = ([r["step_ms"] for r in side] for side in runs)
+    if not a or len(a) != len(b):
+        raise SystemExit(f"derive.py: {before} and {after} have no pairs of {name}")
+    peaks = {r["peak_bytes"] for side in runs for r in side}
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    ms = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+    faster = sum(y < x for x, y in zip(a, b))
+    peak = f"; peak {next(iter(peaks)) / 2**30:.2f} GiB in every run" if len(peaks) == 1 else "; peaks differ"
+    return (f"{name}: {ms(a)} ms before, {ms(b)} ms after (means {ma:.2f} and {mb:.2f} ms, "
+            f"{(mb - ma) / ma * 100:+.2f}%; after faster in {faster} of {len(a)} pairs){peak}")
+
+
 def mfu_of(relative, name, gemm_kernels):
     """The MFU of each mxtrain line of `name` run with `gemm_kernels`, in file order: "59.97% and 59.90%"."""
     values = [f"{100 * r['mfu']:.2f}%" for r in jsonl(relative)
@@ -871,6 +892,7 @@ def generate(kind, args, planner):
         "gemm-kernels-ab": lambda: gemm_kernels_ab(*args),
         "mfu": lambda: mfu_of(*args),
         "swiglu-ab": lambda: swiglu_ab(*args),
+        "binary-ab": lambda: binary_ab(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
