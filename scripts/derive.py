@@ -851,6 +851,26 @@ def binary_ab(before, after, name):
             f"{(mb - ma) / ma * 100:+.2f}%; after faster in {faster} of {len(a)} pairs){peak}")
 
 
+def planner_report(relative):
+    """A measured accuracy report as its harness wrote it (predictions of the planner of the
+    measurement's commit, not re-planned): peaks and step times against the measurements."""
+    report = json.loads(read(relative))
+    rows = [e for e in report["entries"] if "peak_bytes" in e.get("measured", {})]
+    if not rows:
+        raise SystemExit(f"derive.py: {relative} has no measured entries")
+    diffs = [(e["predicted"]["peak_bytes"] - e["measured"]["peak_bytes"], e["name"]) for e in rows]
+    exact = sum(d == 0 for d, _ in diffs)
+    worst_peak = max(diffs, key=lambda x: abs(x[0]))
+    errors = [(abs(e["step_time_relative_error"]), e["name"]) for e in rows]
+    worst = max(errors)
+    within = sum(err <= 0.10 for err, _ in errors)
+    peak = "" if exact == len(rows) else f", at most {mib(abs(worst_peak[0]))} apart ({worst_peak[1]})"
+    return (f"{len(rows)} configs on one {report['gpu_name']} (`--gpu {report['gpu']}`): planned peak equal to the "
+            f"allocator's measured peak to the byte on {exact} of {len(rows)}{peak}; step time within "
+            f"{100 * worst[0]:.1f}% (median {100 * statistics.median(err for err, _ in errors):.1f}%; worst {worst[1]}), "
+            f"{within} of {len(rows)} within 10%")
+
+
 def mfu_of(relative, name, gemm_kernels):
     """The MFU of each mxtrain line of `name` run with `gemm_kernels`, in file order: "59.97% and 59.90%"."""
     values = [f"{100 * r['mfu']:.2f}%" for r in jsonl(relative)
@@ -893,6 +913,7 @@ def generate(kind, args, planner):
         "mfu": lambda: mfu_of(*args),
         "swiglu-ab": lambda: swiglu_ab(*args),
         "binary-ab": lambda: binary_ab(*args),
+        "planner-report": lambda: planner_report(*args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")
