@@ -871,6 +871,21 @@ def planner_report(relative):
             f"{within} of {len(rows)} within 10%")
 
 
+def planner_cross_validation(planner, relative):
+    """A measured accuracy report re-planned by this commit's planner with the committed
+    calibration, and each config held out of a fit to the others (`mxtrain plan --cross-validate`)."""
+    cross = json.loads(planner.run("plan", "--cross-validate", relative, "--json"))
+    rows = cross["entries"]
+    worst_in = max(rows, key=lambda r: abs(r["predicted_error"]))
+    worst_out = max(rows, key=lambda r: abs(r["held_out_error"]))
+    return (f"re-planned by this commit's planner with the committed calibration, step time within "
+            f"**{100 * abs(worst_in['predicted_error']):.1f}%** (median "
+            f"{100 * statistics.median(abs(r['predicted_error']) for r in rows):.1f}%; worst {worst_in['name']}) and "
+            f"within **{100 * abs(worst_out['held_out_error']):.1f}%** (median "
+            f"{100 * statistics.median(abs(r['held_out_error']) for r in rows):.1f}%; worst {worst_out['name']}) "
+            f"for each config held out of a fit to the others")
+
+
 def mfu_of(relative, name, gemm_kernels):
     """The MFU of each mxtrain line of `name` run with `gemm_kernels`, in file order: "59.97% and 59.90%"."""
     values = [f"{100 * r['mfu']:.2f}%" for r in jsonl(relative)
@@ -914,6 +929,7 @@ def generate(kind, args, planner):
         "swiglu-ab": lambda: swiglu_ab(*args),
         "binary-ab": lambda: binary_ab(*args),
         "planner-report": lambda: planner_report(*args),
+        "planner-cross-validation": lambda: planner_cross_validation(planner, *args),
     }
     if kind not in generators:
         raise SystemExit(f"derive.py: unknown derived kind {kind!r}")

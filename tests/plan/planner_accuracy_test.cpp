@@ -79,5 +79,17 @@ TEST(PlannerAccuracy, StepTimesHeldOutOfTheFitStayWithinFifteenPercent) {
     EXPECT_LE(std::fabs(row.at("held_out_error").get<double>()), 0.15) << row.dump();
 }
 
+// The same 19 configs measured on an H100 (bench/results/h100_planner_accuracy_f8e8d09.json):
+// its peaks and, with the H100's fitted entry of the calibration, its step times, in and held out
+// of the fit.
+TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH100Measurements) {
+  const std::string path = test::source_dir() + "/bench/results/h100_planner_accuracy_f8e8d09.json";
+  EXPECT_EQ(check_report(path), 19);
+  const nlohmann::json result = cross_validate_step_times(path, Calibration::load());
+  EXPECT_EQ(result.at("configs").get<int>(), 19);
+  for (const nlohmann::json& row : result.at("entries"))
+    EXPECT_LE(std::fabs(row.at("held_out_error").get<double>()), 0.15) << row.dump();
+}
+
 }  // namespace
 }  // namespace mxtrain
