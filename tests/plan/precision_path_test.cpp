@@ -40,10 +40,12 @@ TEST(PrecisionPath, BlackwellNativePathsAreCompiledButUnmeasured) {
   }
 }
 
+// The H100 ran the accuracy set (per-tensor FP8 among it), not the emulated block formats.
 TEST(PrecisionPath, H100NamesTheGpuItWasMeasuredOn) {
-  EXPECT_EQ(path_of(small_plan("fp8", "h100")),
-            "per-tensor FP8 cuBLASLt GEMMs on sm_90: measured on an H200, not on NVIDIA H100 80GB HBM3 (the H200's fractions "
-            "applied to its datasheet)");
+  EXPECT_EQ(path_of(small_plan("fp8", "h100")), "per-tensor FP8 cuBLASLt GEMMs on sm_90: measured on an H100");
+  EXPECT_EQ(path_of(small_plan("mxfp8", "h100")),
+            "emulated on sm_90 (quantize, dequantize, BF16 GEMM): measured on an H200, not on NVIDIA H100 80GB HBM3 (the "
+            "casts priced with the H200's fractions)");
 }
 
 TEST(PrecisionPath, HighPrecisionHasNoPathLine) {

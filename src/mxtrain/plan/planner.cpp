@@ -130,8 +130,10 @@ std::string layer_runs_text(const MemoryBreakdown& memory) {
 }
 
 // What a quantized precision runs as on the planned GPU, and whether that path has been measured:
-// only an H200 has run mxtrain, so Blackwell's native paths are compiled but never run, and other
-// GPUs' step times are the H200's fractions applied to their datasheets. Empty for bf16/fp16/fp32.
+// mxtrain has run on an H200 (every path Hopper takes) and an H100 (the accuracy set: per-tensor
+// FP8 among them, the emulated block formats not), so Blackwell's native paths are compiled but
+// never run, and other GPUs' step times are the H200's fractions applied to their datasheets.
+// Empty for bf16/fp16/fp32.
 std::string precision_path_text(const Plan& plan) {
   const std::string& precision = plan.trace.precision;
   const bool block = precision == "mxfp8" || precision == "nvfp4";
@@ -147,6 +149,9 @@ std::string precision_path_text(const Plan& plan) {
   if (blackwell)
     return path + ": compiled, never run (no Blackwell GPU was available); this step time is unmeasured";
   if (gpu.key == "h200") return path + ": measured on an H200";
+  if (gpu.key == "h100" && per_tensor) return path + ": measured on an H100";
+  if (gpu.key == "h100")
+    return path + ": measured on an H200, not on " + gpu.name + " (the casts priced with the H200's fractions)";
   return path + ": measured on an H200, not on " + gpu.name + " (the H200's fractions applied to its datasheet)";
 }
 
