@@ -527,17 +527,29 @@ def planner_summary(planner):
     peaks = planner.peaks()["entries"]
     exact = sum(p["difference_bytes"] == 0 for p in peaks)
     worst_peak = max(peaks, key=lambda p: abs(p["difference_bytes"]))
-    rows = cross["entries"]
-    worst_in = max(rows, key=lambda r: abs(r["predicted_error"]))
-    worst_out = max(rows, key=lambda r: abs(r["held_out_error"]))
     remeasured = [e["name"] for e in report["entries"] if "measured_note" in e]
     return {
         "configs": len(peaks), "commit": report["commit"], "exact": exact, "worst_peak": worst_peak,
-        "remeasured": remeasured,
-        "worst_in": worst_in, "worst_out": worst_out,
+        "remeasured": remeasured, **cross_figures(cross["entries"]),
+    }
+
+
+def cross_figures(rows):
+    """Worst and median step-time errors of `mxtrain plan --cross-validate`'s rows, in sample and held out."""
+    return {
+        "worst_in": max(rows, key=lambda r: abs(r["predicted_error"])),
+        "worst_out": max(rows, key=lambda r: abs(r["held_out_error"])),
         "median_in": statistics.median(abs(r["predicted_error"]) for r in rows),
         "median_out": statistics.median(abs(r["held_out_error"]) for r in rows),
     }
+
+
+def cross_phrase(f):
+    """cross_figures as the documents say them."""
+    return (f"step time within **{100 * abs(f['worst_in']['predicted_error']):.1f}%** with the committed calibration "
+            f"(median {100 * f['median_in']:.1f}%; worst {f['worst_in']['name']}) and within "
+            f"**{100 * abs(f['worst_out']['held_out_error']):.1f}%** (median {100 * f['median_out']:.1f}%; worst "
+            f"{f['worst_out']['name']}) for each config held out of a fit to the others")
 
 
 def planner_accuracy_text(planner):
@@ -548,10 +560,7 @@ def planner_accuracy_text(planner):
     return (f"{s['configs']} configs measured at commit `{s['commit']}`{later} and re-planned by this commit's planner: "
             f"planned peak equal to the allocator's measured peak to the byte on {s['exact']} of {s['configs']}, "
             f"at most {mib(abs(p['difference_bytes']))} ({100 * abs(p['relative_error']):.4f}%, {p['name']}) apart; "
-            f"step time within **{100 * abs(s['worst_in']['predicted_error']):.1f}%** with the committed calibration "
-            f"(median {100 * s['median_in']:.1f}%; worst {s['worst_in']['name']}) and within "
-            f"**{100 * abs(s['worst_out']['held_out_error']):.1f}%** (median {100 * s['median_out']:.1f}%; worst "
-            f"{s['worst_out']['name']}) for each config held out of a fit to the others")
+            + cross_phrase(s))
 
 
 def planner_accuracy_table(planner):
@@ -824,14 +833,18 @@ def swiglu_ab(relative, name):
     a, b = runs["cublaslt"], runs["cublaslt+quack-swiglu"]
     if not a or len(a) != len(b):
         raise SystemExit(f"derive.py: {relative} has no alternating pairs of {name}")
-    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    ma, mb, faster = pairs(a, b)
     ms = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
-    faster = sum(y < x for x, y in zip(a, b))
     peak = (f"; peak memory {next(iter(peaks)) / 2**30:.2f} GiB with either" if len(peaks) == 1
             else "; peak memory differs")
     return (f"{name}: {ms(a)} ms with cuBLASLt and the SwiGLU kernel, {ms(b)} ms with quack's gated GEMM "
             f"(means {ma:.1f} and {mb:.1f} ms, {(mb - ma) / ma * 100:+.1f}%; the fused step faster in {faster} of "
             f"{len(a)} pairs){peak}")
+
+
+def pairs(a, b):
+    """Alternating runs a[i], b[i]: the two means and in how many pairs b was faster."""
+    return sum(a) / len(a), sum(b) / len(b), sum(y < x for x, y in zip(a, b))
 
 
 def binary_ab(before, after, name):
@@ -843,9 +856,8 @@ def binary_ab(before, after, name):
     if not a or len(a) != len(b):
         raise SystemExit(f"derive.py: {before} and {after} have no pairs of {name}")
     peaks = {r["peak_bytes"] for side in runs for r in side}
-    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    ma, mb, faster = pairs(a, b)
     ms = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
-    faster = sum(y < x for x, y in zip(a, b))
     peak = f"; peak {next(iter(peaks)) / 2**30:.2f} GiB in every run" if len(peaks) == 1 else "; peaks differ"
     return (f"{name}: {ms(a)} ms before, {ms(b)} ms after (means {ma:.2f} and {mb:.2f} ms, "
             f"{(mb - ma) / ma * 100:+.2f}%; after faster in {faster} of {len(a)} pairs){peak}")
@@ -875,15 +887,7 @@ def planner_cross_validation(planner, relative):
     """A measured accuracy report re-planned by this commit's planner with the committed
     calibration, and each config held out of a fit to the others (`mxtrain plan --cross-validate`)."""
     cross = json.loads(planner.run("plan", "--cross-validate", relative, "--json"))
-    rows = cross["entries"]
-    worst_in = max(rows, key=lambda r: abs(r["predicted_error"]))
-    worst_out = max(rows, key=lambda r: abs(r["held_out_error"]))
-    return (f"re-planned by this commit's planner with the committed calibration, step time within "
-            f"**{100 * abs(worst_in['predicted_error']):.1f}%** (median "
-            f"{100 * statistics.median(abs(r['predicted_error']) for r in rows):.1f}%; worst {worst_in['name']}) and "
-            f"within **{100 * abs(worst_out['held_out_error']):.1f}%** (median "
-            f"{100 * statistics.median(abs(r['held_out_error']) for r in rows):.1f}%; worst {worst_out['name']}) "
-            f"for each config held out of a fit to the others")
+    return "re-planned by this commit's planner: " + cross_phrase(cross_figures(cross["entries"]))
 
 
 def mfu_of(relative, name, gemm_kernels):
