@@ -19,6 +19,15 @@ forward with SwiGLU in the epilogue (quack's gated GEMM, row-major, the weight's
 interleaved as mxtrain stores them):
   gated  preact [rows, 2F] = x [rows, k] · W [2F, k]ᵀ, postact [rows, F] = silu(preact[:, 2j]) ·
          preact[:, 2j + 1], SwiGLU applied to the FP32 product
+And the LM head's linear cross-entropy in quack's scaled-exp form (quack/linear_cross_entropy.py;
+docs/gemm-kernels.md), row-major, one chunk of rows at a time, V the padded vocabulary, d the hidden size:
+  lce_fwd     E [rows, V] = exp(z - k) in BF16 for the logits z = x [rows, d] · W [V, d]ᵀ, with a
+              power-of-two offset k per (row, 192- or 256-column tile), the tiles' sums of E, the offsets,
+              and the target's logit; a column mask [V] (0, or -inf for the padding columns) is
+              added to z first, so padding columns get E = 0 and count in no sum
+  lce_dx_*    dx [rows, d] = v ⊙ ((u ⊙ E) · W): E scaled per (row, 64-column block) by the strip u
+              on its way to the tensor cores, the per-row v in the epilogue
+  lce_dw_*    dW [V, d] f32 = (u ⊙ E)ᵀ · xs, stored (lce_dw) or added to dW (lce_dwadd) by TMA
 The compiled code is generic in the sizes and leading dimensions (multiples of 8 elements, 16-byte
 aligned)."""
 import os, sys, time
@@ -29,6 +38,14 @@ CONFIGS = [(128, 192, 2, 1, True), (128, 192, 1, 2, True), (128, 128, 2, 1, True
 # (bench/results/h200_quack_probe_84d8f8f.txt), the llama-1b winner first (the one taken when
 # train.gemm_autotune is off).
 GATED_CONFIGS = [(128, 128, 2, 1, True), (128, 192, 1, 2, True), (128, 192, 2, 1, True), (256, 192, 2, 1, False)]
+
+
+# The linear cross-entropy's: the forward's column tile is the offsets' granularity and must divide
+# the padded vocabulary: 192 (quack's choice; GPT-2's 50,304 and Llama 3's 128,256 columns), else
+# 256 (TinyLlama's 32,000), pingpong at 192 and cooperative at 256 as quack takes them; the gradient
+# GEMMs' column tile over the hidden size, 192 where it divides it (GPT-2 124M's 768) else 256.
+LCE_FORWARD_TILES = ((192, True), (256, False))
+LCE_GRAD_TILES = (192, 256)
 
 
 def prepare():
@@ -86,6 +103,69 @@ def gated_gemm(x, w, preact, postact, config):
                       dynamic_scheduler=False, tuned=False, config=config)
 
 
+def lce_mods():
+    """The linear cross-entropy's epilogues and A-operand transforms. The forward is quack's
+    scaled_exp_target_epi with a column mask added to the logits before the offsets' maximum and
+    the exponent (GPT-2's vocabulary is padded from 50,257 to 50,304 columns)."""
+    from quack.epilogue.frontend import gemm_epilogue
+    from quack.epilogue.math import pexp2
+    from quack.epilogue.ops import ColVecLoad, ColVecReduce, ColVecSelect, RowVecLoad
+    from quack.epilogue.scaled_exp import LOG2E, MaxLog2
+    from quack.linear_cross_entropy import _lce_dw_scale, _lce_dx_scale, _lce_vscale_epi
+    from quack.epilogue.library import identity_epi
+    max_log2, target = MaxLog2("max_log2"), ColVecLoad("target")
+
+    def masked_max(acc, mask):
+        return {"max_log2": acc + mask}
+
+    @gemm_epilogue(ops={"max_log2": max_log2, "mask": RowVecLoad("mask")}, prepass=masked_max,
+                   prepass_outs=("max_log2",), reduces={"sum_exp": ColVecReduce("sum_exp")},
+                   outs={"target_logit": ColVecSelect("target_logit", idx_op=target)},
+                   extra_ops=(max_log2.out("max_log2_out"), target))
+    def masked_scaled_exp_target(acc, max_log2, mask):
+        e = pexp2((acc + mask) * LOG2E - max_log2)
+        return {"D": e, "sum_exp": e, "target_logit": acc}
+
+    return masked_scaled_exp_target, _lce_dx_scale, _lce_vscale_epi, _lce_dw_scale, identity_epi
+
+
+def lce_exports(t):
+    """(layout, tag, tile_m, tile_n, cluster_m, cluster_n, pingpong, launch) for the linear
+    cross-entropy's functions; launch() records one call at sizes of any value."""
+    import torch
+    from quack.operand_transform.host import transform_a_operand
+    fwd, dx_scale, vscale_epi, dw_scale, identity_epi = lce_mods()
+    rows, d, V = 4096, 768, 50304 * 4
+    f32 = dict(dt=torch.float32)
+
+    def forward(tile_n, pingpong):
+        T = V // tile_n
+        fwd.gemm(t(rows, d), t(V, d), t(rows, V), epi_args=dict(
+            max_log2=tile_n, mask=t(1, V, **f32), sum_exp=t(rows, T, **f32), max_log2_out=t(rows, T, **f32),
+            target=t(rows, dt=torch.int32), target_logit=t(rows, **f32)),
+            tile_M=128, tile_N=tile_n, cluster_M=2, cluster_N=1, pingpong=pingpong)
+
+    def dx(tile_n):
+        E = t(rows, V)
+        bundle = transform_a_operand(dx_scale, E, {"u": t(V // 64, rows)}, 128, 64)
+        vscale_epi.gemm(bundle, t(V, d).mT, t(rows, d), epi_args=dict(v=t(rows, **f32).unsqueeze(0)),
+                        transform_a=dx_scale, tile_M=128, tile_N=tile_n, tile_K=64, cluster_M=2, cluster_N=1)
+
+    def dw(tile_n, add):
+        E = t(rows, V)
+        bundle = transform_a_operand(dw_scale, E.t(), {"u": t(V // 64, rows)}, 128, 64)
+        identity_epi.gemm(bundle, t(rows, d).mT, t(V, d, **f32), epi_args={}, transform_a=dw_scale,
+                          add_to_output=add, tile_M=128, tile_N=tile_n, tile_K=64, cluster_M=1, cluster_N=2)
+
+    found = [("lce_fwd", "128x%d_c2x1_%s" % (n, "pp" if pp else "coop"), 128, n, 2, 1, int(pp),
+              lambda n=n, pp=pp: forward(n, pp)) for n, pp in LCE_FORWARD_TILES]
+    for n in LCE_GRAD_TILES:
+        found.append(("lce_dx", "128x%d_c2x1_coop" % n, 128, n, 2, 1, 0, lambda n=n: dx(n)))
+        found.append(("lce_dw", "128x%d_c1x2_coop" % n, 128, n, 1, 2, 0, lambda n=n: dw(n, False)))
+        found.append(("lce_dwadd", "128x%d_c1x2_coop" % n, 128, n, 1, 2, 0, lambda n=n: dw(n, True)))
+    return found
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -95,8 +175,8 @@ def main():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from importlib.metadata import version
 
-    def t(*shape):
-        return torch.empty(*shape, dtype=torch.bfloat16, device="cuda")
+    def t(*shape, dt=torch.bfloat16):
+        return torch.empty(*shape, dtype=dt, device="cuda")
 
     R, K, C = 4096, 2048, 5632  # any sizes: rows of D, the contraction, columns of D
     layouts = {
@@ -121,6 +201,16 @@ def main():
             signatures.append("# %s: %s" % (name, signature))
             lines.append("%s %s %d %d %d %d %d" % (layout, tag_of(c), c[0], c[1], c[2], c[3], int(c[4])))
             print("quack %s: exported in %.1f s (bf16, sm_90a)" % (name, time.time() - started), flush=True)
+    for layout, tag, tm, tn, cm, cn, pp, launch in lce_exports(t):
+        started = time.time()
+        launched.clear()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            launch()
+        name = "%s_%s" % (layout, tag)
+        signature = export(launched, os.path.join(out_dir, "quack_%s.o" % name), "mxtrain_quack_%s" % name)
+        signatures.append("# %s: %s" % (name, signature))
+        lines.append("%s %s %d %d %d %d %d" % (layout, tag, tm, tn, cm, cn, pp))
+        print("quack %s: exported in %.1f s (bf16, sm_90a)" % (name, time.time() - started), flush=True)
     with open(os.path.join(out_dir, "quack_gemms.txt"), "w") as manifest:
         manifest.write("# quack-kernels %s BF16 GEMMs for sm_90a (scripts/quack_gemm_export.py)\n"
                        "# layout config tile_m tile_n cluster_m cluster_n pingpong\n" % version("quack-kernels"))

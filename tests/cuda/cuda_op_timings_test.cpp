@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "cuda/cuda_test_support.hpp"
+#include "mxtrain/backend/cuda/quack_gemm.hpp"
 
 namespace mxtrain::test {
 namespace {
@@ -243,6 +244,56 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
     time("fp8 cast of dgate_up with the activation's copy, one pass", [&] {
       cuda().quantize(dup_shape, scale, dup_row, dup_col, dup_amax, ScaleFromAmax{}, dup_producer);
     });
+  }
+}
+
+// The LM head and its loss, one chunk of rows as Transformer::head runs it (logits_chunk_rows at the
+// default budget), chunked (the logits GEMM, the cross-entropy kernel, the two gradient GEMMs) and
+// as quack's linear cross-entropy (train.head_loss = quack-lce): the time of the chunk and of a
+// step's chunks.
+TEST_F(CudaOpTimings, DISABLED_HeadLoss) {
+  if (!quack_gemm::lce_carried()) GTEST_SKIP() << "built without quack's linear cross-entropy";
+  struct HeadShape {
+    const char* name;
+    int64_t rows, chunk, hidden, vocab, valid;
+  };
+  const HeadShape shapes[] = {{"gpt2-124m 64x1024", 65536, 8192, 768, 50304, 50257},
+                              {"gpt2-1.5b 16x1024", 16384, 8192, 1600, 50304, 50257},
+                              {"llama-1b 8x2048", 16384, 8192, 2048, 32000, 32000},
+                              {"llama-3b 4x2048", 8192, 4096, 3072, 128256, 128256}};
+  BackendOptions fused_options;
+  fused_options.gemm_autotune = true;
+  fused_options.head_loss_quack = true;
+  BackendOptions chunked_options;
+  chunked_options.gemm_autotune = true;
+  for (const HeadShape& h : shapes) {
+    double ms[2] = {0, 0};
+    for (int fused = 0; fused < 2; ++fused) {
+      cuda_ = create_backend("cuda", fused ? fused_options : chunked_options);
+      const DType bf = DType::bf16;
+      Buffer x = random(Shape{h.chunk, h.hidden}, bf, 1), w = random(Shape{h.vocab, h.hidden}, bf, 2, -0.05f, 0.05f);
+      std::vector<int32_t> ids(static_cast<size_t>(h.chunk));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % h.valid);
+      Buffer targets = upload_i32(cuda(), ids, Shape{h.chunk});
+      Buffer logits = cuda().allocate("logits", Shape{h.chunk, h.vocab}, bf, Lifetime::scratch);
+      Buffer losses = cuda().allocate("losses", Shape{h.chunk}, DType::f32, Lifetime::scratch);
+      Buffer dx = cuda().allocate("dx", Shape{h.chunk, h.hidden}, bf, Lifetime::scratch);
+      Buffer dw = random(Shape{h.vocab, h.hidden}, DType::f32, 3);
+      const HeadLossChunk c{.x = x, .weight = w, .targets = targets, .losses = losses, .logits = logits,
+                            .valid_vocab = h.valid, .grad_scale = 1e-5f, .dx = dx, .dweight = dw,
+                            .accumulate = true};
+      EXPECT_EQ(cuda().fuses_head_loss(c), fused == 1) << h.name;
+      for (int i = 0; i < 3; ++i) cuda().head_loss(c);  // the GEMM autotune's trials, then warm
+      const uint64_t start = cuda().record_timestamp();
+      for (int i = 0; i < kRepeats; ++i) cuda().head_loss(c);
+      const uint64_t end = cuda().record_timestamp();
+      ms[fused] = cuda().elapsed_ms(start, end) / kRepeats;
+    }
+    const double chunks = static_cast<double>(h.rows) / static_cast<double>(h.chunk);
+    std::printf("[ time  ] head_loss %-20s %5lld-row chunk, hidden %4lld, V%lld: chunked %8.3f ms, quack-lce %8.3f ms "
+                "(%.3fx); a step's %g chunks %7.2f -> %7.2f ms\n",
+                h.name, static_cast<long long>(h.chunk), static_cast<long long>(h.hidden),
+                static_cast<long long>(h.vocab), ms[0], ms[1], ms[0] / ms[1], chunks, chunks * ms[0], chunks * ms[1]);
   }
 }
 

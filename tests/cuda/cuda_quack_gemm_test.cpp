@@ -42,10 +42,12 @@ TEST(CudaQuackGemmBuild, ListsWhatItCarries) {
   std::string list;
   for (const std::string& name : carried) list += " [" + name + "]";
   std::printf("[ info  ] quack GEMMs in this build:%s\n", list.empty() ? " none" : list.c_str());
-  // Every carried function is one of the three layouts the linear ops map to, or the gated GEMM.
+  // Every carried function is one of the three layouts the linear ops map to, the gated GEMM, or
+  // one of the linear cross-entropy's three GEMMs.
   for (const std::string& name : carried)
     EXPECT_TRUE(name.rfind("tn ", 0) == 0 || name.rfind("nn ", 0) == 0 || name.rfind("nt ", 0) == 0 ||
-                name.rfind("gated ", 0) == 0)
+                name.rfind("gated ", 0) == 0 || name.rfind("lce_fwd ", 0) == 0 || name.rfind("lce_dx ", 0) == 0 ||
+                name.rfind("lce_dw ", 0) == 0 || name.rfind("lce_dwadd ", 0) == 0)
         << name;
 }
 
@@ -173,6 +175,83 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackSwiglu,
                          [](const ::testing::TestParamInfo<GatedCase>& info) {
                            return strf("rows%lld_in%lld_ffn%lld", static_cast<long long>(info.param.rows),
                                        static_cast<long long>(info.param.in), static_cast<long long>(info.param.ffn));
+                         });
+
+// The LM head's loss as quack's linear cross-entropy (train.head_loss = quack-lce): Backend::head_loss
+// on a backend that fuses it, against the CPU oracle (FP32 logits, the chunked ops) and against
+// the chunked path on the GPU (BF16 logits). Shapes: padding columns in the last tile (GPT-2's
+// 50,257 of 50,304 among them), a hidden size each gradient tile divides (192: 768; 256: 256) and
+// one neither does (1600, GPT-2 1.5B's), logits spread over ±20 (offsets that differ between
+// tiles), a head gradient added to (the chunks after the first, gradient accumulation), and a
+// vocabulary of 256-column tiles (1024: not a multiple of 192).
+// Tolerances: the loss 1e-4 (FP32 logits and sums; the chunked path's BF16 logits are printed
+// beside it), dx and dW 1e-2 (E, the strip and dx in BF16).
+struct HeadLossCase {
+  int64_t rows, hidden, vocab, valid;
+  float weight_range;
+  bool accumulate;
+};
+
+class CudaQuackHeadLoss : public CudaTest, public ::testing::WithParamInterface<HeadLossCase> {};
+
+TEST_P(CudaQuackHeadLoss, FusedMatchesTheOracleAndTheChunkedPath) {
+  if (!quack_gemm::lce_carried()) GTEST_SKIP() << "built without quack's linear cross-entropy (scripts/fa4_kernels.sh)";
+  const HeadLossCase c = GetParam();
+  const std::vector<float> x = random_as(c.rows * c.hidden, 31, DType::bf16);
+  std::vector<float> w = random_as(c.vocab * c.hidden, 32, DType::bf16, -c.weight_range, c.weight_range);
+  for (int64_t r = c.valid; r < c.vocab; ++r)  // padding rows as mxtrain keeps them: zero
+    for (int64_t k = 0; k < c.hidden; ++k) w[static_cast<size_t>(r * c.hidden + k)] = 0.0f;
+  const std::vector<float> dw0 = random_vector(static_cast<size_t>(c.vocab * c.hidden), 33, -1e-3f, 1e-3f);
+  std::vector<int32_t> ids(static_cast<size_t>(c.rows));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 131 + 7) % c.valid);
+  ids[1] = static_cast<int32_t>(c.valid - 1);  // the last valid column: in the tile with the padding
+  const float grad_scale = 1.0f / static_cast<float>(c.rows);
+  const Shape xs{c.rows, c.hidden}, ws{c.vocab, c.hidden}, ls{c.rows, c.vocab};
+
+  struct Result {
+    std::vector<float> losses, dx, dw;
+  };
+  auto run = [&](Backend& b, DType dtype, bool expect_fused) {
+    Buffer gx = upload(b, x, xs, dtype), gw = upload(b, w, ws, dtype), gt = upload_i32(b, ids, Shape{c.rows});
+    Buffer logits = b.allocate("logits", ls, dtype, Lifetime::scratch);
+    Buffer losses = b.allocate("losses", Shape{c.rows}, DType::f32, Lifetime::scratch);
+    Buffer dx = b.allocate("dx", xs, dtype, Lifetime::scratch);
+    Buffer dw = upload(b, c.accumulate ? dw0 : std::vector<float>(dw0.size(), 0.0f), ws, DType::f32);
+    const HeadLossChunk chunk{.x = gx, .weight = gw, .targets = gt, .losses = losses, .logits = logits,
+                              .valid_vocab = c.valid, .grad_scale = grad_scale, .dx = dx, .dweight = dw,
+                              .accumulate = c.accumulate};
+    EXPECT_EQ(b.fuses_head_loss(chunk), expect_fused) << b.name();
+    b.head_loss(chunk);
+    return Result{download(b, losses), download(b, dx), download(b, dw)};
+  };
+  const Result want = run(cpu(), DType::f32, false);
+  const Result chunked = run(cuda(), DType::bf16, false);
+  BackendOptions options;
+  options.head_loss_quack = true;
+  std::unique_ptr<Backend> fused_backend = create_backend("cuda", options);
+  const Result fused = run(*fused_backend, DType::bf16, true);
+  const std::string shape = strf(" %lld rows, hidden %lld, V%lld/%lld, weights ±%g%s", static_cast<long long>(c.rows),
+                                 static_cast<long long>(c.hidden), static_cast<long long>(c.valid),
+                                 static_cast<long long>(c.vocab), c.weight_range, c.accumulate ? ", dW +=" : "");
+  EXPECT_LT(report_error("head loss, quack-lce: loss" + shape, fused.losses, want.losses), 1e-4);
+  EXPECT_LT(report_error("head loss, quack-lce: dx" + shape, fused.dx, want.dx), 1e-2);
+  EXPECT_LT(report_error("head loss, quack-lce: dW" + shape, fused.dw, want.dw), 1e-2);
+  EXPECT_LT(report_error("head loss, chunked: loss" + shape, chunked.losses, want.losses), 1e-2);
+  EXPECT_LT(report_error("head loss, chunked: dx" + shape, chunked.dx, want.dx), 1e-2);
+  EXPECT_LT(report_error("head loss, chunked: dW" + shape, chunked.dw, want.dw), 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackHeadLoss,
+                         ::testing::Values(HeadLossCase{256, 768, 768, 700, 0.1f, false},
+                                           HeadLossCase{384, 256, 1536, 1536, 1.0f, true},
+                                           HeadLossCase{256, 1600, 768, 760, 0.1f, true},
+                                           HeadLossCase{128, 768, 50304, 50257, 0.1f, false},
+                                           HeadLossCase{256, 512, 1024, 1000, 0.5f, false}),  // 256-column tiles
+                         [](const ::testing::TestParamInfo<HeadLossCase>& info) {
+                           return strf("rows%lld_hidden%lld_V%lld_of%lld", static_cast<long long>(info.param.rows),
+                                       static_cast<long long>(info.param.hidden),
+                                       static_cast<long long>(info.param.valid),
+                                       static_cast<long long>(info.param.vocab));
                          });
 
 }  // namespace

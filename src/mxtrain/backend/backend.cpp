@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "mxtrain/backend/private_buffers.hpp"
 #include "mxtrain/core/error.hpp"
 
 namespace mxtrain {
@@ -562,6 +563,41 @@ void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, const T
   record({OpKind::cross_entropy, phase_, logits.dtype, 5 * n(logits),
           b(logits) * (grad_scale != 0 ? 2 : 1) + b(targets) + b(losses)});
   impl_cross_entropy(logits, targets, losses, valid_vocab, grad_scale);
+}
+
+void Backend::head_loss(const HeadLossChunk& c) {
+  const bool training = c.dx.defined();
+  MXTRAIN_ASSERT(!training || c.dweight.defined(), "head_loss: dx without dweight");
+  const GemmArgs forward{.role = GemmRole::forward, .a = c.x, .b = c.weight, .out = c.logits};
+  const GemmArgs weight_grad{
+      .role = GemmRole::backward_weight, .a = c.logits, .b = c.x, .out = c.dweight, .accumulate = c.accumulate};
+  const GemmArgs input_grad{.role = GemmRole::backward_input, .a = c.logits, .b = c.weight, .out = c.dx};
+  if (!training || !fuses_head_loss(c)) {
+    gemm(forward);
+    cross_entropy(c.logits, c.targets, c.losses, c.valid_vocab, training ? c.grad_scale : 0.0f);
+    if (training) {
+      PhaseScope scope(*this, Phase::backward);
+      gemm(weight_grad);
+      gemm(input_grad);
+    }
+    return;
+  }
+  MXTRAIN_ASSERT(c.valid_vocab > 0 && c.valid_vocab <= c.logits.cols() && c.targets.dtype == DType::i32 &&
+                     c.losses.dtype == DType::f32 && c.targets.numel() == c.x.rows() && c.losses.numel() == c.x.rows(),
+                 "head_loss: targets %s, losses %s", c.targets.describe().c_str(), c.losses.describe().c_str());
+  // The same three GEMMs as apart, and the glue between them (the offsets' and sums' partials in,
+  // the strip, the scaled rows and the row scalars out) as the cross-entropy op.
+  check_and_record_gemm(forward);
+  const private_buffers::HeadLossPlan plan = private_buffers::head_loss(c);
+  record({OpKind::cross_entropy, phase_, c.logits.dtype, plan.glue_flops, plan.glue_bytes});
+  PhaseScope scope(*this, Phase::backward);
+  check_and_record_gemm(weight_grad);
+  check_and_record_gemm(input_grad);
+  impl_head_loss_fused(c);
+}
+
+void Backend::impl_head_loss_fused(const HeadLossChunk&) {
+  throw Error(ErrorKind::internal, std::string(name()) + " backend: head_loss fused where it fuses none", "");
 }
 
 void Backend::sum(const Tensor& x, const Tensor& out, bool accumulate) {

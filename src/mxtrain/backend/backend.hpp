@@ -60,6 +60,17 @@ struct DxColumnSums {
   bool any() const { return in.defined() || out.defined(); }
 };
 
+// Backend::head_loss's chunk: x [rows, hidden], weight [V, hidden], targets i32 [rows], losses f32
+// [rows], logits [rows, V] (overwritten), columns >= valid_vocab padding; training: dx [rows,
+// hidden] (overwritten), dweight [V, hidden] (+= with accumulate), grad_scale the gradient's scale.
+struct HeadLossChunk {
+  Tensor x{}, weight{}, targets{}, losses{}, logits{};
+  int64_t valid_vocab = 0;
+  float grad_scale = 0;
+  Tensor dx{}, dweight{};
+  bool accumulate = false;
+};
+
 struct OpRecord {
   OpKind kind;
   Phase phase;
@@ -347,6 +358,13 @@ class Backend {
     (void)dtype, (void)k, (void)ffn;
     return false;
   }
+  // Whether head_loss runs chunk `c` (training: dx defined) as one fused pipeline here: quack's
+  // scaled-exp linear cross-entropy on an H100/H200 (train.head_loss; the dry run answers as the GPU
+  // it models would).
+  virtual bool fuses_head_loss(const HeadLossChunk& c) const {
+    (void)c;
+    return false;
+  }
   // Error(config or unsupported), with the fix, when the attention backward as this backend is
   // set (train.attention_backward, train.deterministic) cannot run `shape` with `activations`.
   // Asked before step 1, like supports().
@@ -470,6 +488,13 @@ class Backend {
   // overwritten in place by grad_scale * (softmax - onehot) (zero in padding columns).
   void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
                      float grad_scale);
+  // One chunk of the LM head and its loss (Transformer::head): logits = x · weightᵀ, the
+  // cross-entropy into losses (as cross_entropy), and when training (dx defined) dx = dlogits ·
+  // weight and dweight (+)= dlogitsᵀ · x with dlogits = grad_scale · (softmax - onehot). Runs as the
+  // forward gemm, cross_entropy in place on logits and the two gradient gemms, or where the backend
+  // fuses it (fuses_head_loss) as one pipeline that uses logits as its scratch; it records the same
+  // three GEMMs either way, and the fused pipeline's glue as a cross_entropy op.
+  void head_loss(const HeadLossChunk& c);
   // out f32[1] (+)= sum(x) or sum(x^2) for x of any float dtype.
   void sum(const Tensor& x, const Tensor& out, bool accumulate);
   void sum_of_squares(const Tensor& x, const Tensor& out, bool accumulate);
@@ -569,6 +594,8 @@ class Backend {
   virtual void impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) = 0;
   virtual void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) = 0;
   virtual void impl_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // Only where fuses_head_loss(c) said yes.
+  virtual void impl_head_loss_fused(const HeadLossChunk& c);
   virtual void impl_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses,
                                   int64_t valid_vocab, float grad_scale) = 0;
   virtual void impl_sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares) = 0;
@@ -624,6 +651,7 @@ struct BackendOptions {
   bool gemm_autotune = false;  // cuda: time cuBLASLt's candidate algorithms per GEMM shape
   bool gemm_quack = false;     // cuda: with gemm_autotune, quack's GEMMs among the candidates (train.gemm_kernels)
   bool gemm_quack_swiglu = false;  // cuda: llama's gate/up GEMM with SwiGLU fused, quack's (train.gemm_kernels)
+  bool head_loss_quack = false;  // cuda: the LM head's loss as quack's linear cross-entropy (train.head_loss)
   size_t memory_bytes = 0;     // dryrun: simulated capacity
   std::string device_label;    // dryrun: e.g. "h200"
 };
@@ -636,6 +664,7 @@ bool backend_available(std::string_view name);
 struct CarriedKernels {
   std::vector<std::string> flash_attention_4;
   bool quack_gated_gemm = false;
+  bool quack_linear_cross_entropy = false;
 };
 CarriedKernels carried_kernels();
 // The compute capability (e.g. 90) of CUDA device `index`; 0 where there is none or no CUDA.

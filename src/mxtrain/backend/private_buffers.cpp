@@ -92,6 +92,50 @@ NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& 
   return plan;
 }
 
+int64_t head_loss_tile(int64_t padded_vocab) {
+  if (padded_vocab > 0 && padded_vocab % 192 == 0) return 192;
+  if (padded_vocab > 0 && padded_vocab % 256 == 0) return 256;
+  return 0;
+}
+
+std::string head_loss_unfusable(const HeadLossChunk& c) {
+  const int64_t rows = c.x.rows(), hidden = c.x.cols(), vocab = c.logits.cols();
+  if (!c.dx.defined() || !c.dweight.defined()) return "not training";
+  if (c.x.dtype != DType::bf16 || c.weight.dtype != DType::bf16 || c.logits.dtype != DType::bf16 ||
+      c.dx.dtype != DType::bf16)
+    return "BF16 activations and head weight";
+  if (c.dweight.dtype != DType::f32) return "an f32 head gradient";
+  for (const Tensor* t : {&c.x, &c.weight, &c.logits, &c.dx, &c.dweight, &c.targets, &c.losses})
+    if (!t->is_contiguous()) return "contiguous operands";
+  if (rows <= 0 || rows % 128) return "rows in multiples of 128";
+  const int64_t tile = head_loss_tile(vocab);
+  if (vocab % 128 || tile == 0) return "a padded vocabulary in multiples of 128 and of 192 or 256";
+  if (hidden % 8) return "a hidden size in multiples of 8";
+  if (c.valid_vocab <= vocab - tile) return "a valid column in the last tile";
+  for (const Tensor* t : {&c.x, &c.weight, &c.logits, &c.dx, &c.dweight})
+    if (!aligned16(*t)) return "16-byte aligned operands";
+  return "";
+}
+
+HeadLossPlan head_loss(const HeadLossChunk& c) {
+  HeadLossPlan plan;
+  const int64_t rows = c.x.rows(), hidden = c.x.cols(), vocab = c.logits.cols();
+  plan.tile = head_loss_tile(vocab);
+  plan.tiles = plan.tile > 0 ? vocab / plan.tile : 0;
+  plan.partials_ld = (plan.tiles + 3) / 4 * 4;
+  plan.buffers = {f32("head_loss.mask", Shape{vocab}), f32("head_loss.partials", Shape{2, rows, plan.partials_ld}),
+                  f32("head_loss.rows", Shape{3, rows}),
+                  PrivateBuffer{"head_loss.strip", Shape{vocab / 64, rows}, DType::bf16, Lifetime::scratch},
+                  PrivateBuffer{"head_loss.scaled_x", Shape{rows, hidden}, DType::bf16, Lifetime::scratch}};
+  const double r = static_cast<double>(rows), partials = r * static_cast<double>(plan.tiles);
+  // Rows: both partials in and the offsets again for the strip, x in and x · v out, the target
+  // logits and targets in, the loss and two row scalars out; the strip out.
+  plan.glue_bytes = 3 * 4 * partials + 2 * 2 * r * static_cast<double>(hidden) + 6 * 4 * r +
+                    2 * static_cast<double>(vocab / 64) * r;
+  plan.glue_flops = 4 * partials + r * static_cast<double>(hidden);
+  return plan;
+}
+
 AdamwPlan adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute_copy,
                 const AdamWArgs& args) {
   AdamwPlan plan;

@@ -117,6 +117,27 @@ PrivateBuffers linear_backward_weight(const Tensor& dout, const Tensor& x, const
 // NVFP4 GEMMs read their two global scales from "gemm.nvfp4_scalars" f32 [2].
 PrivateBuffers linear_quantized(ScalingMode mode);
 
+// ---- the LM head with its loss (Backend::head_loss fused: quack's linear cross-entropy) ---------
+// The forward GEMM's column tile, one exp offset and one partial sum per (row, tile): 192 where it
+// divides the padded vocabulary, else 256 where that does, else 0 (no fused pipeline).
+int64_t head_loss_tile(int64_t padded_vocab);
+// Why chunk `c` cannot run as the fused pipeline, "" when it can: BF16 x, weight, logits and dx, an
+// f32 dweight, all contiguous; rows and the padded vocabulary V multiples of 128, V of a tile, the
+// hidden size of 8; padding that leaves a valid column in the last tile (a tile of padding alone
+// would have no finite maximum).
+std::string head_loss_unfusable(const HeadLossChunk& c);
+struct HeadLossPlan {
+  int64_t tile = 0, tiles = 0, partials_ld = 0;  // V / tile, and that rounded up to 4 (16-byte rows)
+  // Scratch held through the op: "head_loss.mask" f32 [V] (0, or -inf in padding columns);
+  // "head_loss.partials" f32 [2, rows, partials_ld] (the tiles' sums, then their offsets);
+  // "head_loss.rows" f32 [3, rows] (target logits, largest offsets, row scales v);
+  // "head_loss.strip" bf16 [V / 64, rows] (the per-(64 columns, row) scales u);
+  // "head_loss.scaled_x" bf16 [rows, hidden] (x · v, the weight gradient's operand).
+  PrivateBuffers buffers;
+  double glue_flops = 0, glue_bytes = 0;  // the glue kernels' (recorded as the cross-entropy op)
+};
+HeadLossPlan head_loss(const HeadLossChunk& c);
+
 // ---- RoPE, attention --------------------------------------------------------------------------
 // One cos/sin table f32 [2, positions, head_dim/2] per (positions, head_dim, theta), kept
 // (workspace). positions = rope_table_positions(shape): the sequence length in training; past a

@@ -219,6 +219,14 @@ std::vector<Field> fields(RunConfig& c) {
                         "cublaslt+quack-swiglu for a llama where the build carries quack's gated GEMM, the "
                         "GPU is a Hopper and the run is not deterministic, else cublaslt",
                         {"auto", "cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack"}));
+  list.push_back(choice("train.head_loss", c.train.head_loss,
+                        "cuda: the LM head and its loss: chunked (per chunk of rows the logits GEMM, the "
+                        "cross-entropy kernel in place, the two gradient GEMMs) or quack-lce (quack's scaled-exp "
+                        "linear cross-entropy: the logits GEMM stores exp(z - k) with a per-tile offset and the "
+                        "tiles' sums, a small glue kernel, and the two gradient GEMMs scale it on the way in; no "
+                        "pass over the logits of its own; BF16 on a Hopper GPU, a build that carries its kernels: "
+                        "docs/gemm-kernels.md). auto takes chunked",
+                        {"auto", "chunked", "quack-lce"}));
   list.push_back(boolean("train.cuda_graph", c.train.cuda_graph,
                          "cuda: capture the third step in a CUDA graph and replay it for the steps after (one "
                          "GPU; every precision but fp16's loss scaling and nvfp4 with stochastic rounding; not "

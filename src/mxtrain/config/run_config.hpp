@@ -38,6 +38,11 @@ struct TrainConfig {
   // gated SwiGLU GEMM for a Llama where the build carries it, the GPU is a Hopper and the run is not
   // deterministic (gemm_kernels_of in train/session.hpp), else cuBLASLt alone.
   std::string gemm_kernels = "auto";
+  // auto | chunked | quack-lce: the LM head and its loss (docs/gemm-kernels.md). chunked: per chunk
+  // of rows the logits GEMM, the cross-entropy kernel in place and the two gradient GEMMs;
+  // quack-lce: quack's scaled-exp linear cross-entropy (a build with its kernels, a Hopper GPU,
+  // BF16). auto: chunked (head_loss_of in train/session.hpp).
+  std::string head_loss = "auto";
   bool gemm_autotune = true;         // cuda: time cuBLASLt's candidates per GEMM shape, keep the fastest
   bool cuda_graph = true;            // cuda: capture the steady-state step in a CUDA graph and replay it
   std::string nonfinite = "stop";    // a NaN/Inf loss or gradient norm: stop (before any save) | skip the update

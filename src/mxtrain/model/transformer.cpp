@@ -473,17 +473,19 @@ void Transformer::head(const Tensor& x_final, const Tensor& targets, float grad_
     const int64_t end = std::min(begin + chunk, rows_);
     Tensor rows_logits = logits.tensor().slice_rows(0, end - begin);
     Tensor rows_normed = normed.tensor().slice_rows(begin, end);
-    backend_.gemm({.role = GemmRole::forward, .a = rows_normed, .b = head_weight, .out = rows_logits});
-    backend_.cross_entropy(rows_logits, targets.slice_flat(begin, Shape{end - begin}),
-                           losses.tensor().slice_flat(begin, Shape{end - begin}), config_.vocab_size,
-                           training ? grad_scale : 0.0f);
+    HeadLossChunk c{.x = rows_normed,
+                    .weight = head_weight,
+                    .targets = targets.slice_flat(begin, Shape{end - begin}),
+                    .losses = losses.tensor().slice_flat(begin, Shape{end - begin}),
+                    .logits = rows_logits,
+                    .valid_vocab = config_.vocab_size,
+                    .grad_scale = grad_scale};
     if (training) {
-      PhaseScope scope(backend_, Phase::backward);
-      backend_.gemm({.role = GemmRole::backward_weight, .a = rows_logits, .b = rows_normed, .out = head_grad.tensor,
-                     .accumulate = head_grad.accumulate || begin > 0});
-      backend_.gemm({.role = GemmRole::backward_input, .a = rows_logits, .b = head_weight,
-                     .out = dnormed.tensor().slice_rows(begin, end)});
+      c.dx = dnormed.tensor().slice_rows(begin, end);
+      c.dweight = head_grad.tensor;
+      c.accumulate = head_grad.accumulate || begin > 0;
     }
+    backend_.head_loss(c);
   }
   logits.reset();
   backend_.sum(losses, loss_sum, true);

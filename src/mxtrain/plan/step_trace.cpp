@@ -136,6 +136,9 @@ DryrunResult run_dryrun(const TraceRequest& request, int64_t micro_batches, uint
   // As CudaBackend::gemm_fuses_swiglu: quack's gated GEMM is sm_90a code.
   cuda_model.gemm_swiglu_fused =
       gemm_kernels_of(config, request.compute_capability) != "cublaslt" && request.compute_capability == 90;
+  // As CudaBackend::fuses_head_loss: quack's linear cross-entropy is sm_90a code too.
+  cuda_model.head_loss_fused =
+      head_loss_of(config, request.compute_capability) == "quack-lce" && request.compute_capability == 90;
   DryrunBackend backend(request.capacity_bytes, request.device_label, cuda_model);
   backend.set_native_quantized_gemms(request.native_quantized_gemms);
   // As run_benchmark and the trainer resolve it: the recipe knows what the device runs natively.

@@ -28,6 +28,7 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
     result.device_name = backend->properties().name;
     result.attention_backward = attention_backward_of(config, backend->properties().compute_capability);
     result.gemm_kernels = gemm_kernels_of(config, backend->properties().compute_capability);
+    result.head_loss = head_loss_of(config, backend->properties().compute_capability);
     const PrecisionPlan precision = resolve_precision(config, *backend);
     log::info(precision.startup_line);
     if (result.device == "cuda") log::info(kernels_startup_line(config, backend->properties().compute_capability));
@@ -95,6 +96,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
                          {"attention_backward", result.attention_backward.empty() ? config.train.attention_backward
                                                                                   : result.attention_backward},
                          {"gemm_kernels", result.gemm_kernels.empty() ? config.train.gemm_kernels : result.gemm_kernels},
+                         {"head_loss", result.head_loss.empty() ? config.train.head_loss : result.head_loss},
                          {"grad_clip", config.optimizer.grad_clip},
                          {"device", result.device},
                          {"gpu", result.device_name},

@@ -19,8 +19,9 @@ struct BenchmarkResult {
   bool fits = true;              // false: the config ran out of memory
   std::string error;             // the out-of-memory message when !fits
   std::string device, device_name, precision;
-  // train.attention_backward and train.gemm_kernels as the run took them (auto resolved).
-  std::string attention_backward, gemm_kernels;
+  // train.attention_backward, train.gemm_kernels and train.head_loss as the run took them (auto
+  // resolved).
+  std::string attention_backward, gemm_kernels, head_loss;
   int64_t parameters = 0;
   int64_t tokens_per_step = 0;
   double step_ms = 0;            // mean over timed steps

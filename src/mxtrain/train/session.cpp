@@ -74,13 +74,20 @@ std::string gemm_kernels_of(const RunConfig& config, int capability) {
              : "cublaslt";
 }
 
+std::string head_loss_of(const RunConfig& config, int capability) {
+  (void)capability;
+  if (config.train.head_loss != "auto") return config.train.head_loss;
+  return "chunked";
+}
+
 std::string kernels_startup_line(const RunConfig& config, int capability) {
   auto chosen = [](const std::string& setting, const std::string& taken) {
     return setting == "auto" ? taken + " (auto)" : taken;
   };
   return "kernels: attention backward " +
          chosen(config.train.attention_backward, attention_backward_of(config, capability)) + ", GEMMs " +
-         chosen(config.train.gemm_kernels, gemm_kernels_of(config, capability));
+         chosen(config.train.gemm_kernels, gemm_kernels_of(config, capability)) + ", head loss " +
+         chosen(config.train.head_loss, head_loss_of(config, capability));
 }
 
 BackendOptions backend_options(const RunConfig& config) {
@@ -88,7 +95,8 @@ BackendOptions backend_options(const RunConfig& config) {
   options.threads = static_cast<int>(config.train.threads);
   options.deterministic = config.train.deterministic;
   // `auto` as the run's GPU takes it (no GPU asked about unless a setting is auto on a cuda run).
-  const bool any_auto = config.train.attention_backward == "auto" || config.train.gemm_kernels == "auto";
+  const bool any_auto = config.train.attention_backward == "auto" || config.train.gemm_kernels == "auto" ||
+                        config.train.head_loss == "auto";
   const int capability = any_auto && config.train.device != "cpu" ? cuda_compute_capability() : 0;
   options.flash_attention_4_backward = attention_backward_of(config, capability) == "flash-attention-4";
   options.tf32 = config.train.tf32;
@@ -96,6 +104,7 @@ BackendOptions backend_options(const RunConfig& config) {
   const std::string kernels = gemm_kernels_of(config, capability);
   options.gemm_quack = kernels == "cublaslt+quack";
   options.gemm_quack_swiglu = kernels != "cublaslt";
+  options.head_loss_quack = head_loss_of(config, capability) == "quack-lce";
   return options;
 }
 
@@ -188,6 +197,9 @@ TrainingSession::TrainingSession(const RunConfig& config, Backend& backend, cons
       backend_.device() == Device::cpu)
     throw Error(ErrorKind::config,
                 "train.gemm_kernels = " + config_.train.gemm_kernels + " is a cuda setting, and this run is on the cpu",
+                "remove it, or train on cuda");
+  if (config_.train.head_loss == "quack-lce" && backend_.device() == Device::cpu)
+    throw Error(ErrorKind::config, "train.head_loss = quack-lce is a cuda setting, and this run is on the cpu",
                 "remove it, or train on cuda");
   backend_.check_attention_backward(attention_shape_of(config_), precision_.activation);
   if (precision_.loss_scaling) loss_scaler_ = std::make_unique<LossScaler>(loss_scaler_options(config_.precision));

@@ -56,6 +56,8 @@ std::string resolve_device(const std::string& requested);
 // The planner asks with the GPU it plans for, so it plans what this binary would run there.
 std::string attention_backward_of(const RunConfig& config, int capability);
 std::string gemm_kernels_of(const RunConfig& config, int capability);
+// train.head_loss as a run takes it: auto is "chunked".
+std::string head_loss_of(const RunConfig& config, int capability);
 // "kernels: attention backward flash-attention-4 (auto), GEMMs cublaslt+quack-swiglu (auto)": what
 // a cuda run takes, and which settings `auto` decided.
 std::string kernels_startup_line(const RunConfig& config, int capability);

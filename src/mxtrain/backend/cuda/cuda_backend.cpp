@@ -91,6 +91,19 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (options.gemm_quack_swiglu && !quack_gemm::gated_carried())
     log::warn("train.gemm_kernels: this build's quack kernels have no gated (SwiGLU) GEMM (a kernel folder made "
               "before it was exported: rerun scripts/fa4_kernels.sh); SwiGLU runs as its own kernel");
+  if (options.head_loss_quack) {
+    if (!quack_gemm::lce_carried())
+      throw Error(ErrorKind::config, "train.head_loss = quack-lce needs quack's linear cross-entropy, which this build "
+                                     "does not carry",
+                  "configure with -DMXTRAIN_FLASH_ATTENTION_4=<the folder scripts/fa4_kernels.sh makes> (a folder "
+                  "made before the linear cross-entropy was exported: rerun it), or set train.head_loss = chunked");
+    if (properties_.compute_capability != 90)
+      throw Error(ErrorKind::config,
+                  strf("train.head_loss = quack-lce: quack's kernels are sm_90a code and this GPU is sm_%d",
+                       properties_.compute_capability),
+                  "set train.head_loss = chunked (or auto)");
+    head_loss_quack_ = true;
+  }
   if ((options.gemm_quack || options.gemm_quack_swiglu) && properties_.compute_capability != 90)
     log::info(strf("train.gemm_kernels: quack's kernels are sm_90a code; on this sm_%d GPU every GEMM is cuBLASLt's "
                    "and SwiGLU runs as its own kernel", properties_.compute_capability));
@@ -538,6 +551,71 @@ void CudaBackend::impl_gelu_backward(const Tensor& dout, const Tensor& x, const 
 
 void CudaBackend::impl_add(const Tensor& a, const Tensor& b, const Tensor& out) {
   cuda_kernels::add(a, b, out, stream_);
+}
+
+bool CudaBackend::fuses_head_loss(const HeadLossChunk& c) const {
+  if (!head_loss_quack_) return false;
+  const std::string unfusable = private_buffers::head_loss_unfusable(c);
+  if (!unfusable.empty() && !logged_unfused_head_loss_) {
+    logged_unfused_head_loss_ = true;
+    log::info("cuda: train.head_loss = quack-lce needs " + unfusable + "; the LM head of " + c.logits.describe() +
+              " runs chunked");
+  }
+  return unfusable.empty();
+}
+
+void CudaBackend::impl_head_loss_fused(const HeadLossChunk& c) {
+  const private_buffers::HeadLossPlan plan = private_buffers::head_loss(c);
+  const std::vector<Buffer> held = private_buffers::allocate_private(*this, plan.buffers);
+  const int64_t rows = c.x.rows(), vocab = c.logits.cols();
+  float* partials = static_cast<float*>(held[1].tensor().data);
+  float* row_values = static_cast<float*>(held[2].tensor().data);
+  quack_gemm::LinearCrossEntropy l;
+  l.rows = rows;
+  l.hidden = c.x.cols();
+  l.vocab = vocab;
+  l.tile = plan.tile;
+  l.x = c.x.data;
+  l.weight = c.weight.data;
+  l.targets = static_cast<const int32_t*>(c.targets.data);
+  l.mask = static_cast<const float*>(held[0].tensor().data);
+  l.e = c.logits.data;
+  l.sum_exp = partials;
+  l.offsets = partials + rows * plan.partials_ld;
+  l.partials_ld = plan.partials_ld;
+  l.target_logits = row_values;
+  l.strip = held[3].tensor().data;
+  l.row_scale = row_values + 2 * rows;
+  l.xs = held[4].tensor().data;
+  l.dx = c.dx.data;
+  l.dweight = static_cast<float*>(c.dweight.data);
+  const std::string unsupported = quack_gemm::lce_unsupported(l);
+  MXTRAIN_ASSERT(unsupported.empty(), "head_loss: %s", unsupported.c_str());
+  cuda_kernels::lce_column_mask(held[0].tensor().data, vocab, c.valid_vocab, stream_);
+  quack_gemm::lce_forward(l, stream_);
+  cuda_kernels::LceGlue g;
+  g.rows = rows;
+  g.hidden = l.hidden;
+  g.vocab = vocab;
+  g.valid_vocab = c.valid_vocab;
+  g.tile = plan.tile;
+  g.tiles = plan.tiles;
+  g.partials_ld = plan.partials_ld;
+  g.sum_exp = l.sum_exp;
+  g.offsets = l.offsets;
+  g.target_logits = row_values;
+  g.targets = l.targets;
+  g.x = c.x.data;
+  g.e = c.logits.data;
+  g.losses = static_cast<float*>(c.losses.data);
+  g.row_max = row_values + rows;
+  g.row_scale = row_values + 2 * rows;
+  g.xs = held[4].tensor().data;
+  g.strip = held[3].tensor().data;
+  g.grad_scale = c.grad_scale;
+  cuda_kernels::lce_glue(g, stream_);
+  quack_gemm::lce_weight_grad(l, c.accumulate, stream_);
+  quack_gemm::lce_input_grad(l, stream_);
 }
 
 void CudaBackend::impl_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses,

@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   DeviceProperties properties() const override { return properties_; }
   bool supports(OpKind kind, DType dtype) const override;
   bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const override;
+  bool fuses_head_loss(const HeadLossChunk& c) const override;
   bool records_output_amax() const override { return true; }
   bool casts_weights_in_adamw() const override { return true; }
   void synchronize() override;
@@ -120,6 +121,7 @@ class CudaBackend final : public Backend {
   void impl_gelu_forward(const Tensor& x, const Tensor& out, const Tensor& out_amax) override;
   void impl_gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, const Tensor& out_amax) override;
   void impl_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void impl_head_loss_fused(const HeadLossChunk& c) override;
   void impl_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
                           float grad_scale) override;
   void impl_sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares) override;
@@ -163,6 +165,8 @@ class CudaBackend final : public Backend {
   std::map<std::tuple<int64_t, int64_t, RopeSpec>, Buffer> rope_tables_;
   std::array<cudaEvent_t, kTimestampSlots> events_{};
   uint64_t next_timestamp_ = 0;
+  bool head_loss_quack_ = false;  // train.head_loss = quack-lce, on an sm_90 GPU with the kernels carried
+  mutable bool logged_unfused_head_loss_ = false;
   bool fused_bias_gradient_ = false;
   bool logged_bias_gradient_path_ = false;
   bool logged_unfused_residual_ = false;  // cuBLASLt had no beta = 1 algorithm: GEMM + add ran

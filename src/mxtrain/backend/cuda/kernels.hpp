@@ -78,6 +78,31 @@ void embedding_backward(Backend& backend, const Tensor& tokens, const Tensor& do
 void cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, int64_t valid_vocab,
                    float grad_scale, cudaStream_t stream);
 
+// ---- linear_cross_entropy.cu: the glue of quack's linear cross-entropy (quack_gemm.hpp) -------
+// mask f32 [vocab]: 0 below valid_vocab, -inf from it on.
+void lce_column_mask(void* mask, int64_t vocab, int64_t valid_vocab, cudaStream_t stream);
+// Between the forward (E, the tiles' sums and offsets, the target logits) and the gradient GEMMs:
+// per row the log-sum-exp L from the partials, losses = L - target logit (NaN for a target outside
+// [0, valid_vocab)), E at the target fixed to (p_target - 1) / 2^offset, row_max = the largest
+// offset, row_scale v = grad_scale · 2^row_max · e^-L, xs = x · bf16(v); then the strip
+// [vocab / 64, rows] = 2^(offset - row_max) in BF16 (exact powers of two), tile / 64 rows a tile.
+struct LceGlue {
+  int64_t rows = 0, hidden = 0, vocab = 0, valid_vocab = 0, tile = 0, tiles = 0, partials_ld = 0;
+  const float* sum_exp = nullptr;
+  const float* offsets = nullptr;
+  const float* target_logits = nullptr;
+  const int32_t* targets = nullptr;
+  const void* x = nullptr;  // bf16 [rows, hidden]
+  void* e = nullptr;        // bf16 [rows, vocab]
+  float* losses = nullptr;
+  float* row_max = nullptr;
+  float* row_scale = nullptr;
+  void* xs = nullptr;     // bf16 [rows, hidden]
+  void* strip = nullptr;  // bf16 [vocab / 64, rows]
+  float grad_scale = 0;
+};
+void lce_glue(const LceGlue& g, cudaStream_t stream);
+
 // ---- quantize.cu ----------------------------------------------------------------------------
 // The precision recipes' kernels (backend.hpp states the contracts); bit-identical to numerics/.
 void amax(const Tensor& x, const Tensor& out, bool accumulate, bool hadamard_transposed, cudaStream_t stream);

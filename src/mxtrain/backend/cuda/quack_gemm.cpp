@@ -188,6 +188,113 @@ void run(int candidate, const Product& p, cudaStream_t stream) {
   if (!error.empty()) fail(name(candidate) + " failed: " + error);
 }
 
+// ---- the linear cross-entropy -------------------------------------------------------------------
+
+namespace {
+
+// The carried function of `layout` whose column tile is `tile_n`; -1 when none.
+int find_kernel(const char* layout, int64_t tile_n = 0) {
+  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
+    if (std::string(kKernels[i].layout) == layout && (tile_n == 0 || kKernels[i].tile_n == tile_n)) return i;
+  return -1;
+}
+
+// The gradient GEMMs' column tile over the hidden size: 192 where it divides it, else 256.
+int64_t lce_grad_tile(int64_t hidden) { return hidden % 192 == 0 ? 192 : 256; }
+
+constexpr DLDataType kI32{kDLInt, 32, 1};
+
+void call_or_fail(int kernel, std::initializer_list<TVMFFIAny> args) {
+  const std::string error = tvm_ffi::call(kKernels[kernel].fn, args);
+  if (!error.empty()) fail(name(kernel) + " failed: " + error);
+}
+
+}  // namespace
+
+bool lce_carried() {
+  for (int64_t n : {int64_t{192}, int64_t{256}})
+    if (find_kernel("lce_dx", n) < 0 || find_kernel("lce_dw", n) < 0 || find_kernel("lce_dwadd", n) < 0) return false;
+  return find_kernel("lce_fwd", 192) >= 0 && find_kernel("lce_fwd", 256) >= 0;
+}
+
+std::string lce_unsupported(const LinearCrossEntropy& c) {
+  if (!lce_carried()) return "this build does not carry quack's linear cross-entropy (rerun scripts/fa4_kernels.sh)";
+  if (!device().hopper) return "quack's kernels are sm_90a code and this GPU is not an sm_90 one";
+  if (c.rows <= 0 || c.rows % 128) return "rows must be a positive multiple of 128";
+  if (c.tile != 192 && c.tile != 256) return "the forward's tile must be 192 or 256 columns";
+  if (c.vocab % c.tile || c.vocab % 128) return "the padded vocabulary must be a multiple of 128 and of the tile";
+  if (c.hidden <= 0 || c.hidden % 8) return "the hidden size must be a multiple of 8";
+  if (c.partials_ld < c.vocab / c.tile || c.partials_ld % 4) return "the partials' leading dimension";
+  const std::initializer_list<const void*> pointers = {c.x, c.weight, c.e, c.strip, c.xs, c.dx, c.dweight,
+                                                       c.mask, c.sum_exp, c.offsets};
+  for (const void* p : pointers)
+    if (p != nullptr && !aligned16(p)) return "operands must be 16-byte aligned";
+  return "";
+}
+
+void lce_forward(const LinearCrossEntropy& c, cudaStream_t stream) {
+  const int kernel = find_kernel("lce_fwd", c.tile);
+  const int64_t clusters = prepare_call(kKernels[kernel], name(kernel), stream);
+  const int id = device().id;
+  const int64_t tiles = c.vocab / c.tile;
+  using tvm_ffi::View;
+  View x(const_cast<void*>(c.x), tvm_ffi::kBf16, id, {c.rows, c.hidden}, {c.hidden, 1});
+  View w(const_cast<void*>(c.weight), tvm_ffi::kBf16, id, {c.vocab, c.hidden}, {c.hidden, 1});
+  View e(c.e, tvm_ffi::kBf16, id, {c.rows, c.vocab}, {c.vocab, 1});
+  View mask(const_cast<float*>(c.mask), tvm_ffi::kF32, id, {1, c.vocab}, {c.vocab, 1});
+  View sum_exp(c.sum_exp, tvm_ffi::kF32, id, {c.rows, tiles}, {c.partials_ld, 1});
+  View target_logits(c.target_logits, tvm_ffi::kF32, id, {c.rows}, {1});
+  View offsets(c.offsets, tvm_ffi::kF32, id, {c.rows, tiles}, {c.partials_ld, 1});
+  View targets(const_cast<int32_t*>(c.targets), kI32, id, {c.rows}, {1});
+  const TVMFFIAny n = tvm_ffi::none();
+  // (the tile width, compiled in; mask; sum_exp; target_logit; max_log2_out; target; None; None)
+  tvm_ffi::TensorArray epilogue({n, mask.any(), sum_exp.any(), target_logits.any(), offsets.any(), targets.any(), n, n},
+                                {&mask, &sum_exp, &target_logits, &offsets, &targets});
+  if (!epilogue.error.empty()) fail("TVM-FFI could not make the linear cross-entropy's arguments: " + epilogue.error);
+  call_or_fail(kernel, {x.any(), w.any(), e.any(), n, epilogue.any, scheduler_arguments(clusters), n, n, n});
+}
+
+void lce_input_grad(const LinearCrossEntropy& c, cudaStream_t stream) {
+  const int kernel = find_kernel("lce_dx", lce_grad_tile(c.hidden));
+  const int64_t clusters = prepare_call(kKernels[kernel], name(kernel), stream);
+  const int id = device().id;
+  using tvm_ffi::View;
+  // A = (E [rows, vocab], the strip as the (row, 64-column block) scale's view: 128 rows a box).
+  View e(c.e, tvm_ffi::kBf16, id, {c.rows, c.vocab}, {c.vocab, 1});
+  View strip(const_cast<void*>(c.strip), tvm_ffi::kBf16, id, {128, 1, c.rows / 128, c.vocab / 64, 1},
+             {1, c.rows, 128, c.rows, 1});
+  tvm_ffi::TensorArray a({e.any(), strip.any()}, {&e, &strip});
+  View w(const_cast<void*>(c.weight), tvm_ffi::kBf16, id, {c.hidden, c.vocab}, {1, c.hidden});  // Wᵀ's view
+  View dx(c.dx, tvm_ffi::kBf16, id, {c.rows, c.hidden}, {c.hidden, 1});
+  View v(const_cast<float*>(c.row_scale), tvm_ffi::kF32, id, {1, c.rows}, {c.rows, 1});
+  const TVMFFIAny n = tvm_ffi::none();
+  tvm_ffi::TensorArray epilogue({v.any(), n, n}, {&v});
+  if (!a.error.empty() || !epilogue.error.empty())
+    fail("TVM-FFI could not make the linear cross-entropy's arguments: " + a.error + epilogue.error);
+  call_or_fail(kernel, {a.any, w.any(), dx.any(), n, epilogue.any, scheduler_arguments(clusters), n, n, n});
+}
+
+void lce_weight_grad(const LinearCrossEntropy& c, bool accumulate, cudaStream_t stream) {
+  const int kernel = find_kernel(accumulate ? "lce_dwadd" : "lce_dw", lce_grad_tile(c.hidden));
+  const int64_t clusters = prepare_call(kKernels[kernel], name(kernel), stream);
+  const int id = device().id;
+  using tvm_ffi::View;
+  // A = (Eᵀ [vocab, rows], the strip as the (64-column block, row) scale's view).
+  View et(c.e, tvm_ffi::kBf16, id, {c.vocab, c.rows}, {1, c.vocab});
+  View strip(const_cast<void*>(c.strip), tvm_ffi::kBf16, id, {64, 2, c.vocab / 128, c.rows / 64, 1},
+             {1, c.rows, 2 * c.rows, 64, 1});
+  tvm_ffi::TensorArray a({et.any(), strip.any()}, {&et, &strip});
+  View xs(const_cast<void*>(c.xs), tvm_ffi::kBf16, id, {c.hidden, c.rows}, {1, c.hidden});  // xsᵀ's view
+  View dw(c.dweight, tvm_ffi::kF32, id, {c.vocab, c.hidden}, {c.hidden, 1});
+  TVMFFIAny pair;
+  const std::string made = tvm_ffi::make_none_pair(&pair);
+  if (!a.error.empty() || !made.empty())
+    fail("TVM-FFI could not make the linear cross-entropy's arguments: " + a.error + made);
+  const TVMFFIAny n = tvm_ffi::none();
+  call_or_fail(kernel, {a.any, xs.any(), dw.any(), n, pair, scheduler_arguments(clusters), n, n, n});
+  if (pair.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(pair.v_obj);
+}
+
 #else  // built without the kernel folder
 
 std::vector<std::string> carried() { return {}; }
@@ -200,6 +307,19 @@ bool gated_carried() { return false; }
 std::vector<int> gated_candidates(const Gated&) { return {}; }
 void run_gated(int, const Gated&, cudaStream_t) {
   throw Error(ErrorKind::internal, "quack_gemm::run_gated in a build without quack's GEMMs", "");
+}
+bool lce_carried() { return false; }
+std::string lce_unsupported(const LinearCrossEntropy&) {
+  return "this build does not carry quack's kernels (configure with -DMXTRAIN_FLASH_ATTENTION_4=<folder>)";
+}
+void lce_forward(const LinearCrossEntropy&, cudaStream_t) {
+  throw Error(ErrorKind::internal, "quack_gemm::lce_forward in a build without quack's GEMMs", "");
+}
+void lce_input_grad(const LinearCrossEntropy&, cudaStream_t) {
+  throw Error(ErrorKind::internal, "quack_gemm::lce_input_grad in a build without quack's GEMMs", "");
+}
+void lce_weight_grad(const LinearCrossEntropy&, bool, cudaStream_t) {
+  throw Error(ErrorKind::internal, "quack_gemm::lce_weight_grad in a build without quack's GEMMs", "");
 }
 
 #endif

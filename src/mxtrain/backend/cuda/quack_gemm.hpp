@@ -8,7 +8,9 @@
 // step (llama-1b 1% slower), hence not the default (docs/gemm-kernels.md). And the llama MLP's
 // gate/up forward with SwiGLU fused into the GEMM's epilogue (quack's gated GEMM:
 // Backend::gemm_fuses_swiglu, train.gemm_kernels = cublaslt+quack-swiglu or cublaslt+quack).
-// Built without the folder, nothing here runs.
+// And the LM head's linear cross-entropy in quack's scaled-exp form (train.head_loss = quack-lce,
+// Backend::head_loss; docs/gemm-kernels.md): the three GEMMs below, with CUDA glue of mxtrain's
+// own between them (backend/cuda/cross_entropy.cu). Built without the folder, nothing here runs.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -62,5 +64,43 @@ struct Gated {
 bool gated_carried();
 std::vector<int> gated_candidates(const Gated& g);
 void run_gated(int candidate, const Gated& g, cudaStream_t stream);
+
+// ---- the linear cross-entropy (quack/linear_cross_entropy.py's scaled-exp pipeline) ------------
+// One chunk of `rows` rows of the LM head, row-major and contiguous: x [rows, hidden], the head's
+// weight W [vocab, hidden] (vocab: the padded columns), all BF16.
+//   forward      z = x · Wᵀ + mask (mask f32 [vocab]: 0, or -inf for padding columns) in FP32;
+//                per (row, `tile`-column tile t; 192 or 256): offset k[row, t] = round-to-even(max z · log2 e),
+//                E = exp2(z · log2 e - k) in BF16 [rows, vocab], sum_exp[row, t] = the tile's sum of
+//                E (FP32, before rounding), and target_logit[row] = z at targets[row] (unmasked).
+//   input grad   dx [rows, hidden] = v[row] · Σ_c u(row, c) E[row, c] W[c, :], u(row, c) = strip
+//                [c / 64, row] (BF16 powers of two), v f32 [rows] applied in the epilogue.
+//   weight grad  dW [vocab, hidden] (f32) = or += Σ_row u(row, c) E[row, c] xs[row, :].
+// The glue between the forward and the gradients (cross_entropy.cu's lce_glue) turns the offsets
+// and sums into the loss, fixes E at the target and writes strip, v and xs.
+struct LinearCrossEntropy {
+  int64_t rows = 0, hidden = 0, vocab = 0, tile = 192;
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const int32_t* targets = nullptr;
+  const float* mask = nullptr;
+  void* e = nullptr;
+  float* sum_exp = nullptr;  // [rows, vocab / tile] with leading dimension partials_ld
+  float* offsets = nullptr;  // the same shape
+  int64_t partials_ld = 0;
+  float* target_logits = nullptr;
+  const void* strip = nullptr;  // bf16 [vocab / 64, rows]
+  const float* row_scale = nullptr;  // v
+  const void* xs = nullptr;          // bf16 [rows, hidden]
+  void* dx = nullptr;                // bf16 [rows, hidden]
+  float* dweight = nullptr;          // f32 [vocab, hidden]
+};
+// Whether this build carries the three functions, and why `c`'s sizes cannot run on the current
+// device ("" when they can): an sm_90 GPU, rows and vocab multiples of 128, vocab of the tile (192 or
+// 256), the hidden size of 8, 16-byte aligned pointers.
+bool lce_carried();
+std::string lce_unsupported(const LinearCrossEntropy& c);
+void lce_forward(const LinearCrossEntropy& c, cudaStream_t stream);
+void lce_input_grad(const LinearCrossEntropy& c, cudaStream_t stream);
+void lce_weight_grad(const LinearCrossEntropy& c, bool accumulate, cudaStream_t stream);
 
 }  // namespace mxtrain::quack_gemm

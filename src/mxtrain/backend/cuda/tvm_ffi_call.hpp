@@ -32,11 +32,11 @@ namespace mxtrain::tvm_ffi {
 
 using Packed = int (*)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 
-// A strided view of CUDA memory as DLPack describes it (up to 4 dimensions); shape and strides
+// A strided view of CUDA memory as DLPack describes it (up to 6 dimensions); shape and strides
 // live beside the DLTensor.
 struct View {
   DLTensor t{};
-  int64_t dims[4]{}, steps[4]{};
+  int64_t dims[6]{}, steps[6]{};
   View(void* data, DLDataType dtype, int device, std::initializer_list<int64_t> shape,
        std::initializer_list<int64_t> strides) {
     int i = 0;

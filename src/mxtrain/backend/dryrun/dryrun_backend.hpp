@@ -40,6 +40,9 @@ struct CudaAllocationModel {
   // Not a fact but the run's setting (train.gemm_kernels with quack's SwiGLU on a Hopper GPU): the
   // llama gate/up GEMM with SwiGLU in its epilogue, as CudaBackend::gemm_fuses_swiglu answers.
   bool gemm_swiglu_fused = false;
+  // Not a fact but the run's setting (train.head_loss = quack-lce on a Hopper GPU): the LM head's
+  // chunks as quack's linear cross-entropy where CudaBackend::fuses_head_loss would take them.
+  bool head_loss_fused = false;
   // cub's radix-sort temp storage of the embedding backward (about this many bytes per token
   // plus a fixed part; the exact figure is cub's and depends on its version).
   double embedding_sort_bytes_per_token = 9;
@@ -66,6 +69,9 @@ class DryrunBackend : public Backend {
   bool supports(OpKind kind, DType dtype) const override;
   bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const override {
     return cuda_.enabled && cuda_.gemm_swiglu_fused && dtype == DType::bf16 && k % 8 == 0 && ffn % 8 == 0;
+  }
+  bool fuses_head_loss(const HeadLossChunk& c) const override {
+    return cuda_.enabled && cuda_.head_loss_fused && private_buffers::head_loss_unfusable(c).empty();
   }
   // FlashAttention-4's backward: its shape rules (the build's configurations are the cuda run's).
   void check_attention_backward(const AttentionShape& shape, DType activations) const override;
@@ -110,6 +116,9 @@ class DryrunBackend : public Backend {
   void impl_gelu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_add(const Tensor&, const Tensor&, const Tensor&) override {}
   void impl_cross_entropy(const Tensor&, const Tensor&, const Tensor&, int64_t, float) override {}
+  void impl_head_loss_fused(const HeadLossChunk& c) override {
+    const std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::head_loss(c).buffers);
+  }
   void impl_sum(const Tensor&, const Tensor&, bool, bool) override {}
   void impl_scale(const Tensor&, float) override {}
   void impl_amax(const Tensor&, const Tensor&, bool, bool) override {}
