@@ -863,6 +863,30 @@ def binary_ab(before, after, name):
             f"{(mb - ma) / ma * 100:+.2f}%; after faster in {faster} of {len(a)} pairs){peak}")
 
 
+def head_loss_timings(relative):
+    """CudaOpTimings.DISABLED_HeadLoss's lines: a chunk of each model's LM head and loss, chunked
+    and as quack's linear cross-entropy."""
+    rows = re.findall(r"^\[ time  \] head_loss (\S+) \S+ +(\d+)-row chunk, hidden +(\d+), V(\d+): chunked +([\d.]+) ms, "
+                      r"quack-lce +([\d.]+) ms", read(relative), re.M)
+    if not rows:
+        raise SystemExit(f"derive.py: {relative} has no head_loss timing lines")
+    return "; ".join(f"{name} ({int(chunk):,}-row chunk, hidden {hidden}, {int(vocab):,} columns) {float(a):.3f} → "
+                     f"{float(b):.3f} ms ({float(a) / float(b):.3f}×)" for name, chunk, hidden, vocab, a, b in rows)
+
+
+def head_loss_errors(relative):
+    """CudaQuackHeadLoss's measured errors: the largest relative L2 of each output, each path."""
+    found = re.findall(r"^\[ error \] head loss, (chunked|quack-lce): (loss|dx|dW) .* rel L2 (\S+)$", read(relative), re.M)
+    if not found:
+        raise SystemExit(f"derive.py: {relative} has no head loss error lines")
+    worst = {}
+    for path, what, err in found:
+        worst[(path, what)] = max(worst.get((path, what), 0.0), float(err))
+    cases = len(found) // 6
+    return "; ".join(f"{path} loss {worst[(path, 'loss')]:.1e}, dx {worst[(path, 'dx')]:.1e}, "
+                     f"dW {worst[(path, 'dW')]:.1e}" for path in ("quack-lce", "chunked")) + f" (largest of {cases} shapes)"
+
+
 def planner_report(relative):
     """A measured accuracy report as its harness wrote it (predictions of the planner of the
     measurement's commit, not re-planned): peaks and step times against the measurements."""
@@ -932,6 +956,8 @@ def generate(kind, args, planner):
         "mfu": lambda: mfu_of(*args),
         "swiglu-ab": lambda: swiglu_ab(*args),
         "binary-ab": lambda: binary_ab(*args),
+        "head-loss-timings": lambda: head_loss_timings(*args),
+        "head-loss-errors": lambda: head_loss_errors(*args),
         "planner-report": lambda: planner_report(*args),
         "planner-cross-validation": lambda: planner_cross_validation(planner, *args),
     }

@@ -120,6 +120,48 @@ TEST(PrivateBuffers, NormBackwardDxColumnSums) {
   EXPECT_FALSE(plan_for(NormKind::rms, 4096, DType::bf16, DType::bf16, true).dx_sums);  // 16 vectors a lane
 }
 
+// The LM head's loss as quack's linear cross-entropy (Backend::head_loss, fused): which chunks it
+// takes, its forward tile, and its scratch at gpt2-124m's 8,192-row chunk (41.1 MiB: the peak
+// difference measured on an H100, bench/results/h100_head_loss_41df6d7.md).
+TEST(PrivateBuffers, HeadLossFusedScratch) {
+  auto chunk_for = [](int64_t rows, int64_t hidden, int64_t vocab, int64_t valid, DType dtype = DType::bf16,
+                      DType grad = DType::f32, bool training = true) {
+    HeadLossChunk c;
+    c.x = at(kAligned, Shape{rows, hidden}, dtype);
+    c.weight = at(kAligned, Shape{vocab, hidden}, dtype);
+    c.targets = at(kAligned, Shape{rows}, DType::i32);
+    c.losses = at(kAligned, Shape{rows}, DType::f32);
+    c.logits = at(kAligned, Shape{rows, vocab}, dtype);
+    c.valid_vocab = valid;
+    if (training) {
+      c.dx = at(kAligned, Shape{rows, hidden}, dtype);
+      c.dweight = at(kAligned, Shape{vocab, hidden}, grad);
+    }
+    return c;
+  };
+  EXPECT_EQ(pb::head_loss_tile(50304), 192);   // GPT-2's padded vocabulary
+  EXPECT_EQ(pb::head_loss_tile(128256), 192);  // Llama 3's
+  EXPECT_EQ(pb::head_loss_tile(32000), 256);   // TinyLlama's (llama-1b)
+  EXPECT_EQ(pb::head_loss_tile(50257), 0);
+  EXPECT_EQ(pb::head_loss_unfusable(chunk_for(8192, 768, 50304, 50257)), "");
+  EXPECT_EQ(pb::head_loss_unfusable(chunk_for(8192, 2048, 32000, 32000)), "");
+  EXPECT_NE(pb::head_loss_unfusable(chunk_for(8192, 768, 50304, 50257, DType::f32)), "");
+  EXPECT_NE(pb::head_loss_unfusable(chunk_for(8192, 768, 50304, 50257, DType::bf16, DType::bf16)), "");
+  EXPECT_NE(pb::head_loss_unfusable(chunk_for(8192, 768, 50304, 50257, DType::bf16, DType::f32, false)), "");
+  EXPECT_NE(pb::head_loss_unfusable(chunk_for(8000, 768, 50304, 50257)), "");   // rows not of 128
+  EXPECT_NE(pb::head_loss_unfusable(chunk_for(8192, 764, 50304, 50257)), "");   // hidden not of 8
+  EXPECT_NE(pb::head_loss_unfusable(chunk_for(8192, 768, 50304, 50112)), "");   // a last tile of padding alone
+  EXPECT_EQ(pb::head_loss_unfusable(chunk_for(8192, 768, 50304, 50113)), "");
+  const pb::HeadLossPlan gpt2 = pb::head_loss(chunk_for(8192, 768, 50304, 50257));
+  EXPECT_EQ(gpt2.tile, 192);
+  EXPECT_EQ(gpt2.tiles, 262);
+  EXPECT_EQ(gpt2.partials_ld, 264);
+  size_t bytes = 0;
+  for (const pb::PrivateBuffer& b : gpt2.buffers) bytes += b.bytes();
+  EXPECT_EQ(bytes, 43061760u);
+  EXPECT_EQ(gpt2.buffers.at(3), (pb::PrivateBuffer{"head_loss.strip", Shape{786, 8192}, DType::bf16, Lifetime::scratch}));
+}
+
 TEST(PrivateBuffers, AdamwNormPartials) {
   AdamWArgs args;
   args.grad_norm_output = AdamWArgs::NormOutput::overwrite;

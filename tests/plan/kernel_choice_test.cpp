@@ -81,9 +81,22 @@ TEST(KernelChoice, AutoGemmKernelsFuseSwigluOnlyForALlamaOnAHopperWithTheKernels
             "cublaslt+quack");
   // The start-up line says what was taken and that auto took it.
   const std::string line = kernels_startup_line(load({{"model.preset", "llama-1b"}}), 100);
-  EXPECT_EQ(line, "kernels: attention backward cudnn (auto), GEMMs cublaslt (auto)");
-  EXPECT_EQ(kernels_startup_line(load({{"model.preset", "llama-1b"}, {"train.gemm_kernels", "cublaslt"}}), 100),
-            "kernels: attention backward cudnn (auto), GEMMs cublaslt");
+  EXPECT_EQ(line, "kernels: attention backward cudnn (auto), GEMMs cublaslt (auto), head loss chunked (auto)");
+  EXPECT_EQ(kernels_startup_line(load({{"model.preset", "llama-1b"}, {"train.gemm_kernels", "cublaslt"},
+                                       {"train.head_loss", "quack-lce"}}),
+                                 90),
+            std::string("kernels: attention backward ") +
+                (carried_kernels().flash_attention_4.empty() ? "cudnn" : "flash-attention-4") +
+                " (auto), GEMMs cublaslt, head loss quack-lce");
+}
+
+// train.head_loss: auto is the chunked loss everywhere (quack's linear cross-entropy measured no
+// faster in the step on an H100: docs/gemm-kernels.md); an explicit value stays.
+TEST(KernelChoice, AutoHeadLossIsChunked) {
+  for (int capability : {0, 90, 100})
+    for (const char* model : {"gpt2-124m", "llama-3b"}) EXPECT_EQ(head_loss_of(load({{"model.preset", model}}), capability), "chunked");
+  EXPECT_EQ(head_loss_of(load({{"model.preset", "gpt2-124m"}, {"train.head_loss", "quack-lce"}}), 0), "quack-lce");
+  EXPECT_EQ(head_loss_of(load({{"model.preset", "gpt2-124m"}, {"train.head_loss", "chunked"}}), 90), "chunked");
 }
 
 // The planner plans auto as what this binary would take on the GPU planned for: on an H200 the

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "mxtrain/plan/accuracy.hpp"
 #include "mxtrain/plan/planner.hpp"
@@ -66,6 +68,38 @@ TEST(PlannerAccuracy, PlannedPeaksAndStepTimesMatchTheCommittedH200Measurements)
 // the gpt2-350m and llama-3b entries were not used, so they check the fit out of sample.
 TEST(PlannerAccuracy, EmulatedBlockFormatsMatchTheCommittedH200Measurements) {
   EXPECT_EQ(check_report(test::source_dir() + "/bench/results/planner_accuracy_emulated.json"), 6);
+}
+
+// The LM head's two paths (train.head_loss; docs/gemm-kernels.md) measured on an H100 in one
+// command, each set of runs in its own file: the planner replays the fused path's scratch
+// (private_buffers::head_loss) as the cuda backend allocates it, so every measured peak and
+// reserved figure is planned to the byte, for GPT-2 124M's 768-column rows and GPT-2 1.5B's 1600
+// alike (the fused path's scratch costs 41.1 MiB and 55.1 MiB at the head there).
+TEST(PlannerAccuracy, HeadLossPathsPeaksEqualTheCommittedH100Measurements) {
+  int checked = 0;
+  for (const char* file : {"h100_head_loss_ab_chunked_41df6d7.jsonl", "h100_head_loss_ab_quack_lce_41df6d7.jsonl"}) {
+    std::ifstream in(test::source_dir() + "/bench/results/" + file);
+    ASSERT_TRUE(in) << file;
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json run = nlohmann::json::parse(line);
+      SCOPED_TRACE(std::string(file) + ": " + run.at("name").get<std::string>());
+      const std::string command =
+          test::binary_path() + " plan -m " + run.at("name").get<std::string>() +
+          " -b " + std::to_string(run.at("B").get<int64_t>()) + " -s " + std::to_string(run.at("T").get<int64_t>()) +
+          " -p " + run.at("precision").get<std::string>() + " --gpu h100 --json --set optimizer.grad_clip=0" +
+          " --set train.head_loss=" + run.at("head_loss").get<std::string>() +
+          " --set train.attention_backward=" + run.at("attention_backward").get<std::string>() +
+          " --set train.gemm_kernels=" + run.at("gemm_kernels").get<std::string>() + " 2>/dev/null";
+      std::string output;
+      ASSERT_EQ(test::run_command(command, &output), 0) << command << "\n" << output;
+      const nlohmann::json plan = nlohmann::json::parse(output);
+      EXPECT_EQ(plan.at("memory").at("peak_live_bytes").get<int64_t>(), run.at("peak_bytes").get<int64_t>());
+      EXPECT_EQ(plan.at("memory").at("peak_reserved_bytes").get<int64_t>(), run.at("reserved_bytes").get<int64_t>());
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12);
 }
 
 // Out of sample: every config's step time predicted by a calibration fitted to the other
