@@ -20,10 +20,11 @@ interleaved as mxtrain stores them):
   gated  preact [rows, 2F] = x [rows, k] · W [2F, k]ᵀ, postact [rows, F] = silu(preact[:, 2j]) ·
          preact[:, 2j + 1], SwiGLU applied to the FP32 product
 And the LM head's linear cross-entropy in quack's scaled-exp form (quack/linear_cross_entropy.py;
-docs/gemm-kernels.md), row-major, one chunk of rows at a time, V the padded vocabulary, d the hidden size:
+docs/gemm-kernels.md), row-major, one chunk of rows at a time, V the padded vocabulary, d the
+hidden size:
   lce_fwd     E [rows, V] = exp(z - k) in BF16 for the logits z = x [rows, d] · W [V, d]ᵀ, with a
-              power-of-two offset k per (row, 192- or 256-column tile), the tiles' sums of E, the offsets,
-              and the target's logit; a column mask [V] (0, or -inf for the padding columns) is
+              power-of-two offset k per (row, 192- or 256-column tile), the tiles' sums of E, the
+              offsets, and the target's logit; a column mask [V] (0, or -inf for the padding columns) is
               added to z first, so padding columns get E = 0 and count in no sum
   lce_dx_*    dx [rows, d] = v ⊙ ((u ⊙ E) · W): E scaled per (row, 64-column block) by the strip u
               on its way to the tensor cores, the per-row v in the epilogue
@@ -186,22 +187,9 @@ def main():
     }
     os.makedirs(out_dir, exist_ok=True)
     lines, signatures = [], []
-    for layout, operands in list(layouts.items()) + [("gated", None)]:
-        for c in GATED_CONFIGS if layout == "gated" else CONFIGS:
-            started = time.time()
-            launched.clear()
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                if layout == "gated":
-                    gated_gemm(t(R, K), t(2 * C, K), t(R, 2 * C), t(R, C), config_of(c))
-                else:
-                    A, B, D = operands()
-                    plain_gemm(A, B, D, config_of(c))
-            name = "%s_%s" % (layout, tag_of(c))
-            signature = export(launched, os.path.join(out_dir, "quack_%s.o" % name), "mxtrain_quack_%s" % name)
-            signatures.append("# %s: %s" % (name, signature))
-            lines.append("%s %s %d %d %d %d %d" % (layout, tag_of(c), c[0], c[1], c[2], c[3], int(c[4])))
-            print("quack %s: exported in %.1f s (bf16, sm_90a)" % (name, time.time() - started), flush=True)
-    for layout, tag, tm, tn, cm, cn, pp, launch in lce_exports(t):
+
+    def emit(layout, tag, tm, tn, cm, cn, pp, launch):
+        """Records launch()'s one call and exports it as quack_<layout>_<tag>.o."""
         started = time.time()
         launched.clear()
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -209,8 +197,18 @@ def main():
         name = "%s_%s" % (layout, tag)
         signature = export(launched, os.path.join(out_dir, "quack_%s.o" % name), "mxtrain_quack_%s" % name)
         signatures.append("# %s: %s" % (name, signature))
-        lines.append("%s %s %d %d %d %d %d" % (layout, tag, tm, tn, cm, cn, pp))
+        lines.append("%s %s %d %d %d %d %d" % (layout, tag, tm, tn, cm, cn, int(pp)))
         print("quack %s: exported in %.1f s (bf16, sm_90a)" % (name, time.time() - started), flush=True)
+
+    for layout, operands in list(layouts.items()) + [("gated", None)]:
+        for c in GATED_CONFIGS if layout == "gated" else CONFIGS:
+            if layout == "gated":
+                launch = lambda c=c: gated_gemm(t(R, K), t(2 * C, K), t(R, 2 * C), t(R, C), config_of(c))
+            else:
+                launch = lambda c=c, operands=operands: plain_gemm(*operands(), config_of(c))
+            emit(layout, tag_of(c), *c, launch)
+    for export_args in lce_exports(t):
+        emit(*export_args)
     with open(os.path.join(out_dir, "quack_gemms.txt"), "w") as manifest:
         manifest.write("# quack-kernels %s BF16 GEMMs for sm_90a (scripts/quack_gemm_export.py)\n"
                        "# layout config tile_m tile_n cluster_m cluster_n pingpong\n" % version("quack-kernels"))
