@@ -19,6 +19,12 @@ forward with SwiGLU in the epilogue (quack's gated GEMM, row-major, the weight's
 interleaved as mxtrain stores them):
   gated  preact [rows, 2F] = x [rows, k] · W [2F, k]ᵀ, postact [rows, F] = silu(preact[:, 2j]) ·
          preact[:, 2j + 1], SwiGLU applied to the FP32 product
+And GPT-2's MLP with its GELU (tanh approximation) in the epilogues, row-major:
+  gelu   preact [rows, F] = x [rows, k] · W [F, k]ᵀ + bias [F] (BF16), postact = gelu(preact),
+         GELU applied to the FP32 sum
+  dgelu  dx [rows, F] = (dY [rows, k] · W [k, F]) ⊙ gelu'(preact [rows, F]), the derivative at the
+         stored 16-bit pre-activation applied to the FP32 product (quack's dact epilogue without
+         its recomputed post-activation output, which mxtrain keeps from the forward)
 And the LM head's linear cross-entropy in quack's scaled-exp form (quack/linear_cross_entropy.py;
 docs/gemm-kernels.md), row-major, one chunk of rows at a time, V the padded vocabulary, d the
 hidden size:
@@ -39,6 +45,8 @@ CONFIGS = [(128, 192, 2, 1, True), (128, 192, 1, 2, True), (128, 128, 2, 1, True
 # (bench/results/h200_quack_probe_84d8f8f.txt), the llama-1b winner first (the one taken when
 # train.gemm_autotune is off).
 GATED_CONFIGS = [(128, 128, 2, 1, True), (128, 192, 1, 2, True), (128, 192, 2, 1, True), (256, 192, 2, 1, False)]
+# GPT-2's GELU GEMMs (hidden k = 768 ... 1,600, F = 4k): quack's Hopper default first.
+GELU_CONFIGS = [(128, 192, 2, 1, True), (128, 128, 2, 1, True), (128, 256, 2, 1, False), (256, 128, 2, 1, False)]
 
 
 # The linear cross-entropy's: the forward's column tile is the offsets' granularity and must divide
@@ -102,6 +110,25 @@ def gated_gemm(x, w, preact, postact, config):
     from quack import gemm_interface as gi
     gi._gemm_act_call(x, w.T, preact, postact, None, None, activation="swiglu", concat_layout=None,
                       dynamic_scheduler=False, tuned=False, config=config)
+
+
+def gelu_gemm(x, w, bias, preact, postact, config):
+    from quack import gemm_interface as gi
+    gi._gemm_act_call(x, w.T, preact, postact, None, bias, activation="gelu_tanh_approx", concat_layout=None,
+                      dynamic_scheduler=False, tuned=False, config=config)
+
+
+def dgelu_gemm(dy, w, preact, dx, config):
+    """dx = (dy · w) ⊙ gelu'(preact), w [k, F] row-major; quack's dact_mod without mAuxOut."""
+    from quack.activation import dgelu_tanh_approx
+    from quack.epilogue.frontend import gemm_epilogue
+
+    @gemm_epilogue()
+    def dgelu_epi(acc, c):
+        grad, _ = dgelu_tanh_approx(c, acc)
+        return {"D": grad}
+
+    dgelu_epi(dy, w, preact, out={"D": dx}, config=config, tuned=False, dynamic_scheduler=False)
 
 
 def lce_mods():
@@ -200,13 +227,14 @@ def main():
         lines.append("%s %s %d %d %d %d %d" % (layout, tag, tm, tn, cm, cn, int(pp)))
         print("quack %s: exported in %.1f s (bf16, sm_90a)" % (name, time.time() - started), flush=True)
 
-    for layout, operands in list(layouts.items()) + [("gated", None)]:
-        for c in GATED_CONFIGS if layout == "gated" else CONFIGS:
-            if layout == "gated":
-                launch = lambda c=c: gated_gemm(t(R, K), t(2 * C, K), t(R, 2 * C), t(R, C), config_of(c))
-            else:
-                launch = lambda c=c, operands=operands: plain_gemm(*operands(), config_of(c))
-            emit(layout, tag_of(c), *c, launch)
+    for layout, operands in layouts.items():
+        for c in CONFIGS:
+            emit(layout, tag_of(c), *c, lambda c=c, operands=operands: plain_gemm(*operands(), config_of(c)))
+    for c in GATED_CONFIGS:
+        emit("gated", tag_of(c), *c, lambda c=c: gated_gemm(t(R, K), t(2 * C, K), t(R, 2 * C), t(R, C), config_of(c)))
+    for c in GELU_CONFIGS:
+        emit("gelu", tag_of(c), *c, lambda c=c: gelu_gemm(t(R, K), t(C, K), t(C), t(R, C), t(R, C), config_of(c)))
+        emit("dgelu", tag_of(c), *c, lambda c=c: dgelu_gemm(t(R, K), t(K, C), t(R, C), t(R, C), config_of(c)))
     for export_args in lce_exports(t):
         emit(*export_args)
     with open(os.path.join(out_dir, "quack_gemms.txt"), "w") as manifest:

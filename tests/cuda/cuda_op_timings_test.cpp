@@ -297,5 +297,53 @@ TEST_F(CudaOpTimings, DISABLED_HeadLoss) {
   }
 }
 
+// GPT-2's two GELU GEMMs a layer at the step's shapes, burst-timed: the plain GEMM of the same
+// size (the floor: no epilogue), cuBLASLt's GELU_AUX_BIAS / DGELU and quack's
+// (train.gemm_kernels = cublaslt+quack-gelu), each with the GEMM autotune on.
+TEST_F(CudaOpTimings, DISABLED_GeluGemms) {
+  if (!quack_gemm::gelu_carried()) GTEST_SKIP() << "built without quack's GELU GEMMs";
+  struct GeluShape {
+    const char* name;
+    int64_t rows, model, ffn;
+  };
+  const GeluShape shapes[] = {{"gpt2-124m 64x1024", 65536, 768, 3072}, {"gpt2-1.5b 16x1024", 16384, 1600, 6400}};
+  const char* paths[] = {"plain GEMM", "cuBLASLt", "quack"};
+  for (const GeluShape& g : shapes) {
+    double ms[2][3] = {};
+    for (int path = 0; path < 3; ++path) {
+      BackendOptions options;
+      options.gemm_autotune = true;
+      options.gemm_quack_gelu = path == 2;
+      cuda_ = create_backend("cuda", options);
+      const DType bf = DType::bf16;
+      Buffer x = random(Shape{g.rows, g.model}, bf, 1), up = random(Shape{g.ffn, g.model}, bf, 2, -0.05f, 0.05f);
+      Buffer bias = random(Shape{g.ffn}, bf, 3), down = random(Shape{g.model, g.ffn}, bf, 4, -0.05f, 0.05f);
+      Buffer pre = cuda().allocate("pre", Shape{g.rows, g.ffn}, bf, Lifetime::scratch);
+      Buffer out = cuda().allocate("out", Shape{g.rows, g.ffn}, bf, Lifetime::scratch);
+      Buffer dx = cuda().allocate("dx", Shape{g.rows, g.ffn}, bf, Lifetime::scratch);
+      const GemmEpilogue fwd_epilogue = path == 0 ? GemmEpilogue::none : GemmEpilogue::gelu_aux_bias;
+      const GemmEpilogue bwd_epilogue = path == 0 ? GemmEpilogue::none : GemmEpilogue::dgelu;
+      const GemmArgs fwd{.role = GemmRole::forward, .a = x, .b = up, .out = out, .epilogue = fwd_epilogue,
+                         .bias = bias, .aux = path == 0 ? Tensor() : pre.tensor()};
+      const GemmArgs bwd{.role = GemmRole::backward_input, .a = x, .b = down, .out = dx, .epilogue = bwd_epilogue,
+                         .aux = path == 0 ? Tensor() : pre.tensor()};
+      const GemmArgs* args[] = {&fwd, &bwd};
+      for (int dir = 0; dir < 2; ++dir) {
+        for (int i = 0; i < 3; ++i) cuda().gemm(*args[dir]);  // the autotune's trials, then warm
+        const uint64_t start = cuda().record_timestamp();
+        for (int i = 0; i < kRepeats; ++i) cuda().gemm(*args[dir]);
+        const uint64_t end = cuda().record_timestamp();
+        ms[dir][path] = cuda().elapsed_ms(start, end) / kRepeats;
+      }
+    }
+    for (int dir = 0; dir < 2; ++dir)
+      std::printf("[ time  ] gelu_gemm %-20s %s %lldx%lld->%lld: %s %.3f ms, %s %.3f ms, %s %.3f ms (quack %.3fx "
+                  "cuBLASLt)\n",
+                  g.name, dir == 0 ? "forward " : "backward", static_cast<long long>(g.rows),
+                  static_cast<long long>(g.model), static_cast<long long>(g.ffn), paths[0], ms[dir][0], paths[1],
+                  ms[dir][1], paths[2], ms[dir][2], ms[dir][1] / ms[dir][2]);
+  }
+}
+
 }  // namespace
 }  // namespace mxtrain::test

@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "cuda/cuda_test_support.hpp"
+#include "mxtrain/backend/cuda/cuda_check.hpp"
 #include "mxtrain/backend/cuda/quack_gemm.hpp"
 
 namespace mxtrain::test {
@@ -42,11 +43,12 @@ TEST(CudaQuackGemmBuild, ListsWhatItCarries) {
   std::string list;
   for (const std::string& name : carried) list += " [" + name + "]";
   std::printf("[ info  ] quack GEMMs in this build:%s\n", list.empty() ? " none" : list.c_str());
-  // Every carried function is one of the three layouts the linear ops map to, the gated GEMM, or
-  // one of the linear cross-entropy's three GEMMs.
+  // Every carried function is one of the three layouts the linear ops map to, the gated GEMM, the
+  // GELU GEMMs, or one of the linear cross-entropy's three GEMMs.
   for (const std::string& name : carried)
     EXPECT_TRUE(name.rfind("tn ", 0) == 0 || name.rfind("nn ", 0) == 0 || name.rfind("nt ", 0) == 0 ||
-                name.rfind("gated ", 0) == 0 || name.rfind("lce_fwd ", 0) == 0 || name.rfind("lce_dx ", 0) == 0 ||
+                name.rfind("gated ", 0) == 0 || name.rfind("gelu ", 0) == 0 || name.rfind("dgelu ", 0) == 0 ||
+                name.rfind("lce_fwd ", 0) == 0 || name.rfind("lce_dx ", 0) == 0 ||
                 name.rfind("lce_dw ", 0) == 0 || name.rfind("lce_dwadd ", 0) == 0)
         << name;
 }
@@ -175,6 +177,106 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackSwiglu,
                          [](const ::testing::TestParamInfo<GatedCase>& info) {
                            return strf("rows%lld_in%lld_ffn%lld", static_cast<long long>(info.param.rows),
                                        static_cast<long long>(info.param.in), static_cast<long long>(info.param.ffn));
+                         });
+
+// GPT-2's MLP GEMMs with GELU in the epilogue (quack's, train.gemm_kernels = cublaslt+quack-gelu):
+// the up projection's forward with bias (pre = x · Wᵀ + b, out = gelu(pre) of the FP32 sum) and the
+// down projection's input gradient (dx = (dY · W) ⊙ gelu'(pre)). Every carried configuration is
+// run directly and checked against the CPU oracle (the autotune may take any of them), then
+// Backend::gemm with gelu_aux_bias / dgelu on a backend with quack's GELU on, against the oracle
+// and against cuBLASLt's GELU epilogues. A shape quack cannot take (k not a multiple of 8) has no
+// candidates and runs as before. Tolerance 1e-2 (the BF16 outputs' rounding, the derivative taken
+// at the rounded pre-activation by both).
+struct GeluCase {
+  int64_t rows, model, ffn;
+};
+
+class CudaQuackGelu : public CudaTest, public ::testing::WithParamInterface<GeluCase> {};
+
+TEST_P(CudaQuackGelu, ForwardAndBackwardMatchTheOracleAndCublasLt) {
+  if (!quack_gemm::gelu_carried()) GTEST_SKIP() << "built without quack's GELU GEMMs (scripts/fa4_kernels.sh's folder)";
+  const GeluCase c = GetParam();
+  const std::vector<float> x = random_as(c.rows * c.model, 41, DType::bf16, -2.0f, 2.0f);
+  const std::vector<float> w_up = random_as(c.ffn * c.model, 42, DType::bf16, -0.1f, 0.1f);
+  const std::vector<float> bias = random_as(c.ffn, 43, DType::bf16, -0.5f, 0.5f);
+  const std::vector<float> dy = random_as(c.rows * c.model, 44, DType::bf16);
+  const std::vector<float> w_down = random_as(c.model * c.ffn, 45, DType::bf16, -0.1f, 0.1f);
+  const Shape xs{c.rows, c.model}, us{c.ffn, c.model}, bs{c.ffn}, ds{c.model, c.ffn}, hs{c.rows, c.ffn};
+
+  struct Result {
+    std::vector<float> pre, out, dx;
+  };
+  // The forward, then the backward at the forward's own (rounded) pre-activation.
+  auto run = [&](Backend& b, DType dtype) {
+    Buffer gx = upload(b, x, xs, dtype), gu = upload(b, w_up, us, dtype), gb = upload(b, bias, bs, dtype);
+    Buffer gdy = upload(b, dy, xs, dtype), gd = upload(b, w_down, ds, dtype);
+    Buffer pre = b.allocate("pre", hs, dtype, Lifetime::scratch);
+    Buffer out = b.allocate("out", hs, dtype, Lifetime::scratch);
+    Buffer dx = b.allocate("dx", hs, dtype, Lifetime::scratch);
+    // Twice: the first call of a shape times the configurations, the second runs the chosen one.
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      b.gemm({.role = GemmRole::forward, .a = gx, .b = gu, .out = out, .epilogue = GemmEpilogue::gelu_aux_bias,
+              .bias = gb, .aux = pre});
+      b.gemm({.role = GemmRole::backward_input, .a = gdy, .b = gd, .out = dx, .epilogue = GemmEpilogue::dgelu,
+              .aux = pre});
+    }
+    return Result{download(b, pre), download(b, out), download(b, dx)};
+  };
+  const Result want = run(cpu(), DType::f32);
+  const Result cublaslt = run(cuda(), DType::bf16);
+  BackendOptions options;
+  options.gemm_autotune = true;
+  options.gemm_quack_gelu = true;
+  std::unique_ptr<Backend> backend = create_backend("cuda", options);
+  const Result quack = run(*backend, DType::bf16);
+  const std::string shape = strf(" %lldx%lld->%lld", static_cast<long long>(c.rows), static_cast<long long>(c.model),
+                                 static_cast<long long>(c.ffn));
+  EXPECT_LT(report_error("GELU pre-activation" + shape, quack.pre, want.pre), 1e-2);
+  EXPECT_LT(report_error("GELU activation" + shape, quack.out, want.out), 1e-2);
+  EXPECT_LT(report_error("DGELU input gradient" + shape, quack.dx, want.dx), 1e-2);
+  EXPECT_LT(report_error("GELU activation against cuBLASLt" + shape, quack.out, cublaslt.out), 1e-2);
+  EXPECT_LT(report_error("DGELU input gradient against cuBLASLt" + shape, quack.dx, cublaslt.dx), 1e-2);
+
+  // Each carried configuration on its own, on the same operands (the backward at the oracle's
+  // pre-activation rounded to BF16, so every configuration reads the same input).
+  Buffer gx = upload(*backend, x, xs, DType::bf16), gu = upload(*backend, w_up, us, DType::bf16);
+  Buffer gb = upload(*backend, bias, bs, DType::bf16), gdy = upload(*backend, dy, xs, DType::bf16);
+  Buffer gd = upload(*backend, w_down, ds, DType::bf16), gpre = upload(*backend, want.pre, hs, DType::bf16);
+  Buffer pre = backend->allocate("pre", hs, DType::bf16, Lifetime::scratch);
+  Buffer out = backend->allocate("out", hs, DType::bf16, Lifetime::scratch);
+  quack_gemm::Gelu forward{.backward = false, .rows = c.rows, .k = c.model, .n = c.ffn, .a = gx.tensor().data,
+                           .w = gu.tensor().data, .bias = gb.tensor().data, .preact = pre.tensor().data,
+                           .out = out.tensor().data};
+  quack_gemm::Gelu backward{.backward = true, .rows = c.rows, .k = c.model, .n = c.ffn, .a = gdy.tensor().data,
+                            .w = gd.tensor().data, .bias = nullptr, .preact = gpre.tensor().data,
+                            .out = out.tensor().data};
+  const bool qualifies = c.model % 8 == 0 && c.ffn % 8 == 0;
+  const std::vector<int> forwards = quack_gemm::gelu_candidates(forward), backwards = quack_gemm::gelu_candidates(backward);
+  EXPECT_EQ(!forwards.empty(), qualifies);
+  EXPECT_EQ(!backwards.empty(), qualifies);
+  for (int candidate : forwards) {
+    MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    quack_gemm::run_gelu(candidate, forward, nullptr);
+    MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(report_error(quack_gemm::name(candidate) + ": pre" + shape, download(*backend, pre), want.pre), 1e-2);
+    EXPECT_LT(report_error(quack_gemm::name(candidate) + ": out" + shape, download(*backend, out), want.out), 1e-2);
+  }
+  for (int candidate : backwards) {
+    MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    quack_gemm::run_gelu(candidate, backward, nullptr);
+    MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(report_error(quack_gemm::name(candidate) + ": dx" + shape, download(*backend, out), want.dx), 1e-2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackGelu,
+                         ::testing::Values(GeluCase{1000, 520, 392},     // no dimension a whole tile
+                                           GeluCase{4096, 768, 3072},    // gpt2-124m, 4 sequences
+                                           GeluCase{2048, 1600, 6400},   // gpt2-1.5b, 2 sequences
+                                           GeluCase{512, 260, 1040}),    // k not a multiple of 8: no quack
+                         [](const ::testing::TestParamInfo<GeluCase>& info) {
+                           return strf("rows%lld_model%lld_ffn%lld", static_cast<long long>(info.param.rows),
+                                       static_cast<long long>(info.param.model), static_cast<long long>(info.param.ffn));
                          });
 
 // The LM head's loss as quack's linear cross-entropy (train.head_loss = quack-lce): Backend::head_loss

@@ -1,6 +1,7 @@
 // train.attention_backward = auto and train.gemm_kernels = auto (the defaults): FlashAttention-4's
-// backward and quack's gated SwiGLU GEMM where the build carries them, the GPU is a Hopper and the
-// run allows them; cuDNN's backward and cuBLASLt alone everywhere else. What this build carries
+// backward and quack's gated SwiGLU GEMM (llama) or GELU GEMMs (GPT-2) where the build carries
+// them, the GPU is a Hopper and the run allows them; cuDNN's backward and cuBLASLt alone everywhere
+// else. What this build carries
 // decides the Hopper rows (CI's build carries neither; a build made with MXTRAIN_WITH_FA4=1
 // carries both), so each expectation is stated from carried_kernels(). The planner plans what the
 // binary would run on the GPU it plans for, and a CPU run takes the defaults without complaint.
@@ -70,13 +71,22 @@ TEST(KernelChoice, AutoAttentionBackwardIsFlashAttention4WhereItCanRun) {
   EXPECT_EQ(attention_backward_of(load(explicit_fa4), 0), "flash-attention-4");
 }
 
-TEST(KernelChoice, AutoGemmKernelsFuseSwigluOnlyForALlamaOnAHopperWithTheKernels) {
+TEST(KernelChoice, AutoGemmKernelsFuseTheActivationOnAHopperWithTheKernels) {
   const std::string hopper = carried_kernels().quack_gated_gemm ? "cublaslt+quack-swiglu" : "cublaslt";
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}}), 90), hopper);
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}}), 100), "cublaslt");
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}}), 0), "cublaslt");
-  EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "gpt2-124m"}}), 90), "cublaslt");  // no SwiGLU to fuse
+  // GPT-2: its GELU GEMMs, where the build carries them.
+  const std::string gpt2_hopper = carried_kernels().quack_gelu_gemms ? "cublaslt+quack-gelu" : "cublaslt";
+  EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "gpt2-124m"}}), 90), gpt2_hopper);
+  EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "gpt2-124m"}}), 100), "cublaslt");
+  EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "gpt2-124m"}, {"train.deterministic", "true"}}), 90), "cublaslt");
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}, {"train.deterministic", "true"}}), 90), "cublaslt");
+  // What each value runs on quack's kernels.
+  EXPECT_TRUE(quack_swiglu_in("cublaslt+quack-swiglu") && quack_swiglu_in("cublaslt+quack"));
+  EXPECT_TRUE(quack_gelu_in("cublaslt+quack-gelu") && quack_gelu_in("cublaslt+quack"));
+  EXPECT_FALSE(quack_swiglu_in("cublaslt+quack-gelu") || quack_gelu_in("cublaslt+quack-swiglu"));
+  EXPECT_FALSE(quack_swiglu_in("cublaslt") || quack_gelu_in("cublaslt"));
   EXPECT_EQ(gemm_kernels_of(load({{"model.preset", "llama-1b"}, {"train.gemm_kernels", "cublaslt+quack"}}), 0),
             "cublaslt+quack");
   // The start-up line says what was taken and that auto took it.

@@ -651,6 +651,7 @@ struct BackendOptions {
   bool gemm_autotune = false;  // cuda: time cuBLASLt's candidate algorithms per GEMM shape
   bool gemm_quack = false;     // cuda: with gemm_autotune, quack's GEMMs among the candidates (train.gemm_kernels)
   bool gemm_quack_swiglu = false;  // cuda: llama's gate/up GEMM with SwiGLU fused, quack's (train.gemm_kernels)
+  bool gemm_quack_gelu = false;    // cuda: GPT-2's GELU forward and DGELU backward GEMMs, quack's (train.gemm_kernels)
   bool head_loss_quack = false;  // cuda: the LM head's loss as quack's linear cross-entropy (train.head_loss)
   size_t memory_bytes = 0;     // dryrun: simulated capacity
   std::string device_label;    // dryrun: e.g. "h200"
@@ -659,11 +660,12 @@ std::vector<std::string> backend_names();  // in registration order
 bool backend_available(std::string_view name);
 // The kernels compiled ahead of time that this build links (-DMXTRAIN_FLASH_ATTENTION_4:
 // docs/attention.md, docs/gemm-kernels.md): FlashAttention-4's backward configurations as
-// "d<head_dim>_g<query heads per key/value head>", and whether quack's gated (SwiGLU) GEMM is
-// among quack's GEMMs. Empty without them or without CUDA.
+// "d<head_dim>_g<query heads per key/value head>", and whether quack's gated (SwiGLU) GEMM, its
+// GELU GEMMs and its linear cross-entropy are among quack's GEMMs. Empty without them or without CUDA.
 struct CarriedKernels {
   std::vector<std::string> flash_attention_4;
   bool quack_gated_gemm = false;
+  bool quack_gelu_gemms = false;  // GPT-2's GELU forward and DGELU backward GEMMs
   bool quack_linear_cross_entropy = false;
 };
 CarriedKernels carried_kernels();

@@ -18,6 +18,7 @@ std::vector<std::string> carried();  // backend/cuda/flash_attention_4.cpp
 }
 namespace quack_gemm {
 bool gated_carried();  // backend/cuda/quack_gemm.cpp
+bool gelu_carried();
 bool lce_carried();
 }
 #endif
@@ -27,6 +28,7 @@ CarriedKernels carried_kernels() {
 #ifdef MXTRAIN_HAVE_CUDA
   carried.flash_attention_4 = flash_attention_4::carried();
   carried.quack_gated_gemm = quack_gemm::gated_carried();
+  carried.quack_gelu_gemms = quack_gemm::gelu_carried();
   carried.quack_linear_cross_entropy = quack_gemm::lce_carried();
 #endif
   return carried;

@@ -212,13 +212,17 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(choice("train.gemm_kernels", c.train.gemm_kernels,
                         "cuda: the GEMM libraries: cublaslt; cublaslt+quack-swiglu (llama's gate/up GEMM is "
                         "quack's gated GEMM with SwiGLU in its epilogue, on Hopper in BF16 where the activation is "
-                        "kept and the run is not deterministic; every other GEMM cuBLASLt's); or cublaslt+quack "
-                        "(that, and with train.gemm_autotune quack's tile configurations timed beside cuBLASLt's "
+                        "kept and the run is not deterministic; every other GEMM cuBLASLt's); cublaslt+quack-gelu "
+                        "(GPT-2's up GEMM with bias and GELU and the down projection's input gradient with GELU's "
+                        "derivative are quack's, on Hopper in BF16 under the same conditions); or cublaslt+quack "
+                        "(both, and with train.gemm_autotune quack's tile configurations timed beside cuBLASLt's "
                         "algorithms for every plain BF16 GEMM shape, measured no faster on the H200). quack's "
                         "kernels need a build that carries them: docs/gemm-kernels.md. auto takes "
-                        "cublaslt+quack-swiglu for a llama where the build carries quack's gated GEMM, the "
-                        "GPU is a Hopper and the run is not deterministic, else cublaslt",
-                        {"auto", "cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack"}));
+                        "cublaslt+quack-swiglu for a llama and cublaslt+quack-gelu for a GPT-2 where the build "
+                        "carries those kernels, the GPU is a Hopper and the run is not deterministic, else "
+                        "cublaslt. With train.gemm_autotune, quack's GELU GEMMs run only at shapes where they time "
+                        "faster than cuBLASLt's GELU epilogues",
+                        {"auto", "cublaslt", "cublaslt+quack-swiglu", "cublaslt+quack-gelu", "cublaslt+quack"}));
   list.push_back(choice("train.head_loss", c.train.head_loss,
                         "cuda: the LM head and its loss: chunked (per chunk of rows the logits GEMM, the "
                         "cross-entropy kernel in place, the two gradient GEMMs) or quack-lce (quack's scaled-exp "

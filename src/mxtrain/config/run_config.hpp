@@ -34,9 +34,10 @@ struct TrainConfig {
   // build with its kernels, docs/attention.md). auto: FlashAttention-4's where it can run
   // (attention_backward_of in train/session.hpp), else cuDNN's.
   std::string attention_backward = "auto";
-  // auto | cublaslt | cublaslt+quack-swiglu | cublaslt+quack (docs/gemm-kernels.md). auto: quack's
-  // gated SwiGLU GEMM for a Llama where the build carries it, the GPU is a Hopper and the run is not
-  // deterministic (gemm_kernels_of in train/session.hpp), else cuBLASLt alone.
+  // auto | cublaslt | cublaslt+quack-swiglu | cublaslt+quack-gelu | cublaslt+quack
+  // (docs/gemm-kernels.md). auto: quack's gated SwiGLU GEMM for a Llama, its GELU GEMMs for a GPT-2,
+  // where the build carries them, the GPU is a Hopper and the run is not deterministic
+  // (gemm_kernels_of in train/session.hpp), else cuBLASLt alone.
   std::string gemm_kernels = "auto";
   // auto | chunked | quack-lce: the LM head and its loss (docs/gemm-kernels.md). chunked: per chunk
   // of rows the logits GEMM, the cross-entropy kernel in place and the two gradient GEMMs;

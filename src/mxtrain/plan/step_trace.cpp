@@ -135,7 +135,7 @@ DryrunResult run_dryrun(const TraceRequest& request, int64_t micro_batches, uint
       attention_backward_of(config, request.compute_capability) == "flash-attention-4";
   // As CudaBackend::gemm_fuses_swiglu: quack's gated GEMM is sm_90a code.
   cuda_model.gemm_swiglu_fused =
-      gemm_kernels_of(config, request.compute_capability) != "cublaslt" && request.compute_capability == 90;
+      quack_swiglu_in(gemm_kernels_of(config, request.compute_capability)) && request.compute_capability == 90;
   // As CudaBackend::fuses_head_loss: quack's linear cross-entropy is sm_90a code too.
   cuda_model.head_loss_fused =
       head_loss_of(config, request.compute_capability) == "quack-lce" && request.compute_capability == 90;

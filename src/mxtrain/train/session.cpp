@@ -66,12 +66,20 @@ std::string attention_backward_of(const RunConfig& config, int capability) {
 
 std::string gemm_kernels_of(const RunConfig& config, int capability) {
   if (config.train.gemm_kernels != "auto") return config.train.gemm_kernels;
-  // A deterministic run keeps SwiGLU as its own kernel (Transformer::layer_forward), so auto
-  // takes nothing it would not run.
-  return config.model.family == ModelFamily::llama && capability == 90 && !config.train.deterministic &&
-                 carried_kernels().quack_gated_gemm
-             ? "cublaslt+quack-swiglu"
-             : "cublaslt";
+  // A deterministic run keeps SwiGLU and GELU as kernels of their own (Transformer::layer_forward),
+  // so auto takes nothing it would not run.
+  if (capability != 90 || config.train.deterministic) return "cublaslt";
+  const CarriedKernels carried = carried_kernels();
+  if (config.model.family == ModelFamily::llama) return carried.quack_gated_gemm ? "cublaslt+quack-swiglu" : "cublaslt";
+  return carried.quack_gelu_gemms ? "cublaslt+quack-gelu" : "cublaslt";
+}
+
+bool quack_swiglu_in(const std::string& gemm_kernels) {
+  return gemm_kernels == "cublaslt+quack-swiglu" || gemm_kernels == "cublaslt+quack";
+}
+
+bool quack_gelu_in(const std::string& gemm_kernels) {
+  return gemm_kernels == "cublaslt+quack-gelu" || gemm_kernels == "cublaslt+quack";
 }
 
 std::string head_loss_of(const RunConfig& config, int capability) {
@@ -103,7 +111,8 @@ BackendOptions backend_options(const RunConfig& config) {
   options.gemm_autotune = config.train.gemm_autotune;
   const std::string kernels = gemm_kernels_of(config, capability);
   options.gemm_quack = kernels == "cublaslt+quack";
-  options.gemm_quack_swiglu = kernels != "cublaslt";
+  options.gemm_quack_swiglu = quack_swiglu_in(kernels);
+  options.gemm_quack_gelu = quack_gelu_in(kernels);
   options.head_loss_quack = head_loss_of(config, capability) == "quack-lce";
   return options;
 }

@@ -50,12 +50,16 @@ std::string resolve_device(const std::string& requested);
 // FlashAttention-4's backward where the build carries its kernels for the model's attention
 // shape (head dimension, query heads per key/value head), the GPU is a Hopper (sm_90), the
 // activations are bf16, the sequence is longer than 128 tokens and the run is not deterministic,
-// else "cudnn"; for a llama, quack's gated SwiGLU GEMM ("cublaslt+quack-swiglu") where the build
-// carries it, the GPU is a Hopper and the run is not deterministic, else "cublaslt"
-// (docs/attention.md, docs/gemm-kernels.md).
+// else "cudnn"; quack's gated SwiGLU GEMM for a llama ("cublaslt+quack-swiglu"), its GELU GEMMs
+// for a GPT-2 ("cublaslt+quack-gelu", measured on an H100), where the build carries them, the GPU
+// is a Hopper and the run is not deterministic, else "cublaslt" (docs/attention.md,
+// docs/gemm-kernels.md).
 // The planner asks with the GPU it plans for, so it plans what this binary would run there.
 std::string attention_backward_of(const RunConfig& config, int capability);
 std::string gemm_kernels_of(const RunConfig& config, int capability);
+// Whether a gemm_kernels value runs llama's SwiGLU forward / GPT-2's GELU GEMMs on quack's kernels.
+bool quack_swiglu_in(const std::string& gemm_kernels);
+bool quack_gelu_in(const std::string& gemm_kernels);
 // train.head_loss as a run takes it: auto is "chunked".
 std::string head_loss_of(const RunConfig& config, int capability);
 // "kernels: attention backward flash-attention-4 (auto), GEMMs cublaslt+quack-swiglu (auto)": what

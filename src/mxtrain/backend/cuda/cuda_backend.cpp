@@ -81,16 +81,23 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_->set_tf32(options.tf32);
   gemm_->set_autotune(options.gemm_autotune);
   gemm_->set_quack(options.gemm_quack);
-  if ((options.gemm_quack || options.gemm_quack_swiglu) && quack_gemm::carried().empty())
+  const bool any_quack = options.gemm_quack || options.gemm_quack_swiglu || options.gemm_quack_gelu;
+  if (any_quack && quack_gemm::carried().empty())
     throw Error(ErrorKind::config,
                 strf("train.gemm_kernels = %s needs quack's GEMMs, which this build does not carry",
-                     options.gemm_quack ? "cublaslt+quack" : "cublaslt+quack-swiglu"),
+                     options.gemm_quack          ? "cublaslt+quack"
+                     : options.gemm_quack_gelu   ? "cublaslt+quack-gelu"
+                                                 : "cublaslt+quack-swiglu"),
                 "configure with -DMXTRAIN_FLASH_ATTENTION_4=<the folder scripts/fa4_kernels.sh makes> "
                 "(docs/gemm-kernels.md), or set train.gemm_kernels = cublaslt");
   gemm_->set_quack_swiglu(options.gemm_quack_swiglu && quack_gemm::gated_carried());
   if (options.gemm_quack_swiglu && !quack_gemm::gated_carried())
     log::warn("train.gemm_kernels: this build's quack kernels have no gated (SwiGLU) GEMM (a kernel folder made "
               "before it was exported: rerun scripts/fa4_kernels.sh); SwiGLU runs as its own kernel");
+  gemm_->set_quack_gelu(options.gemm_quack_gelu && quack_gemm::gelu_carried() && properties_.compute_capability == 90);
+  if (options.gemm_quack_gelu && !quack_gemm::gelu_carried())
+    log::warn("train.gemm_kernels: this build's quack kernels have no GELU GEMMs (a kernel folder made before they "
+              "were exported: rerun scripts/fa4_kernels.sh); cuBLASLt's GELU epilogues run");
   if (options.head_loss_quack) {
     if (!quack_gemm::lce_carried())
       throw Error(ErrorKind::config, "train.head_loss = quack-lce needs quack's linear cross-entropy, which this build "
@@ -104,7 +111,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
                   "set train.head_loss = chunked (or auto)");
     head_loss_quack_ = true;
   }
-  if ((options.gemm_quack || options.gemm_quack_swiglu) && properties_.compute_capability != 90)
+  if (any_quack && properties_.compute_capability != 90)
     log::info(strf("train.gemm_kernels: quack's kernels are sm_90a code; on this sm_%d GPU every GEMM is cuBLASLt's "
                    "and SwiGLU runs as its own kernel", properties_.compute_capability));
   attention_ = std::make_unique<CudnnAttention>(*this, &device_facts_);

@@ -1,6 +1,7 @@
 #include "mxtrain/backend/cuda/gemm.hpp"
 
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "mxtrain/backend/cuda/cuda_check.hpp"
@@ -503,6 +504,8 @@ bool CublasLtGemm::linear_forward_gelu(const Tensor& x, const Tensor& weight, co
   Call call = forward_call(x, weight, bias, out);
   call.epilogue = bias.defined() ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux;
   call.aux = pre.data;
+  if (quack_gelu_ && quack_gelu(x, weight, bias, pre, out, false, [&] { return run(call, stream, true); }, stream))
+    return true;
   return run(call, stream, true);
 }
 
@@ -513,6 +516,8 @@ bool CublasLtGemm::linear_backward_input_gelu(const Tensor& dout, const Tensor& 
   Call call = backward_input_call(dout, weight, dx, false);
   call.epilogue = Epilogue::dgelu;
   call.aux = pre.data;
+  if (quack_gelu_ && quack_gelu(dout, weight, Tensor(), pre, dx, true, [&] { return run(call, stream, true); }, stream))
+    return true;
   return run(call, stream, true);
 }
 
@@ -524,26 +529,56 @@ bool CublasLtGemm::linear_forward_swiglu(const Tensor& x, const Tensor& weight, 
   quack_gemm::Gated g;
   g.rows = x.rows(), g.k = x.cols(), g.ffn = out.cols();
   g.x = x.data, g.w = weight.data, g.preact = pre.data, g.postact = out.data;
-  const std::vector<int> candidates = quack_gemm::gated_candidates(g);
+  return run_quack_epilogue({0, g.rows, g.k, g.ffn}, quack_gemm::gated_candidates(g), "gated SwiGLU",
+                            [&](int candidate) { quack_gemm::run_gated(candidate, g, stream); }, {}, stream);
+}
+
+bool CublasLtGemm::quack_gelu(const Tensor& a, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                              const Tensor& out, bool backward, const std::function<bool()>& cublaslt,
+                              cudaStream_t stream) {
+  for (const Tensor* t : {&a, &weight, &pre, &out})
+    if (t->dtype != DType::bf16 || !t->is_contiguous()) return false;
+  if (!backward && (!bias.defined() || bias.dtype != DType::bf16)) return false;
+  quack_gemm::Gelu g;
+  g.backward = backward;
+  g.rows = a.rows(), g.k = a.cols(), g.n = out.cols();
+  g.a = a.data, g.w = weight.data, g.bias = backward ? nullptr : bias.data, g.preact = pre.data, g.out = out.data;
+  return run_quack_epilogue({backward ? 2 : 1, g.rows, g.k, g.n}, quack_gemm::gelu_candidates(g),
+                            backward ? "DGELU" : "GELU bias",
+                            [&](int candidate) { quack_gemm::run_gelu(candidate, g, stream); }, cublaslt, stream);
+}
+
+bool CublasLtGemm::run_quack_epilogue(const std::array<int64_t, 4>& key, const std::vector<int>& candidates,
+                                      const char* what, const std::function<void(int)>& launch,
+                                      const std::function<bool()>& cublaslt, cudaStream_t stream) {
   if (candidates.empty()) return false;
-  // One choice a shape: with autotuning, the fastest of the carried configurations on this
-  // call's operands (the trials write only pre and out, which the real call overwrites); else
-  // the export's first.
-  const std::array<int64_t, 3> key{g.rows, g.k, g.ffn};
-  auto found = gated_choice_.find(key);
-  if (found == gated_choice_.end()) {
-    size_t choice = 0;
-    if (autotune_ && candidates.size() > 1) {
+  // One choice a shape: with autotuning, the fastest of the carried configurations and (where
+  // given) cuBLASLt's own epilogue on this call's operands (the trials write only the call's
+  // outputs, which the real call overwrites); else the export's first. -1: cuBLASLt's.
+  auto found = epilogue_choice_.find(key);
+  if (found == epilogue_choice_.end()) {
+    int choice = candidates[0];
+    const size_t trials = candidates.size() + (cublaslt ? 1 : 0);
+    if (autotune_ && trials > 1) {
       const std::vector<float> times = time_trials(
-          candidates.size(), [&](size_t i) { return quack_gemm::run_gated(candidates[i], g, stream), true; }, stream);
-      choice = fastest_index(times);
-      log::info(strf("gemm autotune gated SwiGLU rows=%lld k=%lld ffn=%lld: chose %s: %.4f ms (%zu configurations)",
-                     static_cast<long long>(g.rows), static_cast<long long>(g.k), static_cast<long long>(g.ffn),
-                     quack_gemm::name(candidates[choice]).c_str(), times[choice], candidates.size()));
+          trials,
+          [&](size_t i) {
+            if (i == candidates.size()) return cublaslt();
+            launch(candidates[i]);
+            return true;
+          },
+          stream);
+      const size_t best = fastest_index(times);
+      choice = best < candidates.size() ? candidates[best] : -1;
+      log::info(strf("gemm autotune %s rows=%lld k=%lld n=%lld: chose %s: %.4f ms (%zu candidates%s)", what,
+                     static_cast<long long>(key[1]), static_cast<long long>(key[2]), static_cast<long long>(key[3]),
+                     choice < 0 ? "cuBLASLt's epilogue" : quack_gemm::name(choice).c_str(), times[best], trials,
+                     cublaslt ? strf(", cuBLASLt's epilogue %.4f ms", times.back()).c_str() : ""));
     }
-    found = gated_choice_.emplace(key, candidates[choice]).first;
+    found = epilogue_choice_.emplace(key, choice).first;
   }
-  quack_gemm::run_gated(found->second, g, stream);
+  if (found->second < 0) return false;
+  launch(found->second);
   return true;
 }
 

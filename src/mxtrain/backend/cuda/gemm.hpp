@@ -19,6 +19,7 @@
 #include <cublasLt.h>
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -45,6 +46,10 @@ class CublasLtGemm {
   // quack's gated GEMM for the SwiGLU forward (linear_forward_swiglu), in a build that carries it.
   void set_quack_swiglu(bool enabled) { quack_swiglu_ = enabled; }
   bool quack_swiglu() const { return quack_swiglu_; }
+  // quack's GELU GEMMs for linear_forward_gelu (with a BF16 bias) and linear_backward_input_gelu,
+  // in a build that carries them; cuBLASLt's epilogues where a call does not qualify or (with
+  // autotuning) where they time faster at the call's shape.
+  void set_quack_gelu(bool enabled) { quack_gelu_ = enabled; }
   bool autotune() const { return autotune_; }
   bool tf32() const { return tf32_; }
   // How many GEMM shapes the autotune gave to quack's kernels so far.
@@ -64,7 +69,8 @@ class CublasLtGemm {
   // aligned addresses; false when a call does not qualify or cuBLASLt has no algorithm for it,
   // and then nothing ran): pre = x · weightᵀ (+ bias) with out = gelu(pre) (GELU_AUX[_BIAS]:
   // GELU of the f32 sum), and dx = (dout · weight) ⊙ gelu'(pre) (DGELU: the f32 product times
-  // GELU's derivative at the 16-bit pre, one rounding). cuBLASLt's GELU is the tanh form.
+  // GELU's derivative at the 16-bit pre, one rounding). cuBLASLt's GELU is the tanh form; so is
+  // quack's, which runs them instead with set_quack_gelu where a call qualifies (BF16, contiguous).
   bool linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
                            const Tensor& out, cudaStream_t stream);
   bool linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
@@ -139,6 +145,18 @@ class CublasLtGemm {
                              const Tensor& out, bool accumulate, const float* device_scalars);
   static Call backward_input_call(const Tensor& dout, const Tensor& weight, const Tensor& dx, bool accumulate);
   Plan* plan_for(const Call& call, bool optional);
+  // quack's GELU GEMM (forward with the bias, or backward) when the call qualifies and, with
+  // autotuning, runs faster than cublaslt() (cuBLASLt's GELU epilogue on the same call, false when
+  // it has no algorithm); false when quack's does not run, and then nothing ran.
+  bool quack_gelu(const Tensor& a, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& out,
+                  bool backward, const std::function<bool()>& cublaslt, cudaStream_t stream);
+  // One of quack's epilogue GEMMs (key: the kind — 0 gated, 1 GELU, 2 DGELU — and rows, k, n):
+  // launch(c) runs candidate c. The choice is made once a key: with autotuning the fastest of the
+  // candidates and, where given, cublaslt (cuBLASLt's own epilogue); else the first candidate.
+  // False when there is no candidate or cuBLASLt's was chosen (nothing ran).
+  bool run_quack_epilogue(const std::array<int64_t, 4>& key, const std::vector<int>& candidates, const char* what,
+                          const std::function<void(int)>& launch, const std::function<bool()>& cublaslt,
+                          cudaStream_t stream);
   static void configure_scaling(cublasLtMatmulDesc_t desc, const Call& call);
   // Times the plan's candidate algorithms on this call and keeps the fastest (autotuning).
   void tune(Plan* plan, const Call& call, cudaStream_t stream);
@@ -152,8 +170,9 @@ class CublasLtGemm {
   bool autotune_ = false;
   bool quack_ = false;
   bool quack_swiglu_ = false;
+  bool quack_gelu_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::map<std::array<int64_t, 3>, int> gated_choice_;  // (rows, k, ffn) -> quack_gemm candidate
+  std::map<std::array<int64_t, 4>, int> epilogue_choice_;  // (kind, rows, k, n) -> quack_gemm candidate
 };
 
 }  // namespace mxtrain

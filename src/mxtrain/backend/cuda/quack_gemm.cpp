@@ -153,6 +153,56 @@ void run_gated(int candidate, const Gated& g, cudaStream_t stream) {
   if (!error.empty()) fail(name(candidate) + " failed: " + error);
 }
 
+bool gelu_carried() {
+  bool forward = false, backward = false;
+  for (const Kernel& k : kKernels) {
+    forward = forward || std::string(k.layout) == "gelu";
+    backward = backward || std::string(k.layout) == "dgelu";
+  }
+  return forward && backward;
+}
+
+std::vector<int> gelu_candidates(const Gelu& g) {
+  if (g.rows <= 0 || g.k <= 0 || g.n <= 0 || g.k % 8 || g.n % 8 || !device().hopper) return {};
+  if (!aligned16(g.a) || !aligned16(g.w) || !aligned16(g.preact) || !aligned16(g.out)) return {};
+  if (!g.backward && (g.bias == nullptr || !aligned16(g.bias))) return {};
+  const char* layout = g.backward ? "dgelu" : "gelu";
+  std::vector<int> found;
+  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
+    if (std::string(kKernels[i].layout) == layout) found.push_back(i);
+  return found;
+}
+
+void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
+  const Kernel& kernel = kKernels[candidate];
+  const int64_t clusters = prepare_call(kernel, name(candidate), stream);
+  const int id = device().id;
+  using tvm_ffi::View;
+  View a(const_cast<void*>(g.a), tvm_ffi::kBf16, id, {g.rows, g.k}, {g.k, 1});
+  View preact(g.preact, tvm_ffi::kBf16, id, {g.rows, g.n}, {g.n, 1});
+  View out(g.out, tvm_ffi::kBf16, id, {g.rows, g.n}, {g.n, 1});
+  const TVMFFIAny n = tvm_ffi::none();
+  std::string error;
+  if (!g.backward) {
+    View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {1, g.k});  // quack's B [k, n] = wᵀ
+    View bias(const_cast<void*>(g.bias), tvm_ffi::kBf16, id, {g.n}, {1});
+    // The epilogue's (bias, postact, None, None); D is the pre-activation.
+    tvm_ffi::TensorArray epilogue({bias.any(), out.any(), n, n}, {&bias, &out});
+    if (!epilogue.error.empty()) fail("TVM-FFI could not make the GELU GEMM's epilogue arguments: " + epilogue.error);
+    error = tvm_ffi::call(kernel.fn,
+                          {a.any(), w.any(), preact.any(), n, epilogue.any, scheduler_arguments(clusters), n, n, n});
+  } else {
+    View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {g.n, 1});  // w [k, n] row-major
+    TVMFFIAny pair;  // the epilogue's (None, None); C is the pre-activation, D the gradient
+    const std::string made = tvm_ffi::make_none_pair(&pair);
+    if (!made.empty()) fail("TVM-FFI could not make the GELU backward's epilogue arguments: " + made);
+    error = tvm_ffi::call(kernel.fn, {a.any(), w.any(), out.any(), preact.any(), pair, scheduler_arguments(clusters),
+                                      n, n, n});
+    if (pair.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(pair.v_obj);
+  }
+  if (!error.empty()) fail(name(candidate) + " failed: " + error);
+}
+
 std::vector<int> candidates(const Product& p) {
   const char* layout = layout_of(p);
   if (layout == nullptr || p.m <= 0 || p.n <= 0 || p.k <= 0 || !device().hopper) return {};
@@ -307,6 +357,11 @@ bool gated_carried() { return false; }
 std::vector<int> gated_candidates(const Gated&) { return {}; }
 void run_gated(int, const Gated&, cudaStream_t) {
   throw Error(ErrorKind::internal, "quack_gemm::run_gated in a build without quack's GEMMs", "");
+}
+bool gelu_carried() { return false; }
+std::vector<int> gelu_candidates(const Gelu&) { return {}; }
+void run_gelu(int, const Gelu&, cudaStream_t) {
+  throw Error(ErrorKind::internal, "quack_gemm::run_gelu in a build without quack's GEMMs", "");
 }
 bool lce_carried() { return false; }
 std::string lce_unsupported(const LinearCrossEntropy&) {

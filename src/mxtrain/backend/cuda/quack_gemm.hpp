@@ -7,7 +7,9 @@
 // the autotune's trials, that shape keeps it. Measured on an H200, the picks did not hold in the
 // step (llama-1b 1% slower), hence not the default (docs/gemm-kernels.md). And the llama MLP's
 // gate/up forward with SwiGLU fused into the GEMM's epilogue (quack's gated GEMM:
-// Backend::gemm_fuses_swiglu, train.gemm_kernels = cublaslt+quack-swiglu or cublaslt+quack).
+// Backend::gemm_fuses_swiglu, train.gemm_kernels = cublaslt+quack-swiglu or cublaslt+quack), and
+// GPT-2's up forward and down input gradient with GELU and its derivative in the epilogue
+// (train.gemm_kernels = cublaslt+quack-gelu or cublaslt+quack).
 // And the LM head's linear cross-entropy in quack's scaled-exp form (train.head_loss = quack-lce,
 // Backend::head_loss; docs/gemm-kernels.md): the three GEMMs below, with CUDA glue of mxtrain's
 // own between them (backend/cuda/cross_entropy.cu). Built without the folder, nothing here runs.
@@ -64,6 +66,29 @@ struct Gated {
 bool gated_carried();
 std::vector<int> gated_candidates(const Gated& g);
 void run_gated(int candidate, const Gated& g, cudaStream_t stream);
+
+// GPT-2's MLP GEMMs with GELU (tanh form) in the epilogue, row-major and contiguous, all BF16:
+//   forward   preact [rows, n] = a [rows, k] · w [n, k]ᵀ + bias [n], out = gelu(preact), GELU
+//             applied to the FP32 sum (the forward's x, the up projection)
+//   backward  out [rows, n] = (a [rows, k] · w [k, n]) ⊙ gelu'(preact [rows, n]), the derivative at
+//             the stored pre-activation times the FP32 product (a = dY; w the down projection's
+//             weight [k = model, n = ffn]; preact is read, not written)
+struct Gelu {
+  bool backward = false;
+  int64_t rows = 0, k = 0, n = 0;
+  const void* a = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;  // forward only, required
+  void* preact = nullptr;
+  void* out = nullptr;
+};
+
+// Whether this build carries the GELU GEMMs (both directions), and (gelu_candidates) the carried
+// functions that can run `g` on the current device (an sm_90 GPU; k and n multiples of 8; 16-byte
+// aligned pointers), in the export's order.
+bool gelu_carried();
+std::vector<int> gelu_candidates(const Gelu& g);
+void run_gelu(int candidate, const Gelu& g, cudaStream_t stream);
 
 // ---- the linear cross-entropy (quack/linear_cross_entropy.py's scaled-exp pipeline) ------------
 // One chunk of `rows` rows of the LM head, row-major and contiguous: x [rows, hidden], the head's
