@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "mxtrain/backend/backend.hpp"
+#include "mxtrain/backend/cuda/quack_gemm.hpp"
 #include "mxtrain/backend/private_buffers.hpp"
 
 namespace mxtrain::cuda_kernels {
@@ -87,18 +88,10 @@ void lce_column_mask(void* mask, int64_t vocab, int64_t valid_vocab, cudaStream_
 // offset, row_scale v = grad_scale · 2^row_max · e^-L, xs = x · bf16(v); then the strip
 // [vocab / 64, rows] = 2^(offset - row_max) in BF16 (exact powers of two), tile / 64 rows a tile.
 struct LceGlue {
-  int64_t rows = 0, hidden = 0, vocab = 0, valid_vocab = 0, tile = 0, tiles = 0, partials_ld = 0;
-  const float* sum_exp = nullptr;
-  const float* offsets = nullptr;
-  const float* target_logits = nullptr;
-  const int32_t* targets = nullptr;
-  const void* x = nullptr;  // bf16 [rows, hidden]
-  void* e = nullptr;        // bf16 [rows, vocab]
+  quack_gemm::LinearCrossEntropy lce;  // the chunk as the GEMMs take it; the glue writes its strip, row_scale, xs
+  int64_t valid_vocab = 0;
   float* losses = nullptr;
   float* row_max = nullptr;
-  float* row_scale = nullptr;
-  void* xs = nullptr;     // bf16 [rows, hidden]
-  void* strip = nullptr;  // bf16 [vocab / 64, rows]
   float grad_scale = 0;
 };
 void lce_glue(const LceGlue& g, cudaStream_t stream);

@@ -37,37 +37,39 @@ __global__ void column_mask_kernel(float* mask, int64_t vocab, int64_t valid_voc
 }
 
 __global__ void glue_rows_kernel(LceGlue g) {
+  const quack_gemm::LinearCrossEntropy& l = g.lce;
+  const int64_t tiles = l.vocab / l.tile;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= g.rows) return;
-  const float* sums = g.sum_exp + row * g.partials_ld;
-  const float* offsets = g.offsets + row * g.partials_ld;
+  if (row >= l.rows) return;
+  const float* sums = l.sum_exp + row * l.partials_ld;
+  const float* offsets = l.offsets + row * l.partials_ld;
   float k_r = -INFINITY;
-  for (int64_t t = lane; t < g.tiles; t += 32) k_r = fmaxf(k_r, offsets[t]);
+  for (int64_t t = lane; t < tiles; t += 32) k_r = fmaxf(k_r, offsets[t]);
   k_r = warp_max(k_r);
   float s = 0.0f;
-  for (int64_t t = lane; t < g.tiles; t += 32) s += sums[t] * exp2f(offsets[t] - k_r);
+  for (int64_t t = lane; t < tiles; t += 32) s += sums[t] * exp2f(offsets[t] - k_r);
   s = warp_sum(s);
   const float L = k_r * kLn2 + logf(s);
   const float v = g.grad_scale / s;
   if (lane == 0) {
-    const int32_t y = g.targets[row];
+    const int32_t y = l.targets[row];
     const bool valid = y >= 0 && y < g.valid_vocab;
-    const float z_y = valid ? g.target_logits[row] : 0.0f;
+    const float z_y = valid ? l.target_logits[row] : 0.0f;
     g.losses[row] = valid ? L - z_y : NAN;
     g.row_max[row] = k_r;
-    g.row_scale[row] = v;
+    l.row_scale[row] = v;
     if (valid) {
-      const float k_y = offsets[y / g.tile];
+      const float k_y = offsets[y / l.tile];
       const float fixed = (expf(z_y - L) - 1.0f) * expf(L - k_y * kLn2);
-      static_cast<bf16*>(g.e)[row * g.vocab + y] = __float2bfloat16_rn(fixed);
+      static_cast<bf16*>(l.e)[row * l.vocab + y] = __float2bfloat16_rn(fixed);
     }
   }
   // xs = x · bf16(v): the weight gradient's operand (the row scale it cannot take in its epilogue).
   const float vb = __bfloat162float(__float2bfloat16_rn(v));
-  const bf16* x = static_cast<const bf16*>(g.x) + row * g.hidden;
-  bf16* xs = static_cast<bf16*>(g.xs) + row * g.hidden;
-  for (int64_t c = lane * 8; c < g.hidden; c += 32 * 8) {
+  const bf16* x = static_cast<const bf16*>(l.x) + row * l.hidden;
+  bf16* xs = static_cast<bf16*>(l.xs) + row * l.hidden;
+  for (int64_t c = lane * 8; c < l.hidden; c += 32 * 8) {
     float values[8];
     load<8>(x + c, values);
     for (float& value : values) value *= vb;
@@ -78,23 +80,25 @@ __global__ void glue_rows_kernel(LceGlue g) {
 // strip[t · blocks + r, row] = 2^(k[row, t] - k_r[row]) for r < blocks = tile / 64 (3 or 4): 32 rows x
 // 32 column tiles a block.
 __global__ void glue_strip_kernel(LceGlue g) {
+  const quack_gemm::LinearCrossEntropy& l = g.lce;
+  const int64_t tiles = l.vocab / l.tile;
   __shared__ float diff[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 32, r0 = static_cast<int64_t>(blockIdx.y) * 32;
   for (int j = ty; j < 32; j += 8) {
     const int64_t row = r0 + j, t = t0 + tx;
-    diff[j][tx] = t < g.tiles ? g.offsets[row * g.partials_ld + t] - g.row_max[row] : 0.0f;
+    diff[j][tx] = t < tiles ? l.offsets[row * l.partials_ld + t] - g.row_max[row] : 0.0f;
   }
   __syncthreads();
-  bf16* strip = static_cast<bf16*>(g.strip);
+  bf16* strip = static_cast<bf16*>(l.strip);
   for (int j = ty; j < 32; j += 8) {
     const int64_t t = t0 + j;
-    if (t >= g.tiles) continue;
+    if (t >= tiles) continue;
     // An integer exponent at most 0: ldexpf is exact, and far below the smallest normal it is 0.
     const float exponent = fmaxf(diff[tx][j], -200.0f);
     const bf16 u = __float2bfloat16_rn(ldexpf(1.0f, static_cast<int>(exponent)));
-    const int64_t blocks = g.tile / 64;
-    for (int64_t r = 0; r < blocks; ++r) strip[(t * blocks + r) * g.rows + r0 + tx] = u;
+    const int64_t blocks = l.tile / 64;
+    for (int64_t r = 0; r < blocks; ++r) strip[(t * blocks + r) * l.rows + r0 + tx] = u;
   }
 }
 
@@ -108,14 +112,16 @@ void lce_column_mask(void* mask, int64_t vocab, int64_t valid_vocab, cudaStream_
 }
 
 void lce_glue(const LceGlue& g, cudaStream_t stream) {
-  MXTRAIN_ASSERT(g.rows % 32 == 0 && g.hidden % 8 == 0 && g.tile % 64 == 0 && g.vocab == g.tiles * g.tile && aligned16(g.x) &&
-                     aligned16(g.xs),
-                 "lce_glue: rows %lld, hidden %lld, vocab %lld", static_cast<long long>(g.rows),
-                 static_cast<long long>(g.hidden), static_cast<long long>(g.vocab));
+  const quack_gemm::LinearCrossEntropy& l = g.lce;
+  const int64_t tiles = l.tile > 0 ? l.vocab / l.tile : 0;
+  MXTRAIN_ASSERT(l.rows % 32 == 0 && l.hidden % 8 == 0 && l.tile > 0 && l.tile % 64 == 0 && l.vocab == tiles * l.tile && aligned16(l.x) &&
+                     aligned16(l.xs),
+                 "lce_glue: rows %lld, hidden %lld, vocab %lld", static_cast<long long>(l.rows),
+                 static_cast<long long>(l.hidden), static_cast<long long>(l.vocab));
   constexpr int kRowsPerBlock = 8;
-  glue_rows_kernel<<<blocks_for(g.rows, kRowsPerBlock), kRowsPerBlock * 32, 0, stream>>>(g);
+  glue_rows_kernel<<<blocks_for(l.rows, kRowsPerBlock), kRowsPerBlock * 32, 0, stream>>>(g);
   MXTRAIN_CUDA_CHECK_LAUNCH();
-  const dim3 grid(static_cast<unsigned>((g.tiles + 31) / 32), static_cast<unsigned>(g.rows / 32));
+  const dim3 grid(static_cast<unsigned>((tiles + 31) / 32), static_cast<unsigned>(l.rows / 32));
   glue_strip_kernel<<<grid, dim3(32, 8), 0, stream>>>(g);
   MXTRAIN_CUDA_CHECK_LAUNCH();
 }

@@ -100,7 +100,7 @@ void run_gelu(int candidate, const Gelu& g, cudaStream_t stream);
 //   input grad   dx [rows, hidden] = v[row] · Σ_c u(row, c) E[row, c] W[c, :], u(row, c) = strip
 //                [c / 64, row] (BF16 powers of two), v f32 [rows] applied in the epilogue.
 //   weight grad  dW [vocab, hidden] (f32) = or += Σ_row u(row, c) E[row, c] xs[row, :].
-// The glue between the forward and the gradients (cross_entropy.cu's lce_glue) turns the offsets
+// The glue between the forward and the gradients (linear_cross_entropy.cu's lce_glue) turns the offsets
 // and sums into the loss, fixes E at the target and writes strip, v and xs.
 struct LinearCrossEntropy {
   int64_t rows = 0, hidden = 0, vocab = 0, tile = 192;
@@ -113,9 +113,9 @@ struct LinearCrossEntropy {
   float* offsets = nullptr;  // the same shape
   int64_t partials_ld = 0;
   float* target_logits = nullptr;
-  const void* strip = nullptr;  // bf16 [vocab / 64, rows]
-  const float* row_scale = nullptr;  // v
-  const void* xs = nullptr;          // bf16 [rows, hidden]
+  void* strip = nullptr;       // bf16 [vocab / 64, rows]   (the glue writes these three)
+  float* row_scale = nullptr;  // v
+  void* xs = nullptr;          // bf16 [rows, hidden]
   void* dx = nullptr;                // bf16 [rows, hidden]
   float* dweight = nullptr;          // f32 [vocab, hidden]
 };
