@@ -887,6 +887,30 @@ def head_loss_errors(relative):
                      f"dW {worst[(path, 'dW')]:.1e}" for path in ("quack-lce", "chunked")) + f" (largest of {cases} shapes)"
 
 
+def gelu_gemm_timings(relative):
+    """CudaOpTimings.DISABLED_GeluGemms's lines: GPT-2's two GELU GEMMs a layer, the plain GEMM of
+    the same size beside cuBLASLt's GELU epilogue and quack's."""
+    rows = re.findall(r"^\[ time  \] gelu_gemm (\S+) \S+ +(forward|backward) +(\S+): plain GEMM ([\d.]+) ms, "
+                      r"cuBLASLt ([\d.]+) ms, quack ([\d.]+) ms", read(relative), re.M)
+    if not rows:
+        raise SystemExit(f"derive.py: {relative} has no gelu_gemm timing lines")
+    return "; ".join(f"{name} {direction} ({shape}) plain {float(p):.3f}, cuBLASLt {float(c):.3f}, quack {float(q):.3f} ms "
+                     f"({float(c) / float(q):.2f}×)" for name, direction, shape, p, c, q in rows)
+
+
+def gelu_gemm_errors(relative):
+    """CudaQuackGelu's measured errors against the CPU oracle: the largest relative L2 of quack's
+    configurations run one by one, and of the backend's GELU GEMMs, over the shapes."""
+    text = read(relative)
+    configs = [float(e) for e in re.findall(r"^\[ error \] quack d?gelu \S+: (?:pre|out|dx) .* rel L2 (\S+)$", text, re.M)]
+    backend = [float(e) for e in re.findall(r"^\[ error \] (?:GELU (?:pre-activation|activation)|DGELU input gradient) "
+                                             r"\d.* rel L2 (\S+)$", text, re.M)]
+    if not configs or not backend:
+        raise SystemExit(f"derive.py: {relative} has no GELU GEMM error lines")
+    return (f"{len(configs)} outputs of quack's configurations at most {max(configs):.1e}, the backend's GELU GEMMs "
+            f"at most {max(backend):.1e}")
+
+
 def planner_report(relative):
     """A measured accuracy report as its harness wrote it (predictions of the planner of the
     measurement's commit, not re-planned): peaks and step times against the measurements."""
@@ -958,6 +982,8 @@ def generate(kind, args, planner):
         "binary-ab": lambda: binary_ab(*args),
         "head-loss-timings": lambda: head_loss_timings(*args),
         "head-loss-errors": lambda: head_loss_errors(*args),
+        "gelu-gemm-timings": lambda: gelu_gemm_timings(*args),
+        "gelu-gemm-errors": lambda: gelu_gemm_errors(*args),
         "planner-report": lambda: planner_report(*args),
         "planner-cross-validation": lambda: planner_cross_validation(planner, *args),
     }
