@@ -110,7 +110,13 @@ int64_t prepare_call(const Kernel& kernel, const std::string& what, cudaStream_t
   return dev.sms / (kernel.cluster_m * kernel.cluster_n);
 }
 
-bool is_gated(const Kernel& k) { return std::string(k.layout) == "gated"; }
+// The carried functions of `layout`, as indexes into kKernels in the export's order.
+std::vector<int> kernels_of(const char* layout) {
+  std::vector<int> found;
+  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
+    if (std::string(kKernels[i].layout) == layout) found.push_back(i);
+  return found;
+}
 
 }  // namespace
 
@@ -120,19 +126,12 @@ std::vector<std::string> carried() {
   return names;
 }
 
-bool gated_carried() {
-  for (const Kernel& k : kKernels)
-    if (is_gated(k)) return true;
-  return false;
-}
+bool gated_carried() { return !kernels_of("gated").empty(); }
 
 std::vector<int> gated_candidates(const Gated& g) {
   if (g.rows <= 0 || g.k <= 0 || g.ffn <= 0 || g.k % 8 || g.ffn % 8 || !device().hopper) return {};
   if (!aligned16(g.x) || !aligned16(g.w) || !aligned16(g.preact) || !aligned16(g.postact)) return {};
-  std::vector<int> found;
-  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
-    if (is_gated(kKernels[i])) found.push_back(i);
-  return found;
+  return kernels_of("gated");
 }
 
 void run_gated(int candidate, const Gated& g, cudaStream_t stream) {
@@ -153,24 +152,13 @@ void run_gated(int candidate, const Gated& g, cudaStream_t stream) {
   if (!error.empty()) fail(name(candidate) + " failed: " + error);
 }
 
-bool gelu_carried() {
-  bool forward = false, backward = false;
-  for (const Kernel& k : kKernels) {
-    forward = forward || std::string(k.layout) == "gelu";
-    backward = backward || std::string(k.layout) == "dgelu";
-  }
-  return forward && backward;
-}
+bool gelu_carried() { return !kernels_of("gelu").empty() && !kernels_of("dgelu").empty(); }
 
 std::vector<int> gelu_candidates(const Gelu& g) {
   if (g.rows <= 0 || g.k <= 0 || g.n <= 0 || g.k % 8 || g.n % 8 || !device().hopper) return {};
   if (!aligned16(g.a) || !aligned16(g.w) || !aligned16(g.preact) || !aligned16(g.out)) return {};
   if (!g.backward && (g.bias == nullptr || !aligned16(g.bias))) return {};
-  const char* layout = g.backward ? "dgelu" : "gelu";
-  std::vector<int> found;
-  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
-    if (std::string(kKernels[i].layout) == layout) found.push_back(i);
-  return found;
+  return kernels_of(g.backward ? "dgelu" : "gelu");
 }
 
 void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
@@ -208,10 +196,7 @@ std::vector<int> candidates(const Product& p) {
   if (layout == nullptr || p.m <= 0 || p.n <= 0 || p.k <= 0 || !device().hopper) return {};
   // TMA: 16-byte aligned bases and leading dimensions that are multiples of 16 bytes.
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.d) || p.lda % 8 || p.ldb % 8 || p.ldd % 8) return {};
-  std::vector<int> found;
-  for (int i = 0; i < static_cast<int>(std::size(kKernels)); ++i)
-    if (std::string(kKernels[i].layout) == layout) found.push_back(i);
-  return found;
+  return kernels_of(layout);
 }
 
 std::string name(int candidate) {
