@@ -58,12 +58,12 @@ message(STATUS "FlashAttention-4 backward: ${fa4_list} (${fa4})")
 
 # quack's BF16 GEMMs (scripts/quack_gemm_export.py, run by scripts/fa4_kernels.sh into the same
 # folder): candidates of the GEMM autotune beside cuBLASLt's algorithms, and the gated (SwiGLU)
-# GEMM of train.gemm_kernels = cublaslt+quack-swiglu, GPT-2's GELU GEMMs (gelu, dgelu:
+# GEMM of train.gemm_kernels = cublaslt+quack-swiglu, GPT-2's GELU GEMMs (gelu, dgelu, dgelub:
 # cublaslt+quack-gelu), and the LM head's linear cross-entropy
 # (lce_*: train.head_loss = quack-lce) (docs/gemm-kernels.md).
 # A folder made before they were part of it has no quack_gemms.txt and links none.
 if(EXISTS "${fa4}/quack_gemms.txt")
-  file(STRINGS "${fa4}/quack_gemms.txt" quack_lines REGEX "^(tn|nn|nt|gated|gelu|dgelu|lce_fwd|lce_dx|lce_dw|lce_dwadd) ")
+  file(STRINGS "${fa4}/quack_gemms.txt" quack_lines REGEX "^(tn|nn|nt|gated|gelu|dgelu|dgelub|lce_fwd|lce_dx|lce_dw|lce_dwadd) ")
   set(quack_table "// Generated from ${fa4}/quack_gemms.txt by cmake/flash_attention_4.cmake.\n")
   set(quack_objects "")
   foreach(line IN LISTS quack_lines)

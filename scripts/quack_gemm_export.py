@@ -25,6 +25,9 @@ And GPT-2's MLP with its GELU (tanh approximation) in the epilogues, row-major:
   dgelu  dx [rows, F] = (dY [rows, k] · W [k, F]) ⊙ gelu'(preact [rows, F]), the derivative at the
          stored 16-bit pre-activation applied to the FP32 product (quack's dact epilogue without
          its recomputed post-activation output, which mxtrain keeps from the forward)
+  dgelub dgelu with the bias gradient of the layer that made the pre-activation: partials f32
+         [row tiles, F], row t the sum of the FP32 dx over tile t's rows (quack's RowVecReduce;
+         mxtrain sums the rows of partials in a fixed order after it)
 And the LM head's linear cross-entropy in quack's scaled-exp form (quack/linear_cross_entropy.py;
 docs/gemm-kernels.md), row-major, one chunk of rows at a time, V the padded vocabulary, d the
 hidden size:
@@ -131,6 +134,22 @@ def dgelu_gemm(dy, w, preact, dx, config):
     dgelu_epi(dy, w, preact, out={"D": dx}, config=config, tuned=False, dynamic_scheduler=False)
 
 
+def dgelu_bias_gemm(dy, w, preact, dx, partials, config):
+    """dgelu_gemm and the bias gradient's partial sums, one row of partials per tile of rows
+    (quack's dgelu_dbias_mod without its post-activation output)."""
+    from quack.activation import dgelu_tanh_approx
+    from quack.epilogue.frontend import gemm_epilogue
+    from quack.epilogue.ops import RowVecReduce
+
+    @gemm_epilogue(reduces={"dbias": RowVecReduce("dbias")})
+    def dgelu_bias_epi(acc, c):
+        grad, _ = dgelu_tanh_approx(c, acc)
+        return {"D": grad, "dbias": grad}
+
+    dgelu_bias_epi(dy, w, preact, out={"D": dx, "dbias": partials}, config=config, tuned=False,
+                   dynamic_scheduler=False)
+
+
 def lce_mods():
     """The linear cross-entropy's epilogues and A-operand transforms. The forward is quack's
     scaled_exp_target_epi with a column mask added to the logits before the offsets' maximum and
@@ -235,6 +254,8 @@ def main():
     for c in GELU_CONFIGS:
         emit("gelu", tag_of(c), *c, lambda c=c: gelu_gemm(t(R, K), t(C, K), t(C), t(R, C), t(R, C), config_of(c)))
         emit("dgelu", tag_of(c), *c, lambda c=c: dgelu_gemm(t(R, K), t(K, C), t(R, C), t(R, C), config_of(c)))
+        emit("dgelub", tag_of(c), *c, lambda c=c: dgelu_bias_gemm(t(R, K), t(K, C), t(R, C), t(R, C),
+                                                                   t(R // c[0], C, dt=torch.float32), config_of(c)))
     for export_args in lce_exports(t):
         emit(*export_args)
     with open(os.path.join(out_dir, "quack_gemms.txt"), "w") as manifest:

@@ -126,9 +126,43 @@ TEST_F(CpuGemm, WeightGradientRecordsItsBiasGradientTwiceWhenAccumulating) {
   EXPECT_EQ(records.ops[0].k, kRows);
 }
 
+// A DGELU GEMM with a bias gradient on a backend that does not sum it inside the GEMM
+// (gemm_fuses_dgelu_bias_gradient: no on the cpu) is the DGELU GEMM, then a column sum of its
+// output into the bias gradient: two traced ops, the same bits, overwriting or adding as
+// bias_gradient_accumulate says (dx itself is overwritten either way).
+TEST_F(CpuGemm, DgeluBiasGradientIsTheGemmThenTheColumnSum) {
+  EXPECT_FALSE(backend_.gemm_fuses_dgelu_bias_gradient(DType::f32, kOut, kIn));
+  Buffer pre = upload(backend_, random_vector(kRows * kIn, 67, -3.0f, 3.0f), Shape{kRows, kIn});
+  Buffer dx = zeros(backend_, Shape{kRows, kIn}), dbias = upload(backend_, random_vector(kIn, 68), Shape{kIn});
+  const std::vector<float> dbias_before = download(backend_, dbias);
+  Records records;
+  backend_.set_observer(&records);
+  backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = dx, .epilogue = GemmEpilogue::dgelu,
+                 .bias_gradient = dbias, .bias_gradient_accumulate = true, .aux = pre});
+  backend_.set_observer(nullptr);
+  Buffer dx_apart = zeros(backend_, Shape{kRows, kIn}), sums = zeros(backend_, Shape{kIn});
+  backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = dx_apart,
+                 .epilogue = GemmEpilogue::dgelu, .aux = pre});
+  backend_.column_sum(dx_apart, sums, false);
+  EXPECT_EQ(download(backend_, dx), download(backend_, dx_apart));
+  const std::vector<float> column_sums = download(backend_, sums), added = download(backend_, dbias);
+  for (int64_t c = 0; c < kIn; ++c) EXPECT_FLOAT_EQ(added[c], dbias_before[c] + column_sums[c]) << c;
+  ASSERT_EQ(records.ops.size(), 2u);
+  EXPECT_EQ(records.ops[0].kind, OpKind::linear_backward_input);
+  EXPECT_EQ(records.ops[0].bytes, bytes(dout_) + bytes(weight_) + bytes(dx) + bytes(pre));
+  EXPECT_EQ(records.ops[1].kind, OpKind::column_sum);
+  EXPECT_EQ(records.ops[1].bytes, bytes(dx) + 2 * bytes(dbias));
+
+  // Overwriting: the column sums alone.
+  backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = dx, .epilogue = GemmEpilogue::dgelu,
+                 .bias_gradient = dbias, .aux = pre});
+  EXPECT_EQ(download(backend_, dbias), column_sums);
+}
+
 TEST_F(CpuGemm, RefusesWhatNoBackendRuns) {
   Buffer out = zeros(backend_, Shape{kRows, kOut});
   Buffer pre = zeros(backend_, Shape{kRows, kOut});
+  Buffer dbias = zeros(backend_, Shape{kIn});
   Records records;
   backend_.set_observer(&records);
   // A bias on a gradient GEMM, an accumulating GELU epilogue, DGELU on the forward, an aux
@@ -140,6 +174,12 @@ TEST_F(CpuGemm, RefusesWhatNoBackendRuns) {
   EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = out,
                                   .epilogue = GemmEpilogue::dgelu, .aux = pre}));
   EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::forward, .a = x_, .b = weight_, .out = out, .aux = pre}));
+  // A bias gradient on an input-gradient GEMM without DGELU; bias_gradient_accumulate without
+  // DGELU's bias gradient.
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::backward_input, .a = dout_, .b = weight_, .out = x_,
+                                  .bias_gradient = dbias}));
+  EXPECT_ANY_THROW(backend_.gemm({.role = GemmRole::backward_weight, .a = dout_, .b = x_, .out = out,
+                                  .bias_gradient_accumulate = true}));
   // A quantized operand with a high-precision one.
   QuantizedTensor q;
   q.data = x_.tensor();

@@ -226,7 +226,7 @@ TEST(PrivateBuffers, EmbeddingLinearRopeAttention) {
 // Names only the description hands out.
 bool private_name(const std::string& name) {
   for (const char* prefix : {"cublaslt.", "reduction.partials", "column_sum.", "norm_backward.", "adamw.",
-                             "embedding_backward.", "linear.weight_grad", "linear.bias_grad", "gemm.nvfp4",
+                             "embedding_backward.", "linear.weight_grad", "linear.bias_grad", "gemm.nvfp4", "gemm.dgelu_bias",
                              "rope.table.", "attention.", "cudnn."})
     if (name.rfind(prefix, 0) == 0) return true;
   return false;
@@ -317,6 +317,12 @@ class WatchedDryrun final : public DryrunBackend {
   // The weight-gradient GEMM (plain operands, no epilogue to run apart): its scratch and, where
   // the bias gradient is not fused, the column sum's.
   void impl_gemm(const GemmArgs& args) override {
+    if (args.epilogue == GemmEpilogue::dgelu && args.bias_gradient.defined()) {
+      // The DGELU GEMM that sums the up projection's bias gradient: its partials (the GEMM's
+      // 16-bit epilogue applies here, so nothing runs apart).
+      watch("dgelu_bias_gradient", pb::dgelu_bias_gradient(args.out), [&] { DryrunBackend::impl_gemm(args); });
+      return;
+    }
     if (args.role != GemmRole::backward_weight || args.a.is_quantized() || has_separable_epilogue(args) ||
         args.epilogue == GemmEpilogue::dgelu) {
       DryrunBackend::impl_gemm(args);
@@ -369,12 +375,13 @@ struct DryrunCase {
   const char* recompute;
   int64_t micro, accumulation;
   double grad_clip;
+  bool quack_gelu = false;  // CudaAllocationModel::gemm_dgelu_bias_fused
 };
 
 std::string case_name(const ::testing::TestParamInfo<DryrunCase>& info) {
   const DryrunCase& c = info.param;
   return std::string(c.family) + "_" + c.precision + "_" + c.recompute + "_" + std::to_string(c.micro) + "x" +
-         std::to_string(c.accumulation) + (c.grad_clip > 0 ? "_clip" : "_noclip");
+         std::to_string(c.accumulation) + (c.grad_clip > 0 ? "_clip" : "_noclip") + (c.quack_gelu ? "_quack_gelu" : "");
 }
 
 class PrivateBuffersDryrun : public ::testing::TestWithParam<DryrunCase> {};
@@ -386,6 +393,7 @@ TEST_P(PrivateBuffersDryrun, EveryOpRecordsTheDescription) {
   config.optimizer.grad_clip = c.grad_clip;
   CudaAllocationModel model = Calibration::load().for_gpu(require_gpu("h200")).cuda_allocations;
   ASSERT_TRUE(model.enabled);
+  model.gemm_dgelu_bias_fused = c.quack_gelu;
   WatchedDryrun backend(model);
   // Created with the backend: its two workspaces, nothing else.
   const std::vector<CachingAllocator::LiveEntry> created = backend.allocator().live_entries();
@@ -409,6 +417,10 @@ TEST_P(PrivateBuffersDryrun, EveryOpRecordsTheDescription) {
                                            "attention_backward"};
   if (std::string(c.family) == "llama") expected_ops.push_back("rope");
   if (std::string(c.family) == "gpt2") expected_ops.push_back("linear_backward_weight");  // bias column sums
+  // The up projection's bias gradient in the DGELU GEMM, where that is one kernel (BF16 only).
+  const bool dgelu_bias = c.quack_gelu && std::string(c.precision) == "bf16";
+  if (dgelu_bias) expected_ops.push_back("dgelu_bias_gradient");
+  EXPECT_EQ(backend.checked.count("dgelu_bias_gradient") > 0, dgelu_bias);
   if (c.grad_clip <= 0) expected_ops.push_back("adamw");  // the norm rides on AdamW
   for (const std::string& op : expected_ops) EXPECT_GT(backend.checked[op], 0) << op << " was never checked";
   // And nothing outside those ops allocated under a private buffer's name.
@@ -421,7 +433,9 @@ TEST_P(PrivateBuffersDryrun, EveryOpRecordsTheDescription) {
 INSTANTIATE_TEST_SUITE_P(
     Configs, PrivateBuffersDryrun,
     ::testing::Values(DryrunCase{"llama", "bf16", "none", 2, 1, 1.0}, DryrunCase{"llama", "fp32", "full", 2, 2, 0.0},
-                      DryrunCase{"gpt2", "bf16", "selective", 2, 1, 0.0}, DryrunCase{"gpt2", "fp32", "none", 1, 2, 1.0}),
+                      DryrunCase{"gpt2", "bf16", "selective", 2, 1, 0.0}, DryrunCase{"gpt2", "fp32", "none", 1, 2, 1.0},
+                      DryrunCase{"gpt2", "bf16", "none", 2, 2, 0.0, true},
+                      DryrunCase{"gpt2", "fp32", "none", 1, 1, 0.0, true}),
     case_name);
 
 }  // namespace

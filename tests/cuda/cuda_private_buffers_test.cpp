@@ -30,6 +30,7 @@ struct ParityCase {
   const char* recompute;
   int64_t micro, accumulation;
   bool deterministic;
+  bool quack_gelu = false;  // GPT-2's GELU GEMMs as quack's: the DGELU GEMM sums the bias gradient
 };
 
 RunConfig parity_config(const ParityCase& c) {
@@ -129,7 +130,10 @@ class CudaAllocationParity : public ::testing::TestWithParam<ParityCase> {
     BackendOptions options;
     options.deterministic = config_.train.deterministic;
     options.gemm_autotune = config_.train.gemm_autotune;
+    options.gemm_quack_gelu = GetParam().quack_gelu;
     cuda_ = create_backend("cuda", options);
+    if (GetParam().quack_gelu && !cuda_->gemm_fuses_dgelu_bias_gradient(DType::bf16, 128, 512))
+      GTEST_SKIP() << "quack's DGELU GEMM with the bias gradient needs an sm_90 GPU and a build with its kernels";
     cuda_trace_ = record_steps(*cuda_, config_);
     std::printf("[ trace ] %s: cuda peak live %zu, reserved %zu\n", GetParam().name, cuda_trace_.stats.peak_live_bytes,
                 cuda_trace_.stats.peak_reserved_bytes);
@@ -141,6 +145,7 @@ class CudaAllocationParity : public ::testing::TestWithParam<ParityCase> {
   CudaAllocationModel planner_model() const {
     CudaAllocationModel model = Calibration::load().for_gpu(require_gpu("h200")).cuda_allocations;
     model.deterministic_attention = config_.train.deterministic;
+    model.gemm_dgelu_bias_fused = GetParam().quack_gelu;  // as plan/step_trace.cpp sets it on an sm_90
     return model;
   }
   Trace dryrun_trace(const CudaAllocationModel& model, private_buffers::DeviceFacts* used = nullptr) {
@@ -187,7 +192,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaAllocationParity,
                          ::testing::Values(ParityCase{"llama_b2_none", "llama", "none", 2, 1, false},
                                            ParityCase{"llama_b4x2_full", "llama", "full", 4, 2, false},
                                            ParityCase{"gpt2_b2_selective", "gpt2", "selective", 2, 1, false},
-                                           ParityCase{"gpt2_b4_none_deterministic", "gpt2", "none", 4, 1, true}),
+                                           ParityCase{"gpt2_b4_none_deterministic", "gpt2", "none", 4, 1, true},
+                                           ParityCase{"gpt2_b2x2_none_quack_gelu", "gpt2", "none", 2, 2, false, true}),
                          [](const ::testing::TestParamInfo<ParityCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

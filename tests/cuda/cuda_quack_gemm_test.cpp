@@ -13,6 +13,7 @@
 #include "cuda/cuda_test_support.hpp"
 #include "mxtrain/backend/cuda/cuda_check.hpp"
 #include "mxtrain/backend/cuda/quack_gemm.hpp"
+#include "mxtrain/backend/private_buffers.hpp"
 
 namespace mxtrain::test {
 namespace {
@@ -184,7 +185,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuackSwiglu,
 // down projection's input gradient (dx = (dY · W) ⊙ gelu'(pre)). Every carried configuration is
 // run directly and checked against the CPU oracle (the autotune may take any of them), then
 // Backend::gemm with gelu_aux_bias / dgelu on a backend with quack's GELU on, against the oracle
-// and against cuBLASLt's GELU epilogues. A shape quack cannot take (k not a multiple of 8) has no
+// and against cuBLASLt's GELU epilogues; the same for the DGELU GEMM that also sums the up
+// projection's bias gradient (quack's with its partial sums: each configuration's rows of
+// partials summed on the host, and Backend::gemm's bias_gradient added to and overwritten, dx
+// the same bits as without it). A shape quack cannot take (k not a multiple of 8) has no
 // candidates and runs as before. Tolerance 1e-2 (the BF16 outputs' rounding, the derivative taken
 // at the rounded pre-activation by both).
 struct GeluCase {
@@ -203,24 +207,34 @@ TEST_P(CudaQuackGelu, ForwardAndBackwardMatchTheOracleAndCublasLt) {
   const std::vector<float> w_down = random_as(c.model * c.ffn, 45, DType::bf16, -0.1f, 0.1f);
   const Shape xs{c.rows, c.model}, us{c.ffn, c.model}, bs{c.ffn}, ds{c.model, c.ffn}, hs{c.rows, c.ffn};
 
+  // The up projection's bias gradient as the DGELU GEMM sums it (an f32 gradient added to).
+  const std::vector<float> dbias0 = random_vector(static_cast<size_t>(c.ffn), 46, -1.0f, 1.0f);
   struct Result {
-    std::vector<float> pre, out, dx;
+    std::vector<float> pre, out, dx, dx_with_bias, dbias_added, dbias;
   };
-  // The forward, then the backward at the forward's own (rounded) pre-activation.
+  // The forward, then the backward at the forward's own (rounded) pre-activation, without and
+  // with the bias gradient.
   auto run = [&](Backend& b, DType dtype) {
     Buffer gx = upload(b, x, xs, dtype), gu = upload(b, w_up, us, dtype), gb = upload(b, bias, bs, dtype);
     Buffer gdy = upload(b, dy, xs, dtype), gd = upload(b, w_down, ds, dtype);
     Buffer pre = b.allocate("pre", hs, dtype, Lifetime::scratch);
     Buffer out = b.allocate("out", hs, dtype, Lifetime::scratch);
     Buffer dx = b.allocate("dx", hs, dtype, Lifetime::scratch);
-    // Twice: the first call of a shape times the configurations, the second runs the chosen one.
+    Buffer dx2 = b.allocate("dx2", hs, dtype, Lifetime::scratch);
+    Buffer dbias = upload(b, dbias0, bs, DType::f32);
+    // Twice: the first call of a shape times the configurations, the second runs the chosen one
+    // (the bias gradient added to, then overwritten).
+    std::vector<float> added;
     for (int repeat = 0; repeat < 2; ++repeat) {
       b.gemm({.role = GemmRole::forward, .a = gx, .b = gu, .out = out, .epilogue = GemmEpilogue::gelu_aux_bias,
               .bias = gb, .aux = pre});
       b.gemm({.role = GemmRole::backward_input, .a = gdy, .b = gd, .out = dx, .epilogue = GemmEpilogue::dgelu,
               .aux = pre});
+      b.gemm({.role = GemmRole::backward_input, .a = gdy, .b = gd, .out = dx2, .epilogue = GemmEpilogue::dgelu,
+              .bias_gradient = dbias, .bias_gradient_accumulate = repeat == 0, .aux = pre});
+      if (repeat == 0) added = download(b, dbias);
     }
-    return Result{download(b, pre), download(b, out), download(b, dx)};
+    return Result{download(b, pre), download(b, out), download(b, dx), download(b, dx2), added, download(b, dbias)};
   };
   const Result want = run(cpu(), DType::f32);
   const Result cublaslt = run(cuda(), DType::bf16);
@@ -231,6 +245,17 @@ TEST_P(CudaQuackGelu, ForwardAndBackwardMatchTheOracleAndCublasLt) {
   const Result quack = run(*backend, DType::bf16);
   const std::string shape = strf(" %lldx%lld->%lld", static_cast<long long>(c.rows), static_cast<long long>(c.model),
                                  static_cast<long long>(c.ffn));
+  const bool qualifies = c.model % 8 == 0 && c.ffn % 8 == 0;
+  EXPECT_EQ(backend->gemm_fuses_dgelu_bias_gradient(DType::bf16, c.model, c.ffn), qualifies);
+  EXPECT_FALSE(cuda().gemm_fuses_dgelu_bias_gradient(DType::bf16, c.model, c.ffn));  // cuBLASLt only
+  // The bias gradient: inside quack's DGELU GEMM (or, where the autotune takes cuBLASLt's, its
+  // column partials), and on the other two backends the column-sum op after the GEMM. dx the
+  // same bits with or without it.
+  EXPECT_EQ(quack.dx_with_bias, quack.dx);
+  EXPECT_EQ(cublaslt.dx_with_bias, cublaslt.dx);
+  EXPECT_LT(report_error("DGELU bias gradient" + shape, quack.dbias, want.dbias), 1e-2);
+  EXPECT_LT(report_error("DGELU bias gradient added to" + shape, quack.dbias_added, want.dbias_added), 1e-2);
+  EXPECT_LT(report_error("DGELU bias gradient, cuBLASLt and column sum" + shape, cublaslt.dbias, want.dbias), 1e-2);
   EXPECT_LT(report_error("GELU pre-activation" + shape, quack.pre, want.pre), 1e-2);
   EXPECT_LT(report_error("GELU activation" + shape, quack.out, want.out), 1e-2);
   EXPECT_LT(report_error("DGELU input gradient" + shape, quack.dx, want.dx), 1e-2);
@@ -250,7 +275,6 @@ TEST_P(CudaQuackGelu, ForwardAndBackwardMatchTheOracleAndCublasLt) {
   quack_gemm::Gelu backward{.backward = true, .rows = c.rows, .k = c.model, .n = c.ffn, .a = gdy.tensor().data,
                             .w = gd.tensor().data, .bias = nullptr, .preact = gpre.tensor().data,
                             .out = out.tensor().data};
-  const bool qualifies = c.model % 8 == 0 && c.ffn % 8 == 0;
   const std::vector<int> forwards = quack_gemm::gelu_candidates(forward), backwards = quack_gemm::gelu_candidates(backward);
   EXPECT_EQ(!forwards.empty(), qualifies);
   EXPECT_EQ(!backwards.empty(), qualifies);
@@ -266,6 +290,28 @@ TEST_P(CudaQuackGelu, ForwardAndBackwardMatchTheOracleAndCublasLt) {
     quack_gemm::run_gelu(candidate, backward, nullptr);
     MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LT(report_error(quack_gemm::name(candidate) + ": dx" + shape, download(*backend, out), want.dx), 1e-2);
+  }
+  // With the bias partials: one row of sums a tile of rows (each configuration's tile), whose
+  // sum in order is the column sums of dx (the oracle's bias gradient).
+  const std::vector<float>& want_sums = want.dbias;
+  const int64_t max_tiles = (c.rows + private_buffers::kDgeluBiasTileRows - 1) / private_buffers::kDgeluBiasTileRows;
+  Buffer partials = backend->allocate("partials", Shape{max_tiles, c.ffn}, DType::f32, Lifetime::scratch);
+  quack_gemm::Gelu with_bias = backward;
+  with_bias.bias_partials = partials.tensor().ptr<float>();
+  const std::vector<int> bias_backwards = quack_gemm::gelu_candidates(with_bias);
+  EXPECT_EQ(bias_backwards.size(), qualifies ? backwards.size() : 0u);
+  for (int candidate : bias_backwards) {
+    const int64_t tiles = quack_gemm::gelu_partial_rows(candidate, c.rows);
+    ASSERT_LE(tiles, max_tiles);
+    MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    quack_gemm::run_gelu(candidate, with_bias, nullptr);
+    MXTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(report_error(quack_gemm::name(candidate) + ": dx" + shape, download(*backend, out), want.dx), 1e-2);
+    const std::vector<float> rows = download(*backend, partials);
+    std::vector<float> sums(static_cast<size_t>(c.ffn), 0.0f);
+    for (int64_t t = 0; t < tiles; ++t)
+      for (int64_t j = 0; j < c.ffn; ++j) sums[static_cast<size_t>(j)] += rows[static_cast<size_t>(t * c.ffn + j)];
+    EXPECT_LT(report_error(quack_gemm::name(candidate) + ": bias gradient" + shape, sums, want_sums), 1e-2);
   }
 }
 

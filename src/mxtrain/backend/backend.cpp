@@ -237,8 +237,12 @@ void Backend::gemm(const GemmArgs& args) {
                  args.b.is_quantized() ? "quantized" : "high precision");
   MXTRAIN_ASSERT(!args.bias.defined() || args.role == GemmRole::forward, "gemm: a bias is the forward role's");
   MXTRAIN_ASSERT(!args.residual.defined() || args.role == GemmRole::forward, "gemm: a residual is the forward role's");
-  MXTRAIN_ASSERT(!args.bias_gradient.defined() || args.role == GemmRole::backward_weight,
-                 "gemm: a bias gradient is the backward_weight role's");
+  MXTRAIN_ASSERT(!args.bias_gradient.defined() || args.role == GemmRole::backward_weight ||
+                     args.epilogue == GemmEpilogue::dgelu,
+                 "gemm: a bias gradient is the backward_weight role's, or the dgelu epilogue's");
+  MXTRAIN_ASSERT(!args.bias_gradient_accumulate ||
+                     (args.epilogue == GemmEpilogue::dgelu && args.bias_gradient.defined()),
+                 "gemm: bias_gradient_accumulate is for the dgelu epilogue's bias gradient");
   MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::gelu_aux_bias || args.role == GemmRole::forward,
                  "gemm: gelu_aux_bias is the forward role's");
   MXTRAIN_ASSERT(args.epilogue != GemmEpilogue::swiglu_aux || (args.role == GemmRole::forward && !args.bias.defined()),
@@ -252,6 +256,15 @@ void Backend::gemm(const GemmArgs& args) {
                  "gemm: the %s epilogue overwrites its output", gemm_epilogue_name(args.epilogue));
   if (args.a.is_quantized()) {
     check_and_record_quantized_gemm(args);
+  } else if (args.epilogue == GemmEpilogue::dgelu && args.bias_gradient.defined() &&
+             !gemm_fuses_dgelu_bias_gradient(args.out.dtype, args.a.tensor.cols(), args.out.cols())) {
+    // The GEMM, then the bias gradient's column sum over its output.
+    GemmArgs product = args;
+    product.bias_gradient = Tensor();
+    product.bias_gradient_accumulate = false;
+    gemm(product);
+    column_sum(args.out, args.bias_gradient, args.bias_gradient_accumulate);
+    return;
   } else {
     check_and_record_gemm(args);
   }
@@ -321,6 +334,12 @@ void Backend::check_and_record_gemm(const GemmArgs& args) {
                        dx.describe().c_str());
         op.bytes = b(dout) + b(weight) + b(dx) + b(args.aux);
         op.epilogue_bytes = b(args.aux);
+        if (args.bias_gradient.defined()) {  // summed inside the GEMM (gemm_fuses_dgelu_bias_gradient)
+          MXTRAIN_ASSERT(args.bias_gradient.numel() == dx.cols(), "gemm dgelu: bias gradient %s for dx %s",
+                         args.bias_gradient.describe().c_str(), dx.describe().c_str());
+          op.flops += n(dx);
+          op.bytes += b(args.bias_gradient) * (args.bias_gradient_accumulate ? 2 : 1);
+        }
       } else {
         op.bytes = b(dout) + b(weight) + b(dx) * (args.accumulate ? 2 : 1);
       }
@@ -376,6 +395,8 @@ void Backend::gemm_epilogue_apart(const GemmArgs& args) {
       Buffer product = allocate("linear.gelu_input_grad", args.out.shape, args.out.dtype, Lifetime::scratch);
       plain.out = product;
       plain.accumulate = false;
+      plain.bias_gradient = Tensor();  // the caller's, after this
+      plain.bias_gradient_accumulate = false;
       impl_gemm(plain);
       impl_gelu_backward(product, args.aux, args.out, Tensor());
       return;

@@ -195,8 +195,13 @@ struct GemmOperand {
 // tensors of GemmArgs:
 //   bias           forward: + bias[M] (the BIAS epilogue; with gelu_aux_bias, before the GELU)
 //   residual       forward: + residual[N,M] (C = residual, beta = 1: one rounding)
-//   bias_gradient  backward_weight: (+)= the column sums of the output gradient a (BGRADB)
-//   accumulate     out (+)= (C = out, beta = 1); applies to bias_gradient too
+//   bias_gradient  backward_weight: (+)= the column sums of the output gradient a (BGRADB);
+//                  backward_input with dgelu: (+)= the column sums of out, the gradient of the
+//                  pre-activation, i.e. the bias gradient of the linear that made it (where
+//                  gemm_fuses_dgelu_bias_gradient says so, inside the GEMM: quack's DGELU GEMM on an
+//                  H100/H200; else a column sum after it)
+//   accumulate     out (+)= (C = out, beta = 1); applies to a backward_weight's bias_gradient too
+//   bias_gradient_accumulate  dgelu's bias_gradient (+)= (out itself is overwritten)
 enum class GemmEpilogue : uint8_t {
   none,
   // forward: aux = product (+ bias), out = gelu(aux) (GELU_AUX_BIAS: the GELU of the f32 sum,
@@ -226,7 +231,8 @@ struct GemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::none;
   Tensor bias{};           // input, [M]
   Tensor residual{};       // input, out's shape and dtype
-  Tensor bias_gradient{};  // output, [M]
+  Tensor bias_gradient{};  // output, [M] (backward_weight), [K] (backward_input with dgelu)
+  bool bias_gradient_accumulate = false;  // dgelu's bias_gradient only
   Tensor aux{};            // gelu_aux_bias, swiglu_aux: output; dgelu: input
 };
 
@@ -356,6 +362,14 @@ class Backend {
   // (and the dry run, which prices the op trace, answers as the GPU it models would).
   virtual bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const {
     (void)dtype, (void)k, (void)ffn;
+    return false;
+  }
+  // Whether a backward_input GEMM with the dgelu epilogue (dout [N, k], dx [N, n] of `dtype`)
+  // sums its bias_gradient inside the GEMM here: the model hands the bias gradient of the
+  // linear before the GELU to that GEMM only where it says yes, else to that linear's
+  // backward_weight (a backend that would only run the column sum after it says no).
+  virtual bool gemm_fuses_dgelu_bias_gradient(DType dtype, int64_t k, int64_t n) const {
+    (void)dtype, (void)k, (void)n;
     return false;
   }
   // Whether head_loss runs chunk `c` (training: dx defined) as one fused pipeline here: quack's

@@ -46,6 +46,12 @@ PrivateBuffers column_sum(const Tensor& x) {
   return {f32("column_sum.partials", Shape{column_reduction_chunks(x.rows()), x.cols()})};
 }
 
+PrivateBuffers dgelu_bias_gradient(const Tensor& dx) {
+  if (dx.numel() == 0) return {};
+  const int64_t tiles = (dx.rows() + kDgeluBiasTileRows - 1) / kDgeluBiasTileRows;
+  return {f32("gemm.dgelu_bias_partials", Shape{std::max(tiles, column_reduction_chunks(dx.rows())), dx.cols()})};
+}
+
 // About 512 chunks, at least 32 rows each (8 per warp, so the per-chunk partial row stays small
 // next to the rows' traffic); a function of the row count only, so results do not depend on the
 // GPU. (16-row chunks, up to 4096 of them, measured no faster on an H200: llama-1b's RMSNorm

@@ -114,6 +114,13 @@ PrivateBuffers embedding_backward(int64_t tokens, size_t sort_temp_bytes);
 // column_sum(dout) after it.
 PrivateBuffers linear_backward_weight(const Tensor& dout, const Tensor& x, const Tensor& dweight, const Tensor& dbias,
                                       bool fused_bias);
+// A backward_input GEMM with the dgelu epilogue that sums the bias gradient
+// (Backend::gemm_fuses_dgelu_bias_gradient): "gemm.dgelu_bias_partials" f32 [rows, dx.cols()],
+// one row of sums per tile of kDgeluBiasTileRows or more rows (quack's DGELU GEMM) or per
+// column_reduction_chunks chunk (cuBLASLt's DGELU and the column-sum kernel, where the autotune
+// or the operands take that path), whichever is more; nothing for an empty dx.
+constexpr int64_t kDgeluBiasTileRows = 128;
+PrivateBuffers dgelu_bias_gradient(const Tensor& dx);
 // NVFP4 GEMMs read their two global scales from "gemm.nvfp4_scalars" f32 [2].
 PrivateBuffers linear_quantized(ScalingMode mode);
 

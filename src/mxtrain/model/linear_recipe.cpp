@@ -341,7 +341,10 @@ void LinearRecipe::gemm(int64_t layer, LinearKind kind, const GemmArgs& args, co
       return;
     case GemmRole::backward_input:
       if (args.epilogue == GemmEpilogue::dgelu) {
-        backward_input_gelu(layer, kind, a, b, args.aux, args.out, options.out_amax);
+        MXTRAIN_ASSERT(!args.bias_gradient.defined() || (!quantized(layer) && !options.out_amax.defined()),
+                       "LinearRecipe::gemm: a DGELU GEMM sums a bias gradient only in high precision");
+        backward_input_gelu(layer, kind, a, b, args.aux, args.out, options.out_amax, args.bias_gradient,
+                            args.bias_gradient_accumulate);
       } else {
         backward_input(layer, kind, a, b, args.out, args.accumulate, producer, options.keep_gradient_columnwise);
       }
@@ -500,10 +503,12 @@ void LinearRecipe::forward_swiglu(int64_t layer, LinearKind kind, const Tensor& 
 }
 
 void LinearRecipe::backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
-                                       const Tensor& pre, const Tensor& dx, const Tensor& dx_amax) {
+                                       const Tensor& pre, const Tensor& dx, const Tensor& dx_amax,
+                                       const Tensor& dbias, bool accumulate_dbias) {
   if (!quantized(layer) && !dx_amax.defined()) {
     backend_.gemm({.role = GemmRole::backward_input, .a = dout, .b = weight, .out = dx,
-                   .epilogue = GemmEpilogue::dgelu, .aux = pre});
+                   .epilogue = GemmEpilogue::dgelu, .bias_gradient = dbias,
+                   .bias_gradient_accumulate = accumulate_dbias, .aux = pre});
     return;
   }
   Buffer product = backend_.allocate(name_of(layer, kind) + ".input_grad", dx.shape, dx.dtype, Lifetime::scratch);

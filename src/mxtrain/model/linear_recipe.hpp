@@ -242,7 +242,8 @@ class LinearRecipe {
   void forward_swiglu(int64_t layer, LinearKind kind, const Tensor& x, const Tensor& weight, const Tensor& pre,
                       const Tensor& out, const Tensor& out_amax);
   void backward_input_gelu(int64_t layer, LinearKind kind, const Tensor& dout, const Tensor& weight,
-                           const Tensor& pre, const Tensor& dx, const Tensor& dx_amax);
+                           const Tensor& pre, const Tensor& dx, const Tensor& dx_amax, const Tensor& dbias,
+                           bool accumulate_dbias);
 
   Operand quantize(const Tensor& x, int64_t linear, QuantizedRole role, bool rowwise, bool columnwise,
                    const std::string& name, bool reuse_scale = false,

@@ -329,6 +329,10 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       dup_operand = dup;
     }
     const Tensor dup_amax = fused_dup ? Tensor() : linears_.amax_record(l, LinearKind::up, true, dup);
+    const bool up_bias_in_dgelu = !llama && dup_params.bias.defined() && !linears_.quantized(l) &&
+                                  !dup_amax.defined() &&
+                                  backend_.gemm_fuses_dgelu_bias_gradient(dup.tensor().dtype, config_.hidden,
+                                                                          config_.ffn_hidden);
     if (llama) {
       dact = activation("mlp_act.grad", l, config_.ffn_hidden, Lifetime::scratch);
       linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.down_weight),
@@ -345,10 +349,16 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
       // on the f32 product: 0.52 ms for GEMM and GELU against 0.44 + 0.18 apart in a GPT-2 1.5B
       // 16x1024 step on an H200). It reads only the pre-activation, which every recompute policy
       // reproduces bit for bit, so it needs no deterministic exception. (DGELU_BGRAD, which
-      // would also sum the bias gradient, measured 1.45 ms: the column-sum kernel stays.)
+      // would also sum the bias gradient, measured 1.45 ms: the column-sum kernel stays.) Where
+      // the backend sums it inside the GEMM (quack's DGELU GEMM with the bias partials on an
+      // H100/H200), the up projection's bias gradient rides on it instead of a column-sum pass
+      // over dup after the weight gradient.
       linears_.gemm(l, LinearKind::down, {.role = GemmRole::backward_input, .a = dres, .b = w(l, p.down_weight),
                                           .out = dup, .epilogue = GemmEpilogue::dgelu,
-                                          .aux = s.up}, {.out_amax = dup_amax});
+                                          .bias_gradient = up_bias_in_dgelu ? dup_params.bias : Tensor(),
+                                          .bias_gradient_accumulate = up_bias_in_dgelu && dup_params.accumulate,
+                                          .aux = s.up},
+                    {.out_amax = dup_amax});
     }
     if (!fused_dup) s.up.reset();
     // MLP: up projection and norm. A norm that backward must recompute runs inside the weight
@@ -364,7 +374,7 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     linears_.gemm(l, LinearKind::up, {.role = GemmRole::backward_weight, .a = dup_operand,
                                       .b = fused_norm2 ? produced(config_.hidden) : s.norm2,
                                       .out = dup_params.weight, .accumulate = dup_params.accumulate,
-                                      .bias_gradient = dup_params.bias},
+                                      .bias_gradient = up_bias_in_dgelu ? Tensor() : dup_params.bias},
                   {.producer = dup_producer,
                    .input_producer = fused_norm2 ? norm_producer(l, BlockNorm::mlp, s.mid, s) : CastProducer{}});
     s.norm2.reset();

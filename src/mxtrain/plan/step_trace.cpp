@@ -136,6 +136,9 @@ DryrunResult run_dryrun(const TraceRequest& request, int64_t micro_batches, uint
   // As CudaBackend::gemm_fuses_swiglu: quack's gated GEMM is sm_90a code.
   cuda_model.gemm_swiglu_fused =
       quack_swiglu_in(gemm_kernels_of(config, request.compute_capability)) && request.compute_capability == 90;
+  // As CudaBackend::gemm_fuses_dgelu_bias_gradient: quack's DGELU GEMM with the bias partials.
+  cuda_model.gemm_dgelu_bias_fused =
+      quack_gelu_in(gemm_kernels_of(config, request.compute_capability)) && request.compute_capability == 90;
   // As CudaBackend::fuses_head_loss: quack's linear cross-entropy is sm_90a code too.
   cuda_model.head_loss_fused =
       head_loss_of(config, request.compute_capability) == "quack-lce" && request.compute_capability == 90;

@@ -402,6 +402,11 @@ bool CudaBackend::gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const {
          ffn % 8 == 0;
 }
 
+bool CudaBackend::gemm_fuses_dgelu_bias_gradient(DType dtype, int64_t k, int64_t n) const {
+  // gemm_->quack_gelu_gemms() is set only where the build carries the kernels and the GPU is an sm_90.
+  return gemm_->quack_gelu_gemms() && dtype == DType::bf16 && k % 8 == 0 && n % 8 == 0;
+}
+
 void CudaBackend::gemm_forward_swiglu(const GemmArgs& args) {
   if (gemm_->linear_forward_swiglu(args.a.tensor, args.b.tensor, args.aux, args.out, stream_)) return;
   if (!logged_unfused_swiglu_) {
@@ -431,9 +436,35 @@ void CudaBackend::gemm_forward_gelu(const GemmArgs& args) {
 }
 
 void CudaBackend::gemm_backward_input_gelu(const GemmArgs& args) {
-  if (gemm_->linear_backward_input_gelu(args.a.tensor, args.b.tensor, args.aux, args.out, stream_)) return;
-  log_unfused_gelu("linear_backward_input_gelu", args.out);
-  gemm_epilogue_apart(args);
+  const Tensor& dx = args.out;
+  if (!args.bias_gradient.defined()) {
+    if (gemm_->linear_backward_input_gelu(args.a.tensor, args.b.tensor, args.aux, dx, stream_)) return;
+    log_unfused_gelu("linear_backward_input_gelu", dx);
+    gemm_epilogue_apart(args);
+    return;
+  }
+  // With the bias gradient (gemm_fuses_dgelu_bias_gradient): its partial sums come from quack's
+  // DGELU GEMM, or from the column-partials kernel after cuBLASLt's (or after the GEMM and GELU
+  // apart), into one buffer; then summed in order into the bias gradient.
+  std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::dgelu_bias_gradient(dx));
+  CublasLtGemm::BiasPartials bias;
+  if (!scratch.empty()) {
+    bias.partials = scratch.front().tensor().ptr<float>();
+    bias.column_partials = [&] { return cuda_kernels::column_partials(dx, bias.partials, stream_); };
+  }
+  if (!gemm_->linear_backward_input_gelu(args.a.tensor, args.b.tensor, args.aux, dx, stream_, &bias)) {
+    log_unfused_gelu("linear_backward_input_gelu", dx);
+    gemm_epilogue_apart(args);
+    bias.rows = cuda_kernels::column_partials(dx, bias.partials, stream_);
+  }
+  if (bias.rows == 0) {  // no rows: an empty sum
+    if (!args.bias_gradient_accumulate) cuda_kernels::fill(args.bias_gradient, 0.0f, stream_);
+    return;
+  }
+  MXTRAIN_ASSERT(bias.rows <= scratch.front().tensor().rows(), "dgelu bias gradient: %lld partial rows in a buffer of %lld",
+                 static_cast<long long>(bias.rows), static_cast<long long>(scratch.front().tensor().rows()));
+  cuda_kernels::reduce_column_partials(bias.partials, bias.rows, args.bias_gradient, args.bias_gradient_accumulate,
+                                       stream_);
 }
 
 void CudaBackend::log_unfused_gelu(const char* op, const Tensor& out) {

@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   DeviceProperties properties() const override { return properties_; }
   bool supports(OpKind kind, DType dtype) const override;
   bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const override;
+  bool gemm_fuses_dgelu_bias_gradient(DType dtype, int64_t k, int64_t n) const override;
   bool fuses_head_loss(const HeadLossChunk& c) const override;
   bool records_output_amax() const override { return true; }
   bool casts_weights_in_adamw() const override { return true; }

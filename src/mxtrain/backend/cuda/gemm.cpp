@@ -510,15 +510,24 @@ bool CublasLtGemm::linear_forward_gelu(const Tensor& x, const Tensor& weight, co
 }
 
 bool CublasLtGemm::linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre,
-                                              const Tensor& dx, cudaStream_t stream) {
+                                              const Tensor& dx, cudaStream_t stream, BiasPartials* bias) {
   if (!gelu_epilogue_operand(pre) || !gelu_epilogue_operand(dx) || pre.dtype != dx.dtype) return false;
+  if (bias != nullptr) bias->rows = 0;
   if (dout.rows() == 0) return true;
   Call call = backward_input_call(dout, weight, dx, false);
   call.epilogue = Epilogue::dgelu;
   call.aux = pre.data;
-  if (quack_gelu_ && quack_gelu(dout, weight, Tensor(), pre, dx, true, [&] { return run(call, stream, true); }, stream))
+  // cuBLASLt's DGELU, then (with the bias) the column partials: what quack's one kernel does,
+  // timed as a whole beside it.
+  const auto cublaslt = [&] {
+    if (!run(call, stream, true)) return false;
+    if (bias != nullptr) bias->rows = bias->column_partials();
     return true;
-  return run(call, stream, true);
+  };
+  if (quack_gelu_ && quack_gelu(dout, weight, Tensor(), pre, dx, true, cublaslt, stream,
+                                bias != nullptr ? bias->partials : nullptr, bias != nullptr ? &bias->rows : nullptr))
+    return true;
+  return cublaslt();
 }
 
 bool CublasLtGemm::linear_forward_swiglu(const Tensor& x, const Tensor& weight, const Tensor& pre, const Tensor& out,
@@ -535,7 +544,7 @@ bool CublasLtGemm::linear_forward_swiglu(const Tensor& x, const Tensor& weight, 
 
 bool CublasLtGemm::quack_gelu(const Tensor& a, const Tensor& weight, const Tensor& bias, const Tensor& pre,
                               const Tensor& out, bool backward, const std::function<bool()>& cublaslt,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, float* bias_partials, int64_t* partial_rows) {
   for (const Tensor* t : {&a, &weight, &pre, &out})
     if (t->dtype != DType::bf16 || !t->is_contiguous()) return false;
   if (!backward && (!bias.defined() || bias.dtype != DType::bf16)) return false;
@@ -543,9 +552,15 @@ bool CublasLtGemm::quack_gelu(const Tensor& a, const Tensor& weight, const Tenso
   g.backward = backward;
   g.rows = a.rows(), g.k = a.cols(), g.n = out.cols();
   g.a = a.data, g.w = weight.data, g.bias = backward ? nullptr : bias.data, g.preact = pre.data, g.out = out.data;
-  return run_quack_epilogue({backward ? 2 : 1, g.rows, g.k, g.n}, quack_gemm::gelu_candidates(g),
-                            backward ? "DGELU" : "GELU bias",
-                            [&](int candidate) { quack_gemm::run_gelu(candidate, g, stream); }, cublaslt, stream);
+  g.bias_partials = bias_partials;
+  const int64_t kind = !backward ? 1 : bias_partials == nullptr ? 2 : 3;
+  return run_quack_epilogue({kind, g.rows, g.k, g.n}, quack_gemm::gelu_candidates(g),
+                            !backward ? "GELU bias" : bias_partials == nullptr ? "DGELU" : "DGELU bias-gradient",
+                            [&](int candidate) {
+                              quack_gemm::run_gelu(candidate, g, stream);
+                              if (partial_rows != nullptr) *partial_rows = quack_gemm::gelu_partial_rows(candidate, g.rows);
+                            },
+                            cublaslt, stream);
 }
 
 bool CublasLtGemm::run_quack_epilogue(const std::array<int64_t, 4>& key, const std::vector<int>& candidates,

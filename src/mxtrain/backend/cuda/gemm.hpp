@@ -50,6 +50,7 @@ class CublasLtGemm {
   // in a build that carries them; cuBLASLt's epilogues where a call does not qualify or (with
   // autotuning) where they time faster at the call's shape.
   void set_quack_gelu(bool enabled) { quack_gelu_ = enabled; }
+  bool quack_gelu_gemms() const { return quack_gelu_; }
   bool autotune() const { return autotune_; }
   bool tf32() const { return tf32_; }
   // How many GEMM shapes the autotune gave to quack's kernels so far.
@@ -73,8 +74,18 @@ class CublasLtGemm {
   // quack's, which runs them instead with set_quack_gelu where a call qualifies (BF16, contiguous).
   bool linear_forward_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
                            const Tensor& out, cudaStream_t stream);
+  // The DGELU GEMM may also leave the column sums of dx (the bias gradient of the linear that made
+  // pre) as partial sums: quack's DGELU GEMM writes them itself, one row a tile of rows; after
+  // cuBLASLt's, column_partials() runs (it writes dx's partial sums in chunks of rows and returns
+  // how many). Either way `rows` says how many rows of `partials` [rows, dx.cols()] f32 the call
+  // filled, for the caller to sum in order.
+  struct BiasPartials {
+    float* partials = nullptr;
+    std::function<int64_t()> column_partials;
+    int64_t rows = 0;
+  };
   bool linear_backward_input_gelu(const Tensor& dout, const Tensor& weight, const Tensor& pre, const Tensor& dx,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, BiasPartials* bias = nullptr);
   // With set_quack_swiglu: pre [N, 2F] = x · weightᵀ (gate/up rows interleaved) and out [N, F] =
   // silu(gate) · up of the f32 product, in quack's gated GEMM (BF16, contiguous; the
   // configuration timed once a shape with autotuning). False when the call does not qualify
@@ -148,9 +159,12 @@ class CublasLtGemm {
   // quack's GELU GEMM (forward with the bias, or backward) when the call qualifies and, with
   // autotuning, runs faster than cublaslt() (cuBLASLt's GELU epilogue on the same call, false when
   // it has no algorithm); false when quack's does not run, and then nothing ran.
+  // With bias_partials (backward only) quack's DGELU GEMM also writes them and *partial_rows.
   bool quack_gelu(const Tensor& a, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& out,
-                  bool backward, const std::function<bool()>& cublaslt, cudaStream_t stream);
-  // One of quack's epilogue GEMMs (key: the kind — 0 gated, 1 GELU, 2 DGELU — and rows, k, n):
+                  bool backward, const std::function<bool()>& cublaslt, cudaStream_t stream,
+                  float* bias_partials = nullptr, int64_t* partial_rows = nullptr);
+  // One of quack's epilogue GEMMs (key: the kind — 0 gated, 1 GELU, 2 DGELU, 3 DGELU with the bias
+  // partials — and rows, k, n):
   // launch(c) runs candidate c. The choice is made once a key: with autotuning the fastest of the
   // candidates and, where given, cublaslt (cuBLASLt's own epilogue); else the first candidate.
   // False when there is no candidate or cuBLASLt's was chosen (nothing ran).

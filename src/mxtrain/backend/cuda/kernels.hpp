@@ -46,6 +46,9 @@ void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, floa
 void sum_partials_final(const float* partials, int64_t count, float* out, bool accumulate, cudaStream_t stream);
 // out[c] (+)= sum over rows of x[r, c] (x [rows, cols]), two-stage and deterministic.
 void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accumulate, cudaStream_t stream);
+// The first stage alone: partials [chunks, cols] f32 = x's column sums over row chunks of
+// private_buffers::column_reduction_chunks(rows); returns chunks (0 for an empty x).
+int64_t column_partials(const Tensor& x, float* partials, cudaStream_t stream);
 // out[i] (+)= values[i] (values f32 [n]).
 void accumulate_f32(const float* values, const Tensor& out, bool accumulate, cudaStream_t stream);
 // The two-stage column reductions (bias column sums, the wide-row norm backward) sum row chunks

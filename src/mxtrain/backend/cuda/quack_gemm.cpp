@@ -152,13 +152,21 @@ void run_gated(int candidate, const Gated& g, cudaStream_t stream) {
   if (!error.empty()) fail(name(candidate) + " failed: " + error);
 }
 
-bool gelu_carried() { return !kernels_of("gelu").empty() && !kernels_of("dgelu").empty(); }
+bool gelu_carried() {
+  return !kernels_of("gelu").empty() && !kernels_of("dgelu").empty() && !kernels_of("dgelub").empty();
+}
 
 std::vector<int> gelu_candidates(const Gelu& g) {
   if (g.rows <= 0 || g.k <= 0 || g.n <= 0 || g.k % 8 || g.n % 8 || !device().hopper) return {};
   if (!aligned16(g.a) || !aligned16(g.w) || !aligned16(g.preact) || !aligned16(g.out)) return {};
   if (!g.backward && (g.bias == nullptr || !aligned16(g.bias))) return {};
-  return kernels_of(g.backward ? "dgelu" : "gelu");
+  if (g.bias_partials != nullptr && (!g.backward || !aligned16(g.bias_partials))) return {};
+  return kernels_of(!g.backward ? "gelu" : g.bias_partials != nullptr ? "dgelub" : "dgelu");
+}
+
+int64_t gelu_partial_rows(int candidate, int64_t rows) {
+  const int64_t tile = kKernels[candidate].tile_m;
+  return (rows + tile - 1) / tile;
 }
 
 void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
@@ -179,6 +187,16 @@ void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
     if (!epilogue.error.empty()) fail("TVM-FFI could not make the GELU GEMM's epilogue arguments: " + epilogue.error);
     error = tvm_ffi::call(kernel.fn,
                           {a.any(), w.any(), preact.any(), n, epilogue.any, scheduler_arguments(clusters), n, n, n});
+  } else if (g.bias_partials != nullptr) {
+    View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {g.n, 1});  // w [k, n] row-major
+    const int64_t tiles = gelu_partial_rows(candidate, g.rows);
+    View partials(g.bias_partials, tvm_ffi::kF32, id, {tiles, g.n}, {g.n, 1});
+    // The epilogue's (bias partials, None, None); C is the pre-activation, D the gradient.
+    tvm_ffi::TensorArray epilogue({partials.any(), n, n}, {&partials});
+    if (!epilogue.error.empty())
+      fail("TVM-FFI could not make the GELU backward's epilogue arguments: " + epilogue.error);
+    error = tvm_ffi::call(kernel.fn, {a.any(), w.any(), out.any(), preact.any(), epilogue.any,
+                                      scheduler_arguments(clusters), n, n, n});
   } else {
     View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {g.n, 1});  // w [k, n] row-major
     TVMFFIAny pair;  // the epilogue's (None, None); C is the pre-activation, D the gradient
@@ -348,6 +366,7 @@ std::vector<int> gelu_candidates(const Gelu&) { return {}; }
 void run_gelu(int, const Gelu&, cudaStream_t) {
   throw Error(ErrorKind::internal, "quack_gemm::run_gelu in a build without quack's GEMMs", "");
 }
+int64_t gelu_partial_rows(int, int64_t) { return 0; }
 bool lce_carried() { return false; }
 std::string lce_unsupported(const LinearCrossEntropy&) {
   return "this build does not carry quack's kernels (configure with -DMXTRAIN_FLASH_ATTENTION_4=<folder>)";

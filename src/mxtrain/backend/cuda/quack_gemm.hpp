@@ -72,7 +72,10 @@ void run_gated(int candidate, const Gated& g, cudaStream_t stream);
 //             applied to the FP32 sum (the forward's x, the up projection)
 //   backward  out [rows, n] = (a [rows, k] · w [k, n]) ⊙ gelu'(preact [rows, n]), the derivative at
 //             the stored pre-activation times the FP32 product (a = dY; w the down projection's
-//             weight [k = model, n = ffn]; preact is read, not written)
+//             weight [k = model, n = ffn]; preact is read, not written); with bias_partials
+//             also the bias gradient of the up projection in partial sums: f32 [tiles, n],
+//             row t = the sum of the FP32 out over rows [t·tile_m, (t+1)·tile_m) (gelu_partial_rows
+//             rows; the caller sums them in order)
 struct Gelu {
   bool backward = false;
   int64_t rows = 0, k = 0, n = 0;
@@ -81,14 +84,18 @@ struct Gelu {
   const void* bias = nullptr;  // forward only, required
   void* preact = nullptr;
   void* out = nullptr;
+  float* bias_partials = nullptr;  // backward only, optional: [gelu_partial_rows(...), n], contiguous
 };
 
-// Whether this build carries the GELU GEMMs (both directions), and (gelu_candidates) the carried
-// functions that can run `g` on the current device (an sm_90 GPU; k and n multiples of 8; 16-byte
-// aligned pointers), in the export's order.
+// Whether this build carries the GELU GEMMs (both directions, the backward with and without the
+// bias partials), and (gelu_candidates) the carried functions that can run `g` on the current
+// device (an sm_90 GPU; k and n multiples of 8; 16-byte aligned pointers), in the export's order.
 bool gelu_carried();
 std::vector<int> gelu_candidates(const Gelu& g);
 void run_gelu(int candidate, const Gelu& g, cudaStream_t stream);
+// Rows of bias partials `candidate` writes for `rows` rows: one a tile of rows (tiles of 128 or
+// more rows: private_buffers::kDgeluBiasTileRows).
+int64_t gelu_partial_rows(int candidate, int64_t rows);
 
 // ---- the linear cross-entropy (quack/linear_cross_entropy.py's scaled-exp pipeline) ------------
 // One chunk of `rows` rows of the LM head, row-major and contiguous: x [rows, hidden], the head's

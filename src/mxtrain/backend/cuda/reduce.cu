@@ -162,10 +162,18 @@ void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accum
     if (!accumulate) fill(out, 0.0f, stream);
     return;
   }
-  const int64_t chunks = private_buffers::column_reduction_chunks(rows);
-  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   std::vector<Buffer> scratch = private_buffers::allocate_private(backend, private_buffers::column_sum(x));
   float* p = scratch.at(0).tensor().ptr<float>();
+  const int64_t chunks = column_partials(x, p, stream);
+  reduce_column_partials(p, chunks, out, accumulate, stream);
+}
+
+int64_t column_partials(const Tensor& x, float* partials, cudaStream_t stream) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  if (x.numel() == 0) return 0;
+  const int64_t chunks = private_buffers::column_reduction_chunks(rows);
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  float* p = partials;
   const bool vector = cols % 8 == 0 && aligned16(x);
   dispatch_float<true>(x.dtype, "column sum", [&](auto tag) {
     using T = decltype(tag);
@@ -179,7 +187,7 @@ void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accum
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });
-  reduce_column_partials(p, chunks, out, accumulate, stream);
+  return chunks;
 }
 
 void accumulate_f32(const float* values, const Tensor& out, bool accumulate, cudaStream_t stream) {

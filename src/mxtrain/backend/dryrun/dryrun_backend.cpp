@@ -121,6 +121,11 @@ void DryrunBackend::impl_gemm(const GemmArgs& args) {
 void DryrunBackend::gemm_backward_input_gelu(const GemmArgs& args) {
   const Tensor& dx = args.out;
   const bool epilogue = (dx.dtype == DType::bf16 || dx.dtype == DType::f16) && dx.cols() % 8 == 0;
+  // As CudaBackend::gemm_backward_input_gelu: the bias gradient's partials first, whichever
+  // kernel fills them.
+  std::vector<Buffer> partials;
+  if (cuda_.enabled && args.bias_gradient.defined())
+    partials = private_buffers::allocate_private(*this, private_buffers::dgelu_bias_gradient(dx));
   if (cuda_.enabled && epilogue) return;
   gemm_epilogue_apart(args);
 }

@@ -40,6 +40,10 @@ struct CudaAllocationModel {
   // Not a fact but the run's setting (train.gemm_kernels with quack's SwiGLU on a Hopper GPU): the
   // llama gate/up GEMM with SwiGLU in its epilogue, as CudaBackend::gemm_fuses_swiglu answers.
   bool gemm_swiglu_fused = false;
+  // Not a fact but the run's setting (train.gemm_kernels with quack's GELU GEMMs on a Hopper GPU):
+  // GPT-2's DGELU GEMM sums the up projection's bias gradient, as
+  // CudaBackend::gemm_fuses_dgelu_bias_gradient answers.
+  bool gemm_dgelu_bias_fused = false;
   // Not a fact but the run's setting (train.head_loss = quack-lce on a Hopper GPU): the LM head's
   // chunks as quack's linear cross-entropy where CudaBackend::fuses_head_loss would take them.
   bool head_loss_fused = false;
@@ -69,6 +73,9 @@ class DryrunBackend : public Backend {
   bool supports(OpKind kind, DType dtype) const override;
   bool gemm_fuses_swiglu(DType dtype, int64_t k, int64_t ffn) const override {
     return cuda_.enabled && cuda_.gemm_swiglu_fused && dtype == DType::bf16 && k % 8 == 0 && ffn % 8 == 0;
+  }
+  bool gemm_fuses_dgelu_bias_gradient(DType dtype, int64_t k, int64_t n) const override {
+    return cuda_.enabled && cuda_.gemm_dgelu_bias_fused && dtype == DType::bf16 && k % 8 == 0 && n % 8 == 0;
   }
   bool fuses_head_loss(const HeadLossChunk& c) const override {
     return cuda_.enabled && cuda_.head_loss_fused && private_buffers::head_loss_unfusable(c).empty();
