@@ -309,7 +309,7 @@ TEST_F(CudaOpTimings, DISABLED_GeluGemms) {
   const GeluShape shapes[] = {{"gpt2-124m 64x1024", 65536, 768, 3072}, {"gpt2-1.5b 16x1024", 16384, 1600, 6400}};
   const char* paths[] = {"plain GEMM", "cuBLASLt", "quack"};
   for (const GeluShape& g : shapes) {
-    double ms[2][3] = {};
+    double ms[3][3] = {};
     for (int path = 0; path < 3; ++path) {
       BackendOptions options;
       options.gemm_autotune = true;
@@ -327,8 +327,15 @@ TEST_F(CudaOpTimings, DISABLED_GeluGemms) {
                          .bias = bias, .aux = path == 0 ? Tensor() : pre.tensor()};
       const GemmArgs bwd{.role = GemmRole::backward_input, .a = x, .b = down, .out = dx, .epilogue = bwd_epilogue,
                          .aux = path == 0 ? Tensor() : pre.tensor()};
-      const GemmArgs* args[] = {&fwd, &bwd};
-      for (int dir = 0; dir < 2; ++dir) {
+      // The backward with the up projection's bias gradient (f32, added to): on the cuBLASLt
+      // backend the DGELU GEMM then the column-sum op; with quack's, its DGELU GEMM's partials.
+      Buffer dbias = cuda().allocate("dbias", Shape{g.ffn}, DType::f32, Lifetime::scratch);
+      GemmArgs bwd_bias = bwd;
+      bwd_bias.bias_gradient = dbias;
+      bwd_bias.bias_gradient_accumulate = true;
+      const GemmArgs* args[] = {&fwd, &bwd, &bwd_bias};
+      for (int dir = 0; dir < 3; ++dir) {
+        if (dir == 2 && path == 0) continue;
         for (int i = 0; i < 3; ++i) cuda().gemm(*args[dir]);  // the autotune's trials, then warm
         const uint64_t start = cuda().record_timestamp();
         for (int i = 0; i < kRepeats; ++i) cuda().gemm(*args[dir]);
@@ -336,6 +343,10 @@ TEST_F(CudaOpTimings, DISABLED_GeluGemms) {
         ms[dir][path] = cuda().elapsed_ms(start, end) / kRepeats;
       }
     }
+    std::printf("[ time  ] gelu_gemm %-20s backward with the bias gradient %lldx%lld->%lld: cuBLASLt + column sum "
+                "%.3f ms, quack %.3f ms (quack %.3fx)\n",
+                g.name, static_cast<long long>(g.rows), static_cast<long long>(g.model), static_cast<long long>(g.ffn),
+                ms[2][1], ms[2][2], ms[2][1] / ms[2][2]);
     for (int dir = 0; dir < 2; ++dir)
       std::printf("[ time  ] gelu_gemm %-20s %s %lldx%lld->%lld: %s %.3f ms, %s %.3f ms, %s %.3f ms (quack %.3fx "
                   "cuBLASLt)\n",
