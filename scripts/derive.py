@@ -26,6 +26,7 @@ Only the standard library; the planner figures run the binary (no GPU needed).
 """
 import argparse
 import difflib
+import glob
 import json
 import os
 import re
@@ -911,6 +912,28 @@ def gelu_gemm_errors(relative):
             f"at most {max(backend):.1e}")
 
 
+def dgelu_bias(relative):
+    """The DGELU GEMM that sums the up projection's bias gradient (CudaQuackGelu's errors, and
+    CudaOpTimings.DISABLED_GeluGemms's backward with the bias gradient)."""
+    text = read(relative)
+    configs = [float(e) for e in re.findall(r"^\[ error \] quack dgelub \S+: bias gradient .* rel L2 (\S+)$", text, re.M)]
+    # The backend's bias gradient at the shapes quack's kernels take (the others run the column sum).
+    shapes = set(re.findall(r"^\[ error \] quack dgelub \S+: bias gradient (\S+)", text, re.M))
+    fused = [float(e) for shape, e in re.findall(r"^\[ error \] DGELU bias gradient (?:added to )?(\d\S*) +rel L2 (\S+)$",
+                                                 text, re.M) if shape in shapes]
+    apart = [float(e) for e in re.findall(r"^\[ error \] DGELU bias gradient, cuBLASLt and column sum .* rel L2 (\S+)$",
+                                          text, re.M)]
+    times = re.findall(r"^\[ time  \] gelu_gemm (\S+) \S+ +backward with the bias gradient (\S+): cuBLASLt \+ column sum "
+                       r"([\d.]+) ms, quack ([\d.]+) ms", text, re.M)
+    if not configs or not fused or not apart or not times:
+        raise SystemExit(f"derive.py: {relative} has no DGELU bias-gradient lines")
+    timing = "; ".join(f"{name} ({shape}) cuBLASLt's DGELU and the column sum {float(c):.3f} ms, quack's with the "
+                       f"partial sums {float(q):.3f} ms ({float(c) / float(q):.2f}×)" for name, shape, c, q in times)
+    return (f"bias gradient against the oracle: {len(configs)} sums of quack's configurations at most "
+            f"{max(configs):.1e}, Backend::gemm's with quack's GELU GEMMs at most {max(fused):.1e}, cuBLASLt's DGELU with "
+            f"the column sum at most {max(apart):.1e}; {timing}")
+
+
 def planner_report(relative):
     """A measured accuracy report as its harness wrote it (predictions of the planner of the
     measurement's commit, not re-planned): peaks and step times against the measurements."""
@@ -984,6 +1007,7 @@ def generate(kind, args, planner):
         "head-loss-errors": lambda: head_loss_errors(*args),
         "gelu-gemm-timings": lambda: gelu_gemm_timings(*args),
         "gelu-gemm-errors": lambda: gelu_gemm_errors(*args),
+        "dgelu-bias": lambda: dgelu_bias(*args),
         "planner-report": lambda: planner_report(*args),
         "planner-cross-validation": lambda: planner_cross_validation(planner, *args),
     }
@@ -1039,6 +1063,9 @@ def main():
     outputs = {}
     documents = ["README.md"] + sorted(os.path.relpath(os.path.join(d, f), ROOT)
                                        for d, _, files in os.walk(path("docs")) for f in files if f.endswith(".md"))
+    # The results' own notes where they quote their data through a marker.
+    documents += sorted(os.path.relpath(p, ROOT) for p in glob.glob(path("bench/results/*.md"))
+                        if "<!-- derived:" in read(os.path.relpath(p, ROOT)))
     for doc in documents:
         outputs[doc] = regenerate(read(doc), planner)
     outputs.update(derived_files(planner))
