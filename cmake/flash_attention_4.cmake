@@ -61,7 +61,20 @@ message(STATUS "FlashAttention-4 backward: ${fa4_list} (${fa4})")
 # GEMM of train.gemm_kernels = cublaslt+quack-swiglu, GPT-2's GELU GEMMs (gelu, dgelu, dgelub:
 # cublaslt+quack-gelu), and the LM head's linear cross-entropy
 # (lce_*: train.head_loss = quack-lce) (docs/gemm-kernels.md).
-# A folder made before they were part of it has no quack_gemms.txt and links none.
+# A folder made before they were part of it has no quack_gemms.txt and links none. One made by
+# another version of the export script (its SOURCES stamp, written by scripts/fa4_kernels.sh)
+# may lack functions this source expects: the trainer then runs cuBLASLt there, so say so.
+file(SHA256 "${PROJECT_SOURCE_DIR}/scripts/quack_gemm_export.py" quack_export_hash)
+set(quack_stamp "")
+if(EXISTS "${fa4}/SOURCES")
+  file(STRINGS "${fa4}/SOURCES" quack_stamp REGEX " scripts/quack_gemm_export.py$")
+endif()
+if(EXISTS "${fa4}/quack_gemms.txt" AND NOT quack_stamp MATCHES "^${quack_export_hash} ")
+  message(WARNING "${fa4} was made by another version of scripts/quack_gemm_export.py: quack's GEMMs this "
+                  "source expects may be missing there (their settings then run cuBLASLt). Re-export them: "
+                  "QUACK_ONLY=1 scripts/fa4_kernels.sh ${fa4} (about a minute), or MXTRAIN_WITH_FA4=1 ./scripts/setup.sh")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/scripts/quack_gemm_export.py")
 if(EXISTS "${fa4}/quack_gemms.txt")
   file(STRINGS "${fa4}/quack_gemms.txt" quack_lines REGEX "^(tn|nn|nt|gated|gelu|dgelu|dgelub|lce_fwd|lce_dx|lce_dw|lce_dwadd) ")
   set(quack_table "// Generated from ${fa4}/quack_gemms.txt by cmake/flash_attention_4.cmake.\n")

@@ -11,6 +11,12 @@
 #                64:4 (Llama 3.2 1B), 64:8 (llama-1b, TinyLlama's shape), 128:1 (te-fsdp),
 #                128:3 (llama-3b), 128:4 (llama-8b), 128:5 (llama-14b, -32b), 128:8 (llama-64b)
 #   then: cmake ... -DMXTRAIN_FLASH_ATTENTION_4=$PWD/OUTDIR
+#   QUACK_ONLY=1 scripts/fa4_kernels.sh [OUTDIR]: re-export only quack's GEMMs into an existing
+#                folder (1 min; what scripts/setup.sh runs when only quack_gemm_export.py changed)
+#
+# OUTDIR/SOURCES holds the sha256 of the two export scripts that made it (sha256sum's format):
+# scripts/setup.sh and the cmake configure compare it with the checkout's scripts, so a folder
+# made by an older export (missing functions the code now expects) is made again, not used.
 #
 # PYTHON names a Python that has the packages below; without it a venv is made in
 # .deps/fa4-venv from PyPI (about 5 GB: torch with its CUDA wheels, which flash-attn-4's
@@ -36,6 +42,22 @@ fi
 ffi=$("$py" -c 'import os, tvm_ffi; print(os.path.dirname(tvm_ffi.__file__))')
 dsl=$("$py" -m cutlass.cute.export.aot_config --libdir 2>/dev/null | tail -1)
 [ -f "$dsl/libcuda_dialect_runtime_static.a" ] || { echo "no libcuda_dialect_runtime_static.a under '$dsl'" >&2; exit 1; }
+if [ "${QUACK_ONLY:-0}" = 1 ]; then
+  [ -f "$out/fa4_kernels.txt" ] || { echo "QUACK_ONLY=1: $out is not a kernel folder; run scripts/fa4_kernels.sh without it" >&2; exit 1; }
+  # Export into a fresh folder, then swap the quack files; SOURCES changes last, so an
+  # interrupted swap leaves a stale stamp and the next setup exports again.
+  work=$(mktemp -d "${out%/}.partial.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  "$py" scripts/quack_gemm_export.py "$work"
+  rm -f "$out"/quack_*
+  mv "$work"/quack_* "$out/"
+  { grep -v " scripts/quack_gemm_export.py$" "$out/SOURCES" 2>/dev/null || true; sha256sum scripts/quack_gemm_export.py; } > "$work/SOURCES"
+  mv "$work/SOURCES" "$out/SOURCES"
+  rm -rf "$work"
+  trap - EXIT
+  echo "quack's GEMMs re-exported into $out"
+  exit 0
+fi
 # Build into a fresh folder and move it into place at the end: a failed export leaves no half folder.
 work=$(mktemp -d "${out%/}.partial.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -48,6 +70,7 @@ cp -r "$ffi/include/tvm" "$ffi/include/dlpack" "$work/include/"
 "$py" -c 'from importlib.metadata import version as v
 print("flash-attn-4", v("flash-attn-4"), "quack-kernels", v("quack-kernels"), "nvidia-cutlass-dsl", v("nvidia-cutlass-dsl"), "apache-tvm-ffi", v("apache-tvm-ffi"))' \
   > "$work/VERSIONS"
+sha256sum scripts/fa4_export.py scripts/quack_gemm_export.py > "$work/SOURCES"
 rm -rf "$out" && mv "$work" "$out"
 trap - EXIT
 du -sh "$out"

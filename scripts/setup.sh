@@ -48,7 +48,14 @@ fi
 fa4_flags=()
 if [ "${MXTRAIN_WITH_FA4:-0}" = 1 ]; then
   [ -n "$nvcc_path" ] || { echo "setup: MXTRAIN_WITH_FA4=1 needs the CUDA toolkit (nvcc): its kernels are CUDA code" >&2; exit 1; }
-  [ -f "$root/.fa4-kernels/fa4_kernels.txt" ] || "$root/scripts/fa4_kernels.sh" .fa4-kernels
+  # Made again where the export scripts changed since (the folder's SOURCES stamp): all of it
+  # for FlashAttention-4's, quack's GEMMs alone for quack's.
+  made_by() { grep -F " scripts/$1" "$root/.fa4-kernels/SOURCES" 2>/dev/null | (cd "$root" && sha256sum -c --status 2>/dev/null); }
+  if [ ! -f "$root/.fa4-kernels/fa4_kernels.txt" ] || ! made_by fa4_export.py; then
+    "$root/scripts/fa4_kernels.sh" .fa4-kernels
+  elif ! made_by quack_gemm_export.py; then
+    QUACK_ONLY=1 "$root/scripts/fa4_kernels.sh" .fa4-kernels
+  fi
   fa4_flags=(-DMXTRAIN_FLASH_ATTENTION_4="$root/.fa4-kernels")
 fi
 
