@@ -97,7 +97,31 @@ TEST(KernelChoice, AutoGemmKernelsFuseTheActivationOnAHopperWithTheKernels) {
                                  90),
             std::string("kernels: attention backward ") +
                 (carried_kernels().flash_attention_4.empty() ? "cudnn" : "flash-attention-4") +
-                " (auto), GEMMs cublaslt, head loss quack-lce");
+                " (auto), GEMMs cublaslt, head loss quack-lce" +
+                (carried_kernels().flash_attention_4.empty()
+                     ? " (this build lacks FlashAttention-4's backward for d64_g8, which auto would take here: "
+                       "MXTRAIN_WITH_FA4=1 ./scripts/setup.sh builds them)"
+                     : ""));
+  // On a Hopper GPU, a fallback that only the build forced is named with the way to build it.
+  const CarriedKernels carried = carried_kernels();
+  const std::string gpt2_line = kernels_startup_line(load({{"model.preset", "gpt2-124m"}}), 90);
+  const bool fa4 = std::find(carried.flash_attention_4.begin(), carried.flash_attention_4.end(), "d64_g1") !=
+                   carried.flash_attention_4.end();
+  EXPECT_EQ(gpt2_line.find("FlashAttention-4's backward for d64_g1") != std::string::npos, !fa4) << gpt2_line;
+  EXPECT_EQ(gpt2_line.find("quack's GELU GEMMs") != std::string::npos, !carried.quack_gelu_gemms) << gpt2_line;
+  EXPECT_EQ(gpt2_line.find("MXTRAIN_WITH_FA4=1 ./scripts/setup.sh") != std::string::npos,
+            !fa4 || !carried.quack_gelu_gemms)
+      << gpt2_line;
+  // Not where auto would not take them anyway (a deterministic run, an fp32 run, another GPU) or
+  // where the setting is explicit.
+  for (const RunConfig& config : {load({{"model.preset", "gpt2-124m"}, {"train.deterministic", "true"}}),
+                                  load({{"model.preset", "gpt2-124m"}, {"train.precision", "fp32"},
+                                        {"train.gemm_kernels", "cublaslt"}}),
+                                  load({{"model.preset", "gpt2-124m"}, {"train.attention_backward", "cudnn"},
+                                        {"train.gemm_kernels", "cublaslt"}})})
+    EXPECT_EQ(kernels_startup_line(config, 90).find("this build lacks"), std::string::npos)
+        << kernels_startup_line(config, 90);
+  EXPECT_EQ(kernels_startup_line(load({{"model.preset", "gpt2-124m"}}), 100).find("this build lacks"), std::string::npos);
 }
 
 // train.head_loss: auto is the chunked loss everywhere (quack's linear cross-entropy measured no

@@ -52,14 +52,25 @@ AttentionShape attention_shape_of(const RunConfig& config) {
 
 }  // namespace
 
+namespace {
+
+// The FlashAttention-4 configuration auto would take for this run if the build carries it ("" where
+// auto keeps cuDNN's backward whatever the build: not a Hopper, deterministic, FP16/FP32, a shape
+// FlashAttention-4 cannot run).
+std::string flash_attention_4_wanted(const RunConfig& config, int capability) {
+  const std::string& precision = config.train.precision;
+  if (capability != 90 || config.train.deterministic || precision == "fp16" || precision == "fp32") return "";
+  const AttentionShape shape = attention_shape_of(config);
+  if (!private_buffers::flash_attention_4_unsupported(shape, DType::bf16).empty()) return "";
+  return strf("d%lld_g%lld", static_cast<long long>(shape.head_dim), static_cast<long long>(shape.heads / shape.kv_heads));
+}
+
+}  // namespace
+
 std::string attention_backward_of(const RunConfig& config, int capability) {
   if (config.train.attention_backward != "auto") return config.train.attention_backward;
-  const std::string& precision = config.train.precision;
-  if (capability != 90 || config.train.deterministic || precision == "fp16" || precision == "fp32") return "cudnn";
-  const AttentionShape shape = attention_shape_of(config);
-  if (!private_buffers::flash_attention_4_unsupported(shape, DType::bf16).empty()) return "cudnn";
-  const std::string tag = strf("d%lld_g%lld", static_cast<long long>(shape.head_dim),
-                               static_cast<long long>(shape.heads / shape.kv_heads));
+  const std::string tag = flash_attention_4_wanted(config, capability);
+  if (tag.empty()) return "cudnn";
   const std::vector<std::string> carried = carried_kernels().flash_attention_4;
   return std::find(carried.begin(), carried.end(), tag) != carried.end() ? "flash-attention-4" : "cudnn";
 }
@@ -92,10 +103,23 @@ std::string kernels_startup_line(const RunConfig& config, int capability) {
   auto chosen = [](const std::string& setting, const std::string& taken) {
     return setting == "auto" ? taken + " (auto)" : taken;
   };
-  return "kernels: attention backward " +
-         chosen(config.train.attention_backward, attention_backward_of(config, capability)) + ", GEMMs " +
-         chosen(config.train.gemm_kernels, gemm_kernels_of(config, capability)) + ", head loss " +
-         chosen(config.train.head_loss, head_loss_of(config, capability));
+  std::string line = "kernels: attention backward " +
+                     chosen(config.train.attention_backward, attention_backward_of(config, capability)) + ", GEMMs " +
+                     chosen(config.train.gemm_kernels, gemm_kernels_of(config, capability)) + ", head loss " +
+                     chosen(config.train.head_loss, head_loss_of(config, capability));
+  // Where auto fell back only because this build lacks the kernel it would take: say so.
+  std::vector<std::string> missing;
+  const std::string tag = flash_attention_4_wanted(config, capability);
+  if (config.train.attention_backward == "auto" && !tag.empty() &&
+      attention_backward_of(config, capability) != "flash-attention-4")
+    missing.push_back("FlashAttention-4's backward for " + tag);
+  if (config.train.gemm_kernels == "auto" && capability == 90 && !config.train.deterministic &&
+      gemm_kernels_of(config, capability) == "cublaslt")
+    missing.push_back(config.model.family == ModelFamily::llama ? "quack's gated SwiGLU GEMM" : "quack's GELU GEMMs");
+  if (!missing.empty())
+    line += " (this build lacks " + missing[0] + (missing.size() > 1 ? " and " + missing[1] : std::string()) +
+            ", which auto would take here: MXTRAIN_WITH_FA4=1 ./scripts/setup.sh builds them)";
+  return line;
 }
 
 BackendOptions backend_options(const RunConfig& config) {

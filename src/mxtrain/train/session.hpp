@@ -63,7 +63,8 @@ bool quack_gelu_in(const std::string& gemm_kernels);
 // train.head_loss as a run takes it: auto is "chunked".
 std::string head_loss_of(const RunConfig& config, int capability);
 // "kernels: attention backward flash-attention-4 (auto), GEMMs cublaslt+quack-swiglu (auto)": what
-// a cuda run takes, and which settings `auto` decided.
+// a cuda run takes, and which settings `auto` decided; on a Hopper GPU, also which kernels auto
+// would have taken but this build lacks, and how to build them.
 std::string kernels_startup_line(const RunConfig& config, int capability);
 
 // The options of the backend for this run (threads, determinism, TF32, the kernels above on the
