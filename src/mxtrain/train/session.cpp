@@ -103,18 +103,17 @@ std::string kernels_startup_line(const RunConfig& config, int capability) {
   auto chosen = [](const std::string& setting, const std::string& taken) {
     return setting == "auto" ? taken + " (auto)" : taken;
   };
-  std::string line = "kernels: attention backward " +
-                     chosen(config.train.attention_backward, attention_backward_of(config, capability)) + ", GEMMs " +
-                     chosen(config.train.gemm_kernels, gemm_kernels_of(config, capability)) + ", head loss " +
+  const std::string attention = attention_backward_of(config, capability);
+  const std::string gemms = gemm_kernels_of(config, capability);
+  std::string line = "kernels: attention backward " + chosen(config.train.attention_backward, attention) +
+                     ", GEMMs " + chosen(config.train.gemm_kernels, gemms) + ", head loss " +
                      chosen(config.train.head_loss, head_loss_of(config, capability));
   // Where auto fell back only because this build lacks the kernel it would take: say so.
   std::vector<std::string> missing;
   const std::string tag = flash_attention_4_wanted(config, capability);
-  if (config.train.attention_backward == "auto" && !tag.empty() &&
-      attention_backward_of(config, capability) != "flash-attention-4")
+  if (config.train.attention_backward == "auto" && !tag.empty() && attention != "flash-attention-4")
     missing.push_back("FlashAttention-4's backward for " + tag);
-  if (config.train.gemm_kernels == "auto" && capability == 90 && !config.train.deterministic &&
-      gemm_kernels_of(config, capability) == "cublaslt")
+  if (config.train.gemm_kernels == "auto" && capability == 90 && !config.train.deterministic && gemms == "cublaslt")
     missing.push_back(config.model.family == ModelFamily::llama ? "quack's gated SwiGLU GEMM" : "quack's GELU GEMMs");
   if (!missing.empty())
     line += " (this build lacks " + missing[0] + (missing.size() > 1 ? " and " + missing[1] : std::string()) +
