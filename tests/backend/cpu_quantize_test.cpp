@@ -177,5 +177,23 @@ TEST_F(CpuQuantize, ColumnSumAndSupports) {
   }
 }
 
+// A column range of whole rows (the queries' part of the packed q|k|v gradient): the sums of
+// those columns, read through the row stride; a view that is not one is refused.
+TEST_F(CpuQuantize, ColumnSumOfAColumnRange) {
+  Buffer x = test::upload(cpu_, values_, Shape{rows_, cols_});
+  const int64_t begin = 32, width = 40;
+  Buffer sums = test::upload(cpu_, std::vector<float>(static_cast<size_t>(width), 2.0f), Shape{width});
+  cpu_.column_sum(x.tensor().narrow(1, begin, width), sums, false);
+  for (int64_t c = 0; c < width; ++c) {
+    double total = 0.0;
+    for (int64_t r = 0; r < rows_; ++r) total += values_[static_cast<size_t>(r * cols_ + begin + c)];
+    EXPECT_EQ(test::download(cpu_, sums)[static_cast<size_t>(c)], static_cast<float>(total)) << c;
+  }
+  EXPECT_EQ(column_sum_row_stride(x.tensor().narrow(1, begin, width)), cols_);
+  EXPECT_EQ(column_sum_row_stride(x.tensor()), cols_);
+  Buffer column_sums = test::upload(cpu_, std::vector<float>(static_cast<size_t>(rows_), 0.0f), Shape{rows_});
+  EXPECT_ANY_THROW(cpu_.column_sum(x.tensor().transpose(0, 1), column_sums, false));
+}
+
 }  // namespace
 }  // namespace mxtrain

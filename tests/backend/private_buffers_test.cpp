@@ -283,6 +283,12 @@ class WatchedDryrun final : public DryrunBackend {
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override {
     watch("column_sum", pb::column_sum(x), [&] { DryrunBackend::impl_column_sum(x, out, accumulate); });
   }
+  void impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                              const Tensor& qkv_bias_grad, bool accumulate) override {
+    watch("qkv_bias_gradient", pb::qkv_bias_gradient(dqkv, out_bias_grad.numel()), [&] {
+      DryrunBackend::impl_qkv_bias_gradient(dqkv, out_bias_grad, out_weight, qkv_bias_grad, accumulate);
+    });
+  }
   void impl_norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                           const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                           bool accumulate_dx, bool accumulate_dparams, const Tensor& dx_amax,
@@ -416,10 +422,13 @@ TEST_P(PrivateBuffersDryrun, EveryOpRecordsTheDescription) {
   std::vector<std::string> expected_ops = {"norm_backward", "embedding_backward", "attention_forward",
                                            "attention_backward"};
   if (std::string(c.family) == "llama") expected_ops.push_back("rope");
-  if (std::string(c.family) == "gpt2") expected_ops.push_back("linear_backward_weight");  // bias column sums
-  // The up projection's bias gradient in the DGELU GEMM, where that is one kernel (BF16 only).
+  // GPT-2: the qkv bias gradient's column sums of dq; the up projection's bias gradient in the
+  // DGELU GEMM where that is one kernel (BF16 only), else column sums after its weight GEMM.
   const bool dgelu_bias = c.quack_gelu && std::string(c.precision) == "bf16";
-  if (dgelu_bias) expected_ops.push_back("dgelu_bias_gradient");
+  if (std::string(c.family) == "gpt2") {
+    expected_ops.push_back("qkv_bias_gradient");
+    expected_ops.push_back(dgelu_bias ? "dgelu_bias_gradient" : "linear_backward_weight");
+  }
   EXPECT_EQ(backend.checked.count("dgelu_bias_gradient") > 0, dgelu_bias);
   if (c.grad_clip <= 0) expected_ops.push_back("adamw");  // the norm rides on AdamW
   for (const std::string& op : expected_ops) EXPECT_GT(backend.checked[op], 0) << op << " was never checked";

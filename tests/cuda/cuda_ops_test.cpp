@@ -86,6 +86,62 @@ TEST_P(CudaOps, AddScaleGelu) {
   }
 }
 
+// Column sums (the bias gradients) of whole rows and of a column range of them (GPT-2's query
+// bias gradient: a third of the packed q|k|v rows, transformer.cpp): the vector path (range and
+// row stride multiples of 8 elements) and the scalar path (a range starting off 16 bytes).
+TEST_P(CudaOps, ColumnSumOfRowsAndOfAColumnRange) {
+  const int64_t rows = 300, cols = 2304;
+  const size_t n = static_cast<size_t>(rows * cols);
+  auto x = both(random_as(n, 5, dtype()), Shape{rows, cols});
+  struct Range {
+    int64_t begin, width;
+  };
+  for (const Range& range : {Range{0, cols}, Range{0, 768}, Range{1536, 768}, Range{3, 100}}) {
+    auto sums = both(random_as(static_cast<size_t>(range.width), 6, dtype()), Shape{range.width});
+    for (bool accumulate : {false, true}) {
+      cpu().column_sum(x.first.tensor().narrow(1, range.begin, range.width), sums.first, accumulate);
+      cuda().column_sum(x.second.tensor().narrow(1, range.begin, range.width), sums.second, accumulate);
+      EXPECT_LE(report_error("column_sum " + dtype_text(dtype()) + " columns " + std::to_string(range.begin) + "+" +
+                                 std::to_string(range.width) + (accumulate ? " accumulate" : ""),
+                             download(cuda(), sums.second), download(cpu(), sums.first)),
+                tolerance(dtype(), 1e-5, 4e-3));
+    }
+  }
+}
+
+// GPT-2's QKV bias gradient (Backend::qkv_bias_gradient) against the oracle: the queries' column
+// sums (added to or overwriting), the keys' zeros (or left as they were), the values' out bias
+// gradient times Wo (overwritten); with the weight in the activations' dtype and, as under
+// gradient accumulation or FSDP, f32 gradients beside a bf16 weight. GPT-2 124M's and 1.5B's
+// widths, and one that is not a multiple of 32 (a block of columns straddles the parts).
+TEST_P(CudaOps, QkvBiasGradient) {
+  for (const int64_t hidden : {int64_t{768}, int64_t{1600}, int64_t{40}}) {
+    const int64_t rows = hidden == 40 ? 33 : 1024;
+    auto dqkv = both(random_as(static_cast<size_t>(rows * 3 * hidden), 7, dtype()), Shape{rows, 3 * hidden});
+    for (const DType grad_dtype : {dtype(), DType::f32}) {
+      auto out_bias = both(random_as(static_cast<size_t>(hidden), 8, grad_dtype), Shape{hidden}, grad_dtype);
+      auto weight = both(random_as(static_cast<size_t>(hidden * hidden), 9, dtype(), -0.1f, 0.1f),
+                         Shape{hidden, hidden});
+      const std::vector<float> before = random_as(static_cast<size_t>(3 * hidden), 10, grad_dtype);
+      for (bool accumulate : {false, true}) {
+        auto bias = both(before, Shape{3 * hidden}, grad_dtype);
+        cpu().qkv_bias_gradient(dqkv.first, out_bias.first, weight.first, bias.first, accumulate);
+        cuda().qkv_bias_gradient(dqkv.second, out_bias.second, weight.second, bias.second, accumulate);
+        const std::vector<float> got = download(cuda(), bias.second), want = download(cpu(), bias.first);
+        const std::string what = "qkv_bias_gradient " + dtype_text(dtype()) + " grads " + dtype_text(grad_dtype) +
+                                 " hidden " + std::to_string(hidden) + (accumulate ? " accumulate" : "");
+        auto part = [&](const std::vector<float>& v, int index) {
+          return std::vector<float>(v.begin() + index * hidden, v.begin() + (index + 1) * hidden);
+        };
+        EXPECT_LE(report_error(what + " queries", part(got, 0), part(want, 0)),
+                  tolerance(grad_dtype, 1e-5, 4e-3));
+        EXPECT_EQ(part(got, 1), part(want, 1)) << what << ": the keys' part";
+        EXPECT_LE(report_error(what + " values", part(got, 2), part(want, 2)), tolerance(grad_dtype, 1e-5, 4e-3));
+      }
+    }
+  }
+}
+
 TEST_P(CudaOps, SwiGlu) {
   for (const RowShape& s : kRowShapes) {
     const Shape in{s.rows, 2 * s.cols}, out_shape{s.rows, s.cols};

@@ -417,5 +417,63 @@ TEST(Transformer, GradientMatchesFiniteDifferences) {
   }
 }
 
+// GPT-2's QKV bias gradient comes from what attention is rather than from column sums over all
+// of dqkv (transformer.cpp): the queries' part is a column sum, the keys' part exactly zero, the
+// values' part the out projection's bias gradient times Wo. Every element of every layer's QKV
+// bias against central differences of the loss (FP32), the keys' part bitwise zero; and two
+// micro-batches give the sum of their gradients (the values' part is overwritten from the out
+// bias gradient summed so far).
+TEST(Transformer, Gpt2QkvBiasGradientMatchesFiniteDifferences) {
+  ModelConfig config = test::small_model(ModelFamily::gpt2, 3);
+  config.layers = 2;
+  std::unique_ptr<Backend> backend = create_backend("cpu");
+  LocalParameterStore store(*backend, config, DType::f32, DType::f32);
+  store.initialize(5);
+  Transformer model(config, TransformerOptions{}, *backend, store);
+  const ModelLayout& layout = store.layout();
+  const int64_t batch = 2, seq = 8, rows = batch * seq;
+  Buffer t, y;
+  upload_batch(*backend, config, rows, &t, &y);
+  Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
+  auto mean_loss = [&] {
+    backend->fill(loss, 0);
+    model.forward_loss(t, y, batch, seq, loss);
+    return static_cast<double>(backend->read_scalar(loss)) / rows;
+  };
+  backend->fill(loss, 0);
+  model.forward_backward(t, y, batch, seq, 1.0f / rows, loss);
+  store.finish_backward();
+  const int64_t q_cols = config.hidden, kv_cols = config.kv_heads * config.head_dim();
+  const std::vector<ParamShard> shards = store.shards();
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const int g = layout.layer_group(l);
+    const ParamSpec& spec = layout.groups[static_cast<size_t>(g)].params[static_cast<size_t>(layout.layer.qkv_bias)];
+    ASSERT_EQ(spec.numel(), q_cols + 2 * kv_cols);
+    ASSERT_LT(static_cast<size_t>(g), shards.size());
+    const ParamShard& shard = shards[static_cast<size_t>(g)];
+    ASSERT_EQ(shard.group, g);
+    const std::vector<float> grad = test::download(*backend, shard.grad);
+    std::vector<float> weights = test::download(*backend, shard.master);
+    double max_grad = 0;
+    for (int64_t e = 0; e < spec.numel(); ++e)
+      max_grad = std::max(max_grad, std::fabs(static_cast<double>(grad[static_cast<size_t>(spec.offset + e)])));
+    ASSERT_GT(max_grad, 0.0);
+    for (int64_t e = 0; e < spec.numel(); ++e) {
+      const size_t index = static_cast<size_t>(spec.offset + e);
+      if (e >= q_cols && e < q_cols + kv_cols) ASSERT_EQ(grad[index], 0.0f) << "layer " << l << " key bias " << e;
+      const float eps = 1e-2f, original = weights[index];
+      weights[index] = original + eps;
+      backend->copy_from_host(weights.data(), shard.master);
+      const double plus = mean_loss();
+      weights[index] = original - eps;
+      backend->copy_from_host(weights.data(), shard.master);
+      const double minus = mean_loss();
+      weights[index] = original;
+      backend->copy_from_host(weights.data(), shard.master);
+      EXPECT_NEAR(grad[index], (plus - minus) / (2 * eps), 2e-3 * max_grad + 1e-6) << "layer " << l << " element " << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mxtrain

@@ -35,9 +35,13 @@ Expected analytic(const ModelConfig& m, int64_t batch, int64_t seq, const Recomp
   // One block's forward GEMMs: qkv, out projection, up, down; bias adds one FLOP per output.
   const double qkv_out_up = 2 * R * (C * qkv + C * C + C * up) + bias * R * (qkv + C + up);
   const double block_forward = qkv_out_up + 2 * R * F * C + bias * R * C;
-  // Backward: input gradients (no bias) and weight gradients (plus the qkv and up projections'
-  // bias column sums; the out and down projections' ride on the MLP norm's backward).
-  const double block_backward = 2 * (2 * R * (C * qkv + C * C + C * up + F * C)) + bias * R * (qkv + up);
+  // Backward: input gradients (no bias) and weight gradients (plus the up projection's bias
+  // column sums; the out and down projections' ride on the MLP norm's backward). GPT-2's qkv
+  // bias gradient (no RoPE, as many key/value heads as query heads) is an op of its own
+  // (qkv_bias_gradient, not a GEMM); any other model's is column sums on its weight GEMM.
+  const bool qkv_bias_from_attention = m.family == ModelFamily::gpt2 && m.kv_heads == m.heads;
+  const double qkv_bias = qkv_bias_from_attention ? 0.0 : bias * R * qkv;
+  const double block_backward = 2 * (2 * R * (C * qkv + C * C + C * up + F * C)) + bias * R * up + qkv_bias;
   const double head = 2 * R * V * C;
   // Causal attention: QKᵀ and PV forward, recomputed QKᵀ plus dV, dP, dQ, dK backward, each half
   // of 2·batch·heads·seq²·head_dim.

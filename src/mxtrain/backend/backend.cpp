@@ -895,10 +895,38 @@ void Backend::fp8_scale_update(const Tensor& history, const Tensor& scale, const
 }
 
 void Backend::column_sum(const Tensor& x, const Tensor& out, bool accumulate) {
-  require_contiguous(x, "column_sum");
+  (void)column_sum_row_stride(x);  // contiguous, or a 2-D view of whole rows' column ranges
   MXTRAIN_ASSERT(out.numel() == x.cols(), "column_sum: x %s, out %s", x.describe().c_str(), out.describe().c_str());
   record({OpKind::column_sum, phase_, x.dtype, n(x), b(x) + b(out) * (accumulate ? 2 : 1)});
   impl_column_sum(x, out, accumulate);
+}
+
+void Backend::qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                                const Tensor& qkv_bias_grad, bool accumulate) {
+  require_contiguous(dqkv, "qkv_bias_gradient");
+  const int64_t hidden = out_bias_grad.numel();
+  MXTRAIN_ASSERT(out_weight.rank() == 2 && out_weight.size(0) == hidden && out_weight.size(1) == hidden &&
+                     dqkv.cols() == 3 * hidden && qkv_bias_grad.numel() == 3 * hidden && out_weight.is_contiguous() &&
+                     out_bias_grad.is_contiguous() && qkv_bias_grad.is_contiguous(),
+                 "qkv_bias_gradient: dqkv %s, out bias gradient %s, out weight %s, qkv bias gradient %s",
+                 dqkv.describe().c_str(), out_bias_grad.describe().c_str(), out_weight.describe().c_str(),
+                 qkv_bias_grad.describe().c_str());
+  MXTRAIN_ASSERT(out_bias_grad.dtype == qkv_bias_grad.dtype,
+                 "qkv_bias_gradient: out bias gradient %s and qkv bias gradient %s differ in dtype",
+                 out_bias_grad.describe().c_str(), qkv_bias_grad.describe().c_str());
+  // Reads dq (a third of dqkv's rows), Wo and the out bias gradient; writes the three parts.
+  const double dq_bytes = b(dqkv) / 3, dq_values = n(dqkv) / 3;
+  record({OpKind::qkv_bias_gradient, phase_, dqkv.dtype, dq_values + 2.0 * n(out_weight),
+          dq_bytes + b(out_weight) + b(out_bias_grad) + b(qkv_bias_grad) * (accumulate ? 4.0 / 3.0 : 1.0)});
+  impl_qkv_bias_gradient(dqkv, out_bias_grad, out_weight, qkv_bias_grad, accumulate);
+}
+
+int64_t column_sum_row_stride(const Tensor& x) {
+  if (x.is_contiguous()) return x.cols();
+  MXTRAIN_ASSERT(x.rank() == 2 && x.strides[1] == 1 && x.strides[0] >= x.cols(),
+                 "column_sum: %s must be contiguous or a 2-D view of column ranges of whole rows",
+                 x.describe().c_str());
+  return x.strides[0];
 }
 
 AdamWStepFactors adamw_step_factors(const AdamWArgs& args) {

@@ -32,7 +32,7 @@ namespace mxtrain {
   X(attention_cached)                                                                                    \
   X(swiglu_forward) X(swiglu_backward) X(gelu_forward) X(gelu_backward) X(add) X(cross_entropy)          \
   X(sum) X(sum_of_squares) X(scale) X(amax) X(quantize) X(dequantize) X(scale_update) X(column_sum)        \
-  X(adamw)
+  X(qkv_bias_gradient) X(adamw)
 
 enum class OpKind : uint8_t {
 #define MXTRAIN_ENUM_ENTRY(name) name,
@@ -346,6 +346,11 @@ struct AdamWStepFactors {
 };
 AdamWStepFactors adamw_step_factors(const AdamWArgs& args);
 
+// The elements between the starts of consecutive rows of a column sum's input: its columns when
+// contiguous, else the row stride of a 2-D view whose rows are column ranges of wider rows (the
+// query part of the packed q|k|v gradient); asserts the input is one or the other.
+int64_t column_sum_row_stride(const Tensor& x);
+
 class Backend {
  public:
   virtual ~Backend();
@@ -544,8 +549,19 @@ class Backend {
   // length-1 history, which is left as it is.
   void fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                         const ScaleUpdateArgs& args);
-  // out[c] (+)= Σ_r x[r, c] (bias gradients next to a quantized weight-gradient GEMM).
+  // out[c] (+)= Σ_r x[r, c] (bias gradients next to a quantized weight-gradient GEMM). x is
+  // contiguous, or a 2-D view of a column range of whole rows (column_sum_row_stride).
   void column_sum(const Tensor& x, const Tensor& out, bool accumulate = true);
+  // GPT-2's QKV bias gradient from what softmax attention is (transformer.cpp says why), for as
+  // many key/value heads as query heads, without RoPE: dqkv [rows, 3C] the packed q|k|v
+  // gradient, out_bias_grad [C] the attention output projection's bias gradient summed so far
+  // this step, out_weight [C, C] its weight (any float dtype), qkv_bias_grad [3C] (the out bias
+  // gradient's dtype). The queries' part (+)= the column sums of dq; the keys' part = 0 (left as it is
+  // when accumulating: zero plus zero); the values' part = out_bias_grad · out_weight,
+  // overwritten (the out bias gradient is the running sum). Two launches on the GPU, as a
+  // column sum: dq's partial sums, then one kernel for the three parts.
+  void qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                         const Tensor& qkv_bias_grad, bool accumulate);
   // Decoupled-weight-decay Adam on a flat f32 master tensor. grad (any float dtype) is
   // multiplied by args.grad_multiplier and, when args.max_grad_norm > 0, by
   // min(1, max_grad_norm / (sqrt(grad_norm_sq[0]) + 1e-6)). compute_copy (optional, bf16/f16)
@@ -626,6 +642,8 @@ class Backend {
   virtual void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                                      const ScaleUpdateArgs& args) = 0;
   virtual void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) = 0;
+  virtual void impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                                      const Tensor& qkv_bias_grad, bool accumulate) = 0;
   virtual void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                           const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) = 0;
 

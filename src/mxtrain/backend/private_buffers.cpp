@@ -46,6 +46,10 @@ PrivateBuffers column_sum(const Tensor& x) {
   return {f32("column_sum.partials", Shape{column_reduction_chunks(x.rows()), x.cols()})};
 }
 
+PrivateBuffers qkv_bias_gradient(const Tensor& dqkv, int64_t hidden) {
+  return column_sum(dqkv.flatten_rows().narrow(1, 0, hidden));
+}
+
 PrivateBuffers dgelu_bias_gradient(const Tensor& dx) {
   if (dx.numel() == 0) return {};
   const int64_t tiles = (dx.rows() + kDgeluBiasTileRows - 1) / kDgeluBiasTileRows;

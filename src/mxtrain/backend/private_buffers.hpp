@@ -56,6 +56,9 @@ PrivateBuffers backend_workspaces();
 int64_t column_reduction_chunks(int64_t rows);
 // column_sum(x): "column_sum.partials" f32 [chunks, cols]; nothing for an empty x.
 PrivateBuffers column_sum(const Tensor& x);
+// qkv_bias_gradient(dqkv [rows, 3·hidden], hidden): the column sum's partials of dq, its first
+// hidden columns.
+PrivateBuffers qkv_bias_gradient(const Tensor& dqkv, int64_t hidden);
 
 // ---- norm backward ----------------------------------------------------------------------------
 // The fused kernel (dx and per-chunk dweight/dbias sums in one pass, 4 warps a block) runs where

@@ -424,6 +424,20 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     } else if (llama) {
       backend_.rope_backward(dqkv, shape, config_.rope(), linears_.amax_record(l, LinearKind::qkv, true, dqkv));
     }
+    // GPT-2's QKV bias gradient from what softmax attention is, instead of column sums over all
+    // of dqkv ([tokens, q|k|v]: 302 MB a layer at gpt2-124m 64x1024): the keys' part is zero (a
+    // bias on every key adds q_i·b to each logit of query row i alike, and softmax does not see
+    // a constant added to a row; no RoPE rotates the bias per position), and the values' part is
+    // Σ_t dV_t = Σ_i dO_i (each row of the attention probabilities sums to one) = (Σ_i dres_i)·Wo,
+    // the output projection's bias gradient (summed above by the MLP norm's backward) times Wo.
+    // Only the queries' part is a column sum, over a third of dqkv (Backend::qkv_bias_gradient).
+    // The values' part is overwritten each micro-batch from the out bias gradient summed so far,
+    // which is the step's sum at the last (Wo is fixed within a step): the two gradients must
+    // accumulate alike.
+    const bool qkv_bias_from_attention =
+        !llama && dqkv_params.bias.defined() && d_out.bias.defined() && config_.kv_heads == config_.heads &&
+        !linears_.quantized(l) && dqkv_params.accumulate == d_out.accumulate &&
+        d_out.bias.dtype == dqkv_params.bias.dtype;
     const bool fused_norm1 = fuses_recomputed_norm(l, s.norm1, LinearKind::qkv, s.rstd1);
     if (!fused_norm1) {
       recompute(s.norm1, LinearKind::qkv, [&] {
@@ -435,10 +449,12 @@ void Transformer::layer_backward(int64_t l, const Tensor& x, Saved& s, const Ten
     linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_weight, .a = dqkv_operand,
                                        .b = fused_norm1 ? produced(config_.hidden) : s.norm1,
                                        .out = dqkv_params.weight, .accumulate = dqkv_params.accumulate,
-                                       .bias_gradient = dqkv_params.bias},
+                                       .bias_gradient = qkv_bias_from_attention ? Tensor() : dqkv_params.bias},
                   {.producer = rope_producer,
                    .input_producer = fused_norm1 ? norm_producer(l, BlockNorm::attention, x, s) : CastProducer{}});
     s.norm1.reset();
+    if (qkv_bias_from_attention)
+      backend_.qkv_bias_gradient(dqkv, d_out.bias, w(l, p.out_weight), dqkv_params.bias, dqkv_params.accumulate);
     Buffer dnorm1 = activation("attn_norm.grad", l, config_.hidden, Lifetime::scratch);
     linears_.gemm(l, LinearKind::qkv, {.role = GemmRole::backward_input, .a = dqkv_operand, .b = w(l, p.qkv_weight),
                                        .out = dnorm1}, {.producer = rope_producer});

@@ -34,7 +34,8 @@ double gpu_launches(OpKind kind) {
     case OpKind::norm_backward:
     case OpKind::sum:
     case OpKind::sum_of_squares:
-    case OpKind::column_sum: return 2;
+    case OpKind::column_sum:
+    case OpKind::qkv_bias_gradient: return 2;
     case OpKind::attention_backward: return 4;
     default: return 1;
   }

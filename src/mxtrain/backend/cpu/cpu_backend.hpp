@@ -65,6 +65,8 @@ class CpuBackend final : public Backend {
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                              const ScaleUpdateArgs& args) override;
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
+  void impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                              const Tensor& qkv_bias_grad, bool accumulate) override;
   void impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const Tensor& compute_copy, const Tensor& grad_norm_sq, const AdamWArgs& args) override;
 

@@ -249,14 +249,34 @@ void CpuBackend::impl_fp8_scale_update(const Tensor& history, const Tensor& scal
 
 void CpuBackend::impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) {
   cpu::require_f32("column_sum", {&x, &out});
-  const int64_t rows = x.rows(), cols = x.cols();
+  const int64_t rows = x.rows(), cols = x.cols(), ld = column_sum_row_stride(x);
   const float* values = x.ptr<float>();
   float* sums = out.ptr<float>();
   cpu::parallel_blocks(threads_, cols, 256, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       double total = accumulate ? sums[c] : 0.0;
-      for (int64_t r = 0; r < rows; ++r) total += values[r * cols + c];
+      for (int64_t r = 0; r < rows; ++r) total += values[r * ld + c];
       sums[c] = static_cast<float>(total);
+    }
+  });
+}
+
+void CpuBackend::impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                                        const Tensor& qkv_bias_grad, bool accumulate) {
+  cpu::require_f32("qkv_bias_gradient", {&dqkv, &out_bias_grad, &out_weight, &qkv_bias_grad});
+  const int64_t hidden = out_bias_grad.numel();
+  const Tensor& bias = qkv_bias_grad;
+  impl_column_sum(dqkv.flatten_rows().narrow(1, 0, hidden), bias.narrow(0, 0, hidden), accumulate);
+  float* key = bias.ptr<float>() + hidden;
+  float* value = key + hidden;
+  if (!accumulate) std::fill(key, key + hidden, 0.0f);
+  const float* dout = out_bias_grad.ptr<float>();
+  const float* w = out_weight.ptr<float>();
+  cpu::parallel_blocks(threads_, hidden, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      double total = 0.0;
+      for (int64_t i = 0; i < hidden; ++i) total += static_cast<double>(dout[i]) * w[i * hidden + j];
+      value[j] = static_cast<float>(total);
     }
   });
 }

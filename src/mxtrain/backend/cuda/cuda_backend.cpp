@@ -727,4 +727,9 @@ void CudaBackend::impl_column_sum(const Tensor& x, const Tensor& out, bool accum
   cuda_kernels::column_sum(*this, x, out, accumulate, stream_);
 }
 
+void CudaBackend::impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                                         const Tensor& qkv_bias_grad, bool accumulate) {
+  cuda_kernels::qkv_bias_gradient(*this, dqkv, out_bias_grad, out_weight, qkv_bias_grad, accumulate, stream_);
+}
+
 }  // namespace mxtrain

@@ -140,6 +140,8 @@ class CudaBackend final : public Backend {
   void impl_fp8_scale_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inverse,
                              const ScaleUpdateArgs& args) override;
   void impl_column_sum(const Tensor& x, const Tensor& out, bool accumulate) override;
+  void impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                              const Tensor& qkv_bias_grad, bool accumulate) override;
 
  private:
   // impl_gemm by operands, role and epilogue.

@@ -44,8 +44,13 @@ void sum(const Tensor& x, const Tensor& out, bool accumulate, bool squares, floa
 // t, t + kSumMaxBlocks, ...): the second stage of a reduction whose first stage ran inside
 // another kernel.
 void sum_partials_final(const float* partials, int64_t count, float* out, bool accumulate, cudaStream_t stream);
-// out[c] (+)= sum over rows of x[r, c] (x [rows, cols]), two-stage and deterministic.
+// out[c] (+)= sum over rows of x[r, c] (x [rows, cols], contiguous or a column range of whole
+// rows: column_sum_row_stride), two-stage and deterministic.
 void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accumulate, cudaStream_t stream);
+// Backend::qkv_bias_gradient: column_partials of dq, then one kernel for the queries' sums, the
+// keys' zeros and the values' out_bias_grad · out_weight (f32 sums in a fixed order).
+void qkv_bias_gradient(Backend& backend, const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                       const Tensor& qkv_bias_grad, bool accumulate, cudaStream_t stream);
 // The first stage alone: partials [chunks, cols] f32 = x's column sums over row chunks of
 // private_buffers::column_reduction_chunks(rows); returns chunks (0 for an empty x).
 int64_t column_partials(const Tensor& x, float* partials, cudaStream_t stream);

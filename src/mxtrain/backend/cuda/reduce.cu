@@ -47,7 +47,7 @@ __global__ void sum_final_kernel(const float* partials, int64_t count, float* ou
 }
 
 template <int W, typename T>
-__global__ void column_partials_kernel(const T* x, float* partials, int64_t rows, int64_t cols,
+__global__ void column_partials_kernel(const T* x, float* partials, int64_t rows, int64_t cols, int64_t ld,
                                        int64_t rows_per_chunk) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W;
   if (c >= cols) return;
@@ -64,7 +64,7 @@ __global__ void column_partials_kernel(const T* x, float* partials, int64_t rows
   for (; r + kBatch <= end; r += kBatch) {
     float v[kBatch][W];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) load<W>(x + (r + j) * cols + c, v[j]);
+    for (int j = 0; j < kBatch; ++j) load<W>(x + (r + j) * ld + c, v[j]);
 #pragma unroll
     for (int j = 0; j < kBatch; ++j)
 #pragma unroll
@@ -72,7 +72,7 @@ __global__ void column_partials_kernel(const T* x, float* partials, int64_t rows
   }
   for (; r < end; ++r) {
     float v[W];
-    load<W>(x + r * cols + c, v);
+    load<W>(x + r * ld + c, v);
 #pragma unroll
     for (int i = 0; i < W; ++i) acc[i] += v[i];
   }
@@ -98,6 +98,43 @@ __global__ void reduce_partials_kernel(const float* partials, int64_t chunks, in
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) sum += group_sums[g][threadIdx.x];
     out[c] = from_float<G>(accumulate ? to_float<G>(out[c]) + sum : sum);
+  }
+}
+
+// Backend::qkv_bias_gradient's second stage, block (32, kGroups) over 32 of the 3·hidden
+// columns: a query column sums dq's chunk partials (as reduce_partials_kernel), a key column is
+// zero, a value column j is Σ_i out_bias[i]·out_weight[i, j] (thread row y takes i ≡ y mod
+// kGroups, reading 32 consecutive j of a weight row: coalesced); group sums then in order.
+template <typename G, typename W>
+__global__ void qkv_bias_kernel(const float* partials, int64_t chunks, int64_t hidden, const G* out_bias,
+                                const W* out_weight, G* bias, bool accumulate) {
+  __shared__ float group_sums[kGroups][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int part = c < hidden ? 0 : c < 2 * hidden ? 1 : 2;
+  float total = 0.0f;
+  if (c < 3 * hidden) {
+    if (part == 0) {
+#pragma unroll 4
+      for (int64_t p = threadIdx.y; p < chunks; p += kGroups) total += partials[p * hidden + c];
+    } else if (part == 2) {
+      const int64_t j = c - 2 * hidden;
+#pragma unroll 4
+      for (int64_t i = threadIdx.y; i < hidden; i += kGroups)
+        total += to_float<G>(out_bias[i]) * to_float<W>(out_weight[i * hidden + j]);
+    }
+  }
+  group_sums[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < 3 * hidden) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) sum += group_sums[g][threadIdx.x];
+    if (part == 0) bias[c] = from_float<G>(accumulate ? to_float<G>(bias[c]) + sum : sum);
+    else if (part == 1) {
+      if (!accumulate) bias[c] = from_float<G>(0.0f);
+    } else {
+      bias[c] = from_float<G>(sum);
+    }
   }
 }
 
@@ -168,22 +205,44 @@ void column_sum(Backend& backend, const Tensor& x, const Tensor& out, bool accum
   reduce_column_partials(p, chunks, out, accumulate, stream);
 }
 
+void qkv_bias_gradient(Backend& backend, const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor& out_weight,
+                       const Tensor& qkv_bias_grad, bool accumulate, cudaStream_t stream) {
+  const int64_t hidden = out_bias_grad.numel();
+  if (hidden == 0) return;
+  const Tensor dq = dqkv.flatten_rows().narrow(1, 0, hidden);
+  std::vector<Buffer> scratch =
+      private_buffers::allocate_private(backend, private_buffers::qkv_bias_gradient(dqkv, hidden));
+  float* partials = scratch.empty() ? nullptr : scratch.front().tensor().ptr<float>();
+  const int64_t chunks = partials == nullptr ? 0 : column_partials(dq, partials, stream);
+  dispatch_float<true>(qkv_bias_grad.dtype, "qkv bias gradient", [&](auto grad_tag) {
+    using G = decltype(grad_tag);
+    dispatch_float<true>(out_weight.dtype, "qkv bias gradient's weight", [&](auto weight_tag) {
+      using W = decltype(weight_tag);
+      qkv_bias_kernel<G, W><<<blocks_for(3 * hidden, 32), dim3(32, kGroups), 0, stream>>>(
+          partials, chunks, hidden, static_cast<const G*>(out_bias_grad.data), static_cast<const W*>(out_weight.data),
+          static_cast<G*>(qkv_bias_grad.data), accumulate);
+      MXTRAIN_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
 int64_t column_partials(const Tensor& x, float* partials, cudaStream_t stream) {
   const int64_t rows = x.rows(), cols = x.cols();
   if (x.numel() == 0) return 0;
+  const int64_t ld = column_sum_row_stride(x);
   const int64_t chunks = private_buffers::column_reduction_chunks(rows);
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   float* p = partials;
-  const bool vector = cols % 8 == 0 && aligned16(x);
+  const bool vector = cols % 8 == 0 && ld % 8 == 0 && aligned16(x);
   dispatch_float<true>(x.dtype, "column sum", [&](auto tag) {
     using T = decltype(tag);
     const T* data = static_cast<const T*>(x.data);
     if (vector) {
       dim3 grid(blocks_for(cols / 8, kColumnThreads), static_cast<unsigned>(chunks));
-      column_partials_kernel<8><<<grid, kColumnThreads, 0, stream>>>(data, p, rows, cols, rows_per_chunk);
+      column_partials_kernel<8><<<grid, kColumnThreads, 0, stream>>>(data, p, rows, cols, ld, rows_per_chunk);
     } else {
       dim3 grid(blocks_for(cols, kColumnThreads), static_cast<unsigned>(chunks));
-      column_partials_kernel<1><<<grid, kColumnThreads, 0, stream>>>(data, p, rows, cols, rows_per_chunk);
+      column_partials_kernel<1><<<grid, kColumnThreads, 0, stream>>>(data, p, rows, cols, ld, rows_per_chunk);
     }
     MXTRAIN_CUDA_CHECK_LAUNCH();
   });

@@ -135,6 +135,14 @@ void DryrunBackend::impl_column_sum(const Tensor& x, const Tensor&, bool) {
   std::vector<Buffer> scratch = private_buffers::allocate_private(*this, private_buffers::column_sum(x));
 }
 
+void DryrunBackend::impl_qkv_bias_gradient(const Tensor& dqkv, const Tensor& out_bias_grad, const Tensor&,
+                                           const Tensor&, bool) {
+  if (!cuda_.enabled) return;
+  // The CUDA backend's dq partial sums (cuda_kernels::qkv_bias_gradient).
+  std::vector<Buffer> scratch =
+      private_buffers::allocate_private(*this, private_buffers::qkv_bias_gradient(dqkv, out_bias_grad.numel()));
+}
+
 void DryrunBackend::impl_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                                const Tensor& compute_copy, const Tensor&, const AdamWArgs& args) {
   if (!cuda_.enabled) return;
