@@ -92,6 +92,34 @@ TEST_F(FsdpTraining, GradientAccumulationWithAndWithoutPerMicroBatchReduction) {
   }
 }
 
+// GPT-2 (biases, learned positions) under FSDP with gradient accumulation, reduced every
+// micro-batch and only on the last: its QKV bias gradient's values part is overwritten each
+// micro-batch from the output projection's bias gradient summed so far (transformer.cpp), which
+// must give the one-rank, one-micro-batch run's weights whichever way the gradients accumulate.
+TEST_F(FsdpTraining, Gpt2WithGradientAccumulationTrainsLikeOneRank) {
+  auto gpt2_run = [&](const std::string& run, int64_t micro, const std::string& strategy) {
+    return test::tiny_training_run(corpus_, run, 6,
+                                   {{"model.preset", "tiny-gpt2"}, {"model.kv_heads", "2"},
+                                    {"train.micro_batch_size", std::to_string(micro)}, {"train.threads", "1"},
+                                    {"dist.strategy", strategy}});
+  };
+  const std::string reference_run = dir_->file("gpt2_reference");
+  if (rank() == 0) Trainer(gpt2_run(reference_run, 8, "full_shard"), {}).run();
+  test::mpi_world().barrier();
+  for (const bool sync : {true, false}) {
+    SCOPED_TRACE(sync ? "sync every micro-batch" : "reduce on the last micro-batch");
+    const std::string run = dir_->file(sync ? "gpt2_accumulate_sync" : "gpt2_accumulate_nosync");
+    RunConfig config = gpt2_run(run, 4 / ranks() > 0 ? 4 / ranks() : 1, sync ? "full_shard" : "shard_grad_op");
+    config.dist.sync_every_micro_batch = sync;
+    ASSERT_EQ(config.model.family, ModelFamily::gpt2);
+    ASSERT_GT(8 / (config.train.micro_batch_size * ranks()), 1) << "the test needs accumulation";
+    train_on(test::mpi_world(), config);
+    if (rank() != 0) continue;
+    test::expect_losses_match(run, reference_run, 1, 6);
+    test::expect_weights_match(checkpoint(run, 6), checkpoint(reference_run, 6), config);
+  }
+}
+
 TEST_F(FsdpTraining, BfloatGradientReductionIsCloseButNotIdentical) {
   const std::string run = dir_->file("bf16_reduce");
   RunConfig config = test::tiny_run(corpus_, run, 8 / ranks(), "full_shard");
