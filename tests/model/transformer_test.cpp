@@ -359,9 +359,49 @@ TEST(Transformer, LogitsChunkingKeepsTheLossAndGradients) {
     EXPECT_LT(test::relative_l2_error(chunked.groups[g], whole.groups[g]), 1e-5) << "group " << g;
 }
 
+// Central differences of the mean loss of one fixed batch: the model's FP32 masters perturbed one
+// element at a time (eps 1e-2 keeps the rounding error of the loss difference, about 1e-7 / 1e-2,
+// well below the tests' tolerances).
+class LossDifferences {
+ public:
+  LossDifferences(Backend& backend, Transformer& model, const Tensor& tokens, const Tensor& targets, int64_t batch,
+                  int64_t seq)
+      : backend_(backend), model_(model), tokens_(tokens), targets_(targets), batch_(batch), seq_(seq),
+        loss_(backend.allocate("loss", Shape{1}, DType::f32, Lifetime::scratch)) {}
+  // One forward and backward, the gradient of the mean loss left in the store.
+  void backward() {
+    backend_.fill(loss_, 0);
+    model_.forward_backward(tokens_, targets_, batch_, seq_, 1.0f / static_cast<float>(rows()), loss_);
+  }
+  // d(mean loss) / d(master[index]) by central differences; the master is restored.
+  double derivative(const Tensor& master, std::vector<float>& weights, size_t index, float eps = 1e-2f) {
+    const float original = weights[index];
+    weights[index] = original + eps;
+    const double plus = mean_loss(master, weights);
+    weights[index] = original - eps;
+    const double minus = mean_loss(master, weights);
+    weights[index] = original;
+    backend_.copy_from_host(weights.data(), master);
+    return (plus - minus) / (2 * eps);
+  }
+
+ private:
+  int64_t rows() const { return batch_ * seq_; }
+  double mean_loss(const Tensor& master, const std::vector<float>& weights) {
+    backend_.copy_from_host(weights.data(), master);
+    backend_.fill(loss_, 0);
+    model_.forward_loss(tokens_, targets_, batch_, seq_, loss_);
+    return static_cast<double>(backend_.read_scalar(loss_)) / static_cast<double>(rows());
+  }
+  Backend& backend_;
+  Transformer& model_;
+  Tensor tokens_, targets_;
+  int64_t batch_, seq_;
+  Buffer loss_;
+};
+
 // The analytic gradient of the mean loss against central differences for a few parameters of
-// every group, in both families. FP32 forward passes: eps 1e-2 keeps the rounding error of the
-// loss difference (about 1e-7 / 1e-2) well below the tolerance.
+// every group, in both families (FP32 forward passes).
 TEST(Transformer, GradientMatchesFiniteDifferences) {
   for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
     ModelConfig config = test::small_model(family, 3);
@@ -378,14 +418,8 @@ TEST(Transformer, GradientMatchesFiniteDifferences) {
     }
     Buffer t = test::upload_i32(*backend, tokens, Shape{rows}, "tokens");
     Buffer y = test::upload_i32(*backend, targets, Shape{rows}, "targets");
-    Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
-    auto mean_loss = [&] {
-      backend->fill(loss, 0);
-      model.forward_loss(t, y, batch, seq, loss);
-      return static_cast<double>(backend->read_scalar(loss)) / rows;
-    };
-    backend->fill(loss, 0);
-    model.forward_backward(t, y, batch, seq, 1.0f / rows, loss);
+    LossDifferences differences(*backend, model, t, y, batch, seq);
+    differences.backward();
     std::vector<ParamShard> shards = store.shards();
     for (const ParamShard& shard : shards) {
       std::vector<float> grad = test::download(*backend, shard.grad);
@@ -400,17 +434,7 @@ TEST(Transformer, GradientMatchesFiniteDifferences) {
       probes.push_back(largest);
       for (size_t k = 1; k <= 3; ++k) probes.push_back((grad.size() * k) / 4 - 1);
       for (size_t index : probes) {
-        const float eps = 1e-2f;
-        std::vector<float> perturbed = weights;
-        perturbed[index] = weights[index] + eps;
-        backend->copy_from_host(perturbed.data(), shard.master);
-        double plus = mean_loss();
-        perturbed[index] = weights[index] - eps;
-        backend->copy_from_host(perturbed.data(), shard.master);
-        double minus = mean_loss();
-        backend->copy_from_host(weights.data(), shard.master);
-        double numeric = (plus - minus) / (2 * eps);
-        EXPECT_NEAR(grad[index], numeric, 2e-3 * max_grad + 1e-5)
+        EXPECT_NEAR(grad[index], differences.derivative(shard.master, weights, index), 2e-3 * max_grad + 1e-5)
             << family_name(family) << " group " << shard.group << " element " << index;
       }
     }
@@ -434,14 +458,8 @@ TEST(Transformer, Gpt2QkvBiasGradientMatchesFiniteDifferences) {
   const int64_t batch = 2, seq = 8, rows = batch * seq;
   Buffer t, y;
   upload_batch(*backend, config, rows, &t, &y);
-  Buffer loss = backend->allocate("loss", Shape{1}, DType::f32, Lifetime::scratch);
-  auto mean_loss = [&] {
-    backend->fill(loss, 0);
-    model.forward_loss(t, y, batch, seq, loss);
-    return static_cast<double>(backend->read_scalar(loss)) / rows;
-  };
-  backend->fill(loss, 0);
-  model.forward_backward(t, y, batch, seq, 1.0f / rows, loss);
+  LossDifferences differences(*backend, model, t, y, batch, seq);
+  differences.backward();
   store.finish_backward();
   const int64_t q_cols = config.hidden, kv_cols = config.kv_heads * config.head_dim();
   const std::vector<ParamShard> shards = store.shards();
@@ -461,16 +479,8 @@ TEST(Transformer, Gpt2QkvBiasGradientMatchesFiniteDifferences) {
     for (int64_t e = 0; e < spec.numel(); ++e) {
       const size_t index = static_cast<size_t>(spec.offset + e);
       if (e >= q_cols && e < q_cols + kv_cols) ASSERT_EQ(grad[index], 0.0f) << "layer " << l << " key bias " << e;
-      const float eps = 1e-2f, original = weights[index];
-      weights[index] = original + eps;
-      backend->copy_from_host(weights.data(), shard.master);
-      const double plus = mean_loss();
-      weights[index] = original - eps;
-      backend->copy_from_host(weights.data(), shard.master);
-      const double minus = mean_loss();
-      weights[index] = original;
-      backend->copy_from_host(weights.data(), shard.master);
-      EXPECT_NEAR(grad[index], (plus - minus) / (2 * eps), 2e-3 * max_grad + 1e-6) << "layer " << l << " element " << e;
+      EXPECT_NEAR(grad[index], differences.derivative(shard.master, weights, index), 2e-3 * max_grad + 1e-6)
+          << "layer " << l << " element " << e;
     }
   }
 }
