@@ -65,6 +65,15 @@ std::string flash_attention_4_wanted(const RunConfig& config, int capability) {
   return strf("d%lld_g%lld", static_cast<long long>(shape.head_dim), static_cast<long long>(shape.heads / shape.kv_heads));
 }
 
+// The quack GEMM setting auto would take for this run if the build carries its kernels ("" where
+// auto keeps cuBLASLt alone whatever the build: not a Hopper, or a deterministic run, which keeps
+// SwiGLU and GELU as kernels of their own (Transformer::layer_forward), so auto takes nothing it
+// would not run).
+std::string quack_gemms_wanted(const RunConfig& config, int capability) {
+  if (capability != 90 || config.train.deterministic) return "";
+  return config.model.family == ModelFamily::llama ? "cublaslt+quack-swiglu" : "cublaslt+quack-gelu";
+}
+
 }  // namespace
 
 std::string attention_backward_of(const RunConfig& config, int capability) {
@@ -77,12 +86,11 @@ std::string attention_backward_of(const RunConfig& config, int capability) {
 
 std::string gemm_kernels_of(const RunConfig& config, int capability) {
   if (config.train.gemm_kernels != "auto") return config.train.gemm_kernels;
-  // A deterministic run keeps SwiGLU and GELU as kernels of their own (Transformer::layer_forward),
-  // so auto takes nothing it would not run.
-  if (capability != 90 || config.train.deterministic) return "cublaslt";
+  const std::string wanted = quack_gemms_wanted(config, capability);
+  if (wanted.empty()) return "cublaslt";
   const CarriedKernels carried = carried_kernels();
-  if (config.model.family == ModelFamily::llama) return carried.quack_gated_gemm ? "cublaslt+quack-swiglu" : "cublaslt";
-  return carried.quack_gelu_gemms ? "cublaslt+quack-gelu" : "cublaslt";
+  const bool carries = config.model.family == ModelFamily::llama ? carried.quack_gated_gemm : carried.quack_gelu_gemms;
+  return carries ? wanted : "cublaslt";
 }
 
 bool quack_swiglu_in(const std::string& gemm_kernels) {
@@ -113,7 +121,7 @@ std::string kernels_startup_line(const RunConfig& config, int capability) {
   const std::string tag = flash_attention_4_wanted(config, capability);
   if (config.train.attention_backward == "auto" && !tag.empty() && attention != "flash-attention-4")
     missing.push_back("FlashAttention-4's backward for " + tag);
-  if (config.train.gemm_kernels == "auto" && capability == 90 && !config.train.deterministic && gemms == "cublaslt")
+  if (config.train.gemm_kernels == "auto" && !quack_gemms_wanted(config, capability).empty() && gemms == "cublaslt")
     missing.push_back(config.model.family == ModelFamily::llama ? "quack's gated SwiGLU GEMM" : "quack's GELU GEMMs");
   if (!missing.empty())
     line += " (this build lacks " + missing[0] + (missing.size() > 1 ? " and " + missing[1] : std::string()) +
