@@ -73,9 +73,17 @@ TEST(PrivateBuffers, NormBackwardPaths) {
   EXPECT_FALSE(wide.fused);
   EXPECT_EQ(wide.chunks, 497);
   EXPECT_EQ(wide.buffers.at(0).shape, (Shape{497, 5120}));
-  // LayerNorm with a bias, 3200 columns: the warps' two padded rows (3328 floats) take 104 KiB
-  // of shared memory, over the 96 KiB limit; 1600 columns (1792 floats, 56 KiB) fit.
-  EXPECT_EQ(pb::norm_fused_shared_bytes(3200, true, true), 4u * 2u * 3328u * 4u);
+  // LayerNorm with a bias, 3200 columns: the warps' two rows (3072 + 128 + 4 * 16 = 3264 floats:
+  // the last 256-column group holds 16 vectors) take 102 KiB of shared memory, over the 96 KiB
+  // limit; 1600 columns (1536 + 128 + 4 * 8 = 1696 floats, 53 KiB) fit, four blocks with the
+  // 1 KiB each that the GPU reserves within an SM's 228 KiB (rows padded to 1792 floats filled
+  // them to the byte).
+  EXPECT_EQ(pb::norm_fused_row_floats(3200, true), 3264);
+  EXPECT_EQ(pb::norm_fused_shared_bytes(3200, true, true), 4u * 2u * 3264u * 4u);
+  EXPECT_EQ(pb::norm_fused_row_floats(1600, true), 1696);
+  EXPECT_LE(4 * (pb::norm_fused_shared_bytes(1600, true, true) + 1024), 228u * 1024u);
+  EXPECT_EQ(pb::norm_fused_row_floats(2048, true), 2048);  // whole groups: no padding
+  EXPECT_EQ(pb::norm_fused_row_floats(1600, false), 1600);  // 1-wide: one float a column
   EXPECT_FALSE(plan_for(NormKind::layer, 1024, 3200, DType::bf16, true, kAligned).fused);
   pb::NormBackwardPlan gpt = plan_for(NormKind::layer, 1024, 1600, DType::bf16, true, kAligned);
   EXPECT_TRUE(gpt.fused);
@@ -105,7 +113,7 @@ TEST(PrivateBuffers, NormBackwardDxColumnSums) {
   EXPECT_TRUE(gpt2.fused && gpt2.dx_sums);
   EXPECT_EQ(pb::norm_fused_shared_bytes(768, true, true, true), 4u * 4u * 768u * 4u);
   EXPECT_EQ(gpt2.buffers.at(0).shape, (Shape{4 * 32, 768}));
-  // GPT-2 774M's 1280 columns fit (80 KiB); GPT-2 1.5B's 1600 (112 KiB) do not: the fused
+  // GPT-2 774M's 1280 columns fit (80 KiB); GPT-2 1.5B's 1600 (106 KiB) do not: the fused
   // kernel keeps dweight's and dbias's sums and dx's run as column sums.
   EXPECT_TRUE(plan_for(NormKind::layer, 1280, DType::bf16, DType::bf16, true).dx_sums);
   const pb::NormBackwardPlan xl = plan_for(NormKind::layer, 1600, DType::bf16, DType::bf16, true);

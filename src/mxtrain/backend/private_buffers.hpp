@@ -68,8 +68,15 @@ constexpr int kNormFusedWarps = 4;
 constexpr size_t kNormFusedSharedLimit = 96 * 1024;
 int64_t norm_fused_chunks(int64_t rows);                 // >= 32 rows a chunk, about 512 chunks
 int norm_fused_vectors_per_lane(int64_t cols, int width);  // 4, 8 or 16; 0 = too wide
-// Floats of one warp's row of sums: 8-wide vectors pad the row to whole 256-column groups.
-constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) { return vector ? (cols + 255) / 256 * 256 : cols; }
+// Floats of one warp's row of sums. 8-wide vectors are laid out in 256-column groups, each
+// group's two 4-float halves of its 32 lanes' vectors one after the other (the kernel's
+// shared_slot), so a last, partial group of r vectors ends at 128 + 4r floats into the group:
+// GPT-2 1.5B's 1600 columns need 1696 floats, not 1792 (four blocks with a bias row then leave
+// 12 KiB of an SM's 228 KiB to L1 instead of none).
+constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) {
+  if (!vector || cols % 256 == 0) return cols;
+  return cols / 256 * 256 + 128 + 4 * ((cols % 256 + 7) / 8);
+}
 // Rows of sums a warp keeps: dweight's, dbias's with a bias, and dx's column sums in and out.
 size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums = false);
 

@@ -326,25 +326,30 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 
 // The fused backward: dx plus per-chunk partials of dweight (and dbias), K vectors per lane.
 // With 16-byte vectors of a 2-byte type and K <= 8 (kHold: hidden <= 2048 in bf16) the first
-// pass keeps the row's dout, x and, when accumulating, dx in registers as loaded, so a row costs
+// pass keeps the row's dout, x and (kHoldDx, when accumulating) dx in registers as loaded, so a row costs
 // one round trip to memory; wider rows re-read dout and x in the second pass. Each warp adds its
 // rows' dout * xhat (and dout) into its own shared-memory row, in row order; the block then sums
 // its warps' rows in warp order into one partial row per chunk.
-// Without a bias the kernel is held to 128 registers, four blocks (16 warps) an SM: for
-// llama-1b's rows (8 vectors a lane) its time in a step fell from 4.33 to 3.87 ms (CUPTI,
+// Without dx's column sums the kernel is held to 128 registers, four blocks (16 warps) an SM:
+// for llama-1b's rows (8 vectors a lane) its time in a step fell from 4.33 to 3.87 ms (CUPTI,
 // H200); at 165 registers only 12 warps fit. Its loop bounds are 32-bit and 1 / cols comes from
 // the launch, so at 128 registers it spills nothing (it spilled 20 bytes before: one launch
-// 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). With a bias its two shared rows
-// (64 KB a block at GPT-2 1.5B's width) allow three blocks anyway.
-// kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is then set),
-// two more rows of sums a warp, into partial_dx [2][chunks][cols].
+// 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). A LayerNorm's 8-vector rows
+// (its mean, and with a bias a second row of sums, live beside the held row) fit 128 registers
+// only by loading the incoming dx in the second pass instead of holding it (kHoldDx; held, the
+// bias variant ran at 168 registers, three blocks an SM, and GPT-2 1.5B's 512 chunks took 1.3
+// waves; four blocks' shared rows fit at that width, private_buffers::norm_fused_row_floats). kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is
+// then set), two more rows of sums a warp, into partial_dx [2][chunks][cols]; their shared rows
+// allow at most two blocks an SM, so that variant is not held to 128 registers.
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx>
-__global__ void __launch_bounds__(kFusedWarps * 32, kBias || kDx ? 1 : 4)
+__global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
                            T* dx, float* partial_weight, float* partial_bias, float* partial_dx, int64_t rows,
-                           int cols, float inv_cols, int rows_per_chunk, bool accumulate, unsigned* amax_out) {
+                           int cols, float inv_cols, int rows_per_chunk, int row_floats, bool accumulate,
+                           unsigned* amax_out) {
   constexpr bool kHold = W == 8 && sizeof(T) == 2 && K <= 8;
   constexpr int kHeld = kHold ? K : 1;
+  constexpr bool kHoldDx = K <= 4 || !kLayer || kDx;  // otherwise the second pass loads dx
   constexpr int kSums = (kBias ? 2 : 1) + (kDx ? 2 : 0);
   constexpr int kDxRow = kBias ? 2 : 1;  // the first of dx's two rows
   constexpr int warps = kFusedWarps;
@@ -357,7 +362,6 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   // across the row loop, the 8-vector RMSNorm kernel spilled both at its 128-register cap and
   // reloaded them from L2 at every row (a fifth of its stall samples in ncu, H200).
   const int count = static_cast<int>(min(rows - begin, static_cast<int64_t>(rows_per_chunk)));
-  const int64_t row_floats = shared_row_floats<W>(cols);
   float* sum_w = warp_partials + static_cast<int64_t>(warp) * kSums * row_floats;
   float* sum_b = sum_w + row_floats;
   float* sum_in = sum_w + kDxRow * row_floats;
@@ -371,7 +375,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
     const float rstd = rstd_in[row];
-    uint4 held_d[kHeld], held_x[kHeld], held_g[kHeld];
+    uint4 held_d[kHeld], held_x[kHeld], held_g[kHoldDx ? kHeld : 1];
     if constexpr (kHold) {
       // All of the row's loads first, then the math: one memory latency per row.
 #pragma unroll
@@ -380,7 +384,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
         if (c < cols) {
           held_d[k] = load_raw(dout + base + c);
           held_x[k] = load_raw(x + base + c);
-          if (accumulate) held_g[k] = load_raw(dx + base + c);
+          if (kHoldDx && accumulate) held_g[k] = load_raw(dx + base + c);
         }
       }
     }
@@ -410,7 +414,10 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
       if constexpr (kHold) {
         widen<T>(held_d[k], d);
         widen<T>(held_x[k], v);
-        if (accumulate) widen<T>(held_g[k], g);
+        if (accumulate) {
+          if constexpr (kHoldDx) widen<T>(held_g[k], g);
+          else load<W>(dx + base + c, g);
+        }
       } else {
         load<W>(dout + base + c, d);
         load<W>(x + base + c, v);
@@ -617,7 +624,8 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
     kernel<<<static_cast<unsigned>(chunks), kFusedWarps * 32, shared_bytes, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
-        partial_weight, partial_bias, partial_dx, rows, cols, inv_cols, rows_per_chunk, accumulate, amax);
+        partial_weight, partial_bias, partial_dx, rows, cols, inv_cols, rows_per_chunk,
+        static_cast<int>(shared_row_floats<W>(cols)), accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;

@@ -82,23 +82,45 @@ __global__ void column_partials_kernel(const T* x, float* partials, int64_t rows
 // Block (32, kGroups): 32 columns, kGroups interleaved chunk groups combined in a fixed order.
 constexpr int kGroups = 32;
 
-template <typename G>
-__global__ void reduce_partials_kernel(const float* partials, int64_t chunks, int64_t cols, G* out, bool accumulate) {
-  __shared__ float group_sums[kGroups][33];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+// Thread row y's share of a column's terms: Σ term(p) over p ≡ y (mod kGroups), p < count, in p
+// order, with a batch of kBatch terms' loads in flight before their adds (the same sums as one at
+// a time; at four in flight a 512-chunk column took four memory round trips, and these kernels
+// run a few hundred times a step).
+template <typename Term> __device__ __forceinline__ float group_share(int64_t count, Term term) {
+  constexpr int kBatch = 16;
   float total = 0.0f;
-  if (c < cols) {
-#pragma unroll 4
-    for (int64_t p = threadIdx.y; p < chunks; p += kGroups) total += partials[p * cols + c];
+  int64_t p = threadIdx.y;
+  for (; p + (kBatch - 1) * kGroups < count; p += kBatch * kGroups) {
+    float batch[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) batch[j] = term(p + j * kGroups);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) total += batch[j];
   }
-  group_sums[threadIdx.y][threadIdx.x] = total;
+  for (; p < count; p += kGroups) total += term(p);
+  return total;
+}
+
+// The block's thread rows' shares of its 32 columns added in group order; the column's sum in
+// thread row 0 (0 elsewhere). Every thread of the block must call it.
+__device__ __forceinline__ float sum_of_group_shares(float share) {
+  __shared__ float group_sums[kGroups][33];
+  group_sums[threadIdx.y][threadIdx.x] = share;
   __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float sum = 0.0f;
+  float sum = 0.0f;
+  if (threadIdx.y == 0) {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) sum += group_sums[g][threadIdx.x];
-    out[c] = from_float<G>(accumulate ? to_float<G>(out[c]) + sum : sum);
   }
+  return sum;
+}
+
+template <typename G>
+__global__ void reduce_partials_kernel(const float* partials, int64_t chunks, int64_t cols, G* out, bool accumulate) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const float share = c < cols ? group_share(chunks, [&](int64_t p) { return partials[p * cols + c]; }) : 0.0f;
+  const float sum = sum_of_group_shares(share);
+  if (threadIdx.y == 0 && c < cols) out[c] = from_float<G>(accumulate ? to_float<G>(out[c]) + sum : sum);
 }
 
 // Backend::qkv_bias_gradient's second stage, block (32, kGroups) over 32 of the 3·hidden
@@ -108,27 +130,21 @@ __global__ void reduce_partials_kernel(const float* partials, int64_t chunks, in
 template <typename G, typename W>
 __global__ void qkv_bias_kernel(const float* partials, int64_t chunks, int64_t hidden, const G* out_bias,
                                 const W* out_weight, G* bias, bool accumulate) {
-  __shared__ float group_sums[kGroups][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int part = c < hidden ? 0 : c < 2 * hidden ? 1 : 2;
-  float total = 0.0f;
+  float share = 0.0f;
   if (c < 3 * hidden) {
     if (part == 0) {
-#pragma unroll 4
-      for (int64_t p = threadIdx.y; p < chunks; p += kGroups) total += partials[p * hidden + c];
+      share = group_share(chunks, [&](int64_t p) { return partials[p * hidden + c]; });
     } else if (part == 2) {
       const int64_t j = c - 2 * hidden;
-#pragma unroll 4
-      for (int64_t i = threadIdx.y; i < hidden; i += kGroups)
-        total += to_float<G>(out_bias[i]) * to_float<W>(out_weight[i * hidden + j]);
+      share = group_share(hidden, [&](int64_t i) {
+        return to_float<G>(out_bias[i]) * to_float<W>(out_weight[i * hidden + j]);
+      });
     }
   }
-  group_sums[threadIdx.y][threadIdx.x] = total;
-  __syncthreads();
+  const float sum = sum_of_group_shares(share);
   if (threadIdx.y == 0 && c < 3 * hidden) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) sum += group_sums[g][threadIdx.x];
     if (part == 0) bias[c] = from_float<G>(accumulate ? to_float<G>(bias[c]) + sum : sum);
     else if (part == 1) {
       if (!accumulate) bias[c] = from_float<G>(0.0f);
