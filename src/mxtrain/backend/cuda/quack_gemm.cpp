@@ -177,10 +177,12 @@ void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
   View a(const_cast<void*>(g.a), tvm_ffi::kBf16, id, {g.rows, g.k}, {g.k, 1});
   View preact(g.preact, tvm_ffi::kBf16, id, {g.rows, g.n}, {g.n, 1});
   View out(g.out, tvm_ffi::kBf16, id, {g.rows, g.n}, {g.n, 1});
+  // quack's B [k, n]: the forward's w is [n, k] (B = wᵀ), the backward's w [k, n] row-major.
+  const int64_t one = 1;
+  View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {g.backward ? g.n : one, g.backward ? one : g.k});
   const TVMFFIAny n = tvm_ffi::none();
   std::string error;
   if (!g.backward) {
-    View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {1, g.k});  // quack's B [k, n] = wᵀ
     View bias(const_cast<void*>(g.bias), tvm_ffi::kBf16, id, {g.n}, {1});
     // The epilogue's (bias, postact, None, None); D is the pre-activation.
     tvm_ffi::TensorArray epilogue({bias.any(), out.any(), n, n}, {&bias, &out});
@@ -188,7 +190,6 @@ void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
     error = tvm_ffi::call(kernel.fn,
                           {a.any(), w.any(), preact.any(), n, epilogue.any, scheduler_arguments(clusters), n, n, n});
   } else if (g.bias_partials != nullptr) {
-    View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {g.n, 1});  // w [k, n] row-major
     const int64_t tiles = gelu_partial_rows(candidate, g.rows);
     View partials(g.bias_partials, tvm_ffi::kF32, id, {tiles, g.n}, {g.n, 1});
     // The epilogue's (bias partials, None, None); C is the pre-activation, D the gradient.
@@ -198,7 +199,6 @@ void run_gelu(int candidate, const Gelu& g, cudaStream_t stream) {
     error = tvm_ffi::call(kernel.fn, {a.any(), w.any(), out.any(), preact.any(), epilogue.any,
                                       scheduler_arguments(clusters), n, n, n});
   } else {
-    View w(const_cast<void*>(g.w), tvm_ffi::kBf16, id, {g.k, g.n}, {g.n, 1});  // w [k, n] row-major
     TVMFFIAny pair;  // the epilogue's (None, None); C is the pre-activation, D the gradient
     const std::string made = tvm_ffi::make_none_pair(&pair);
     if (!made.empty()) fail("TVM-FFI could not make the GELU backward's epilogue arguments: " + made);
