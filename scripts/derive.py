@@ -755,11 +755,30 @@ def quack_probe_shapes(relative):
 
 def timeline_mean_us(relative, kernel):
     """The mean launch time (us) of the kernels whose name holds `kernel` in a step_timeline.py table."""
+    total, launches = timeline_kernel(relative, kernel)
+    return 1000.0 * total / launches
+
+
+def timeline_kernel(relative, kernel):
+    """(total ms, launches) of the last step's kernels whose name holds `kernel` in a step_timeline.py table."""
     for line in read(relative).splitlines():
         m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(\S+)", line)
         if m and kernel in m[3]:
-            return 1000.0 * float(m[1]) / int(m[2])
+            return float(m[1]), int(m[2])
     raise SystemExit(f"derive.py: {relative} has no kernel named like {kernel!r}")
+
+
+def timeline_ab(before, after, *kernels):
+    """Each named kernel's time in the last step of two step timelines (one binary and another, in
+    one call): total ms and launches before, after, and the change. A kernel argument is the part
+    of its name to look for, or LABEL=PART to call it LABEL."""
+    parts = []
+    for named in kernels:
+        label, _, kernel = named.rpartition("=")
+        (a, na), (b, nb) = timeline_kernel(before, kernel), timeline_kernel(after, kernel)
+        launches = f"{na} launches" if na == nb else f"{na} and {nb} launches"
+        parts.append(f"{label or kernel} {a:.3f} → {b:.3f} ms ({launches}, {(b - a) / a * 100:+.1f}%)")
+    return "; ".join(parts)
 
 
 QUACK_PLAIN = {"gated": "x · W1ᵀ", "dgated": "dY · W2", "dx": "dpreact · W1", "dw1": "dpreactᵀ · x"}
@@ -1003,6 +1022,7 @@ def generate(kind, args, planner):
         "mfu": lambda: mfu_of(*args),
         "swiglu-ab": lambda: swiglu_ab(*args),
         "binary-ab": lambda: binary_ab(*args),
+        "timeline-ab": lambda: timeline_ab(*args),
         "head-loss-timings": lambda: head_loss_timings(*args),
         "head-loss-errors": lambda: head_loss_errors(*args),
         "gelu-gemm-timings": lambda: gelu_gemm_timings(*args),
