@@ -71,8 +71,8 @@ int norm_fused_vectors_per_lane(int64_t cols, int width);  // 4, 8 or 16; 0 = to
 // Floats of one warp's row of sums. 8-wide vectors are laid out in 256-column groups, each
 // group's two 4-float halves of its 32 lanes' vectors one after the other (the kernel's
 // shared_slot), so a last, partial group of r vectors ends at 128 + 4r floats into the group:
-// GPT-2 1.5B's 1600 columns need 1696 floats, not 1792 (four blocks with a bias row then leave
-// 12 KiB of an SM's 228 KiB to L1 instead of none).
+// GPT-2 1.5B's 1600 columns need 1696 floats, not 1792 (four blocks with a bias row then take
+// 216 of an SM's 228 KiB of shared memory, where the padded rows took all of it).
 constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) {
   if (!vector || cols % 256 == 0) return cols;
   return cols / 256 * 256 + 128 + 4 * ((cols % 256 + 7) / 8);

@@ -326,21 +326,21 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 
 // The fused backward: dx plus per-chunk partials of dweight (and dbias), K vectors per lane.
 // With 16-byte vectors of a 2-byte type and K <= 8 (kHold: hidden <= 2048 in bf16) the first
-// pass keeps the row's dout, x and (kHoldDx, when accumulating) dx in registers as loaded, so a row costs
-// one round trip to memory; wider rows re-read dout and x in the second pass. Each warp adds its
-// rows' dout * xhat (and dout) into its own shared-memory row, in row order; the block then sums
-// its warps' rows in warp order into one partial row per chunk.
+// pass keeps the row's dout, x and (kHoldDx, when accumulating) dx in registers as loaded, so a
+// row costs one round trip to memory; wider rows re-read dout and x in the second pass. Each
+// warp adds its rows' dout * xhat (and dout) into its own shared-memory row, in row order; the
+// block then sums its warps' rows in warp order into one partial row per chunk.
 // Without dx's column sums the kernel is held to 128 registers, four blocks (16 warps) an SM:
 // for llama-1b's rows (8 vectors a lane) its time in a step fell from 4.33 to 3.87 ms (CUPTI,
 // H200); at 165 registers only 12 warps fit. Its loop bounds are 32-bit and 1 / cols comes from
 // the launch, so at 128 registers it spills nothing (it spilled 20 bytes before: one launch
-// 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). A LayerNorm's 8-vector rows
-// (its mean, and with a bias a second row of sums, live beside the held row) fit 128 registers
-// only by loading the incoming dx in the second pass instead of holding it (kHoldDx; held, the
-// bias variant ran at 168 registers, three blocks an SM, and GPT-2 1.5B's 512 chunks took 1.3
-// waves; four blocks' shared rows fit at that width, private_buffers::norm_fused_row_floats). kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is
-// then set), two more rows of sums a warp, into partial_dx [2][chunks][cols]; their shared rows
-// allow at most two blocks an SM, so that variant is not held to 128 registers.
+// 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). A LayerNorm's 8-vector rows (its
+// mean, and with a bias a second row of sums, live beside the held row) fit 128 registers only
+// by loading the incoming dx in the second pass instead of holding it (kHoldDx; held, the bias
+// variant took 168 registers, three blocks an SM, and GPT-2 1.5B's 512 chunks 1.3 waves).
+// kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is then set),
+// two more rows of sums a warp, into partial_dx [2][chunks][cols]; their shared rows allow at
+// most two blocks an SM, so that variant is not held to 128 registers.
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx>
 __global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
