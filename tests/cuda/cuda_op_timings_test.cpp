@@ -251,6 +251,21 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
 // default budget), chunked (the logits GEMM, the cross-entropy kernel, the two gradient GEMMs) and
 // as quack's linear cross-entropy (train.head_loss = quack-lce): the time of the chunk and of a
 // step's chunks.
+// The norms at GPT-2 1.5B's rows (16384 x 1600, LayerNorm with a bias): 6.25 vectors a lane, the
+// fused backward's 8-vector variant with the bias's second row of sums.
+TEST_F(CudaOpTimings, DISABLED_Gpt2XlNorms) {
+  const DType bf = DType::bf16;
+  const int64_t R = 16384, C = 1600;
+  std::printf("[ time  ] ---- gpt2-1.5b 16x1024 norms ----\n");
+  Buffer x = random(Shape{R, C}, bf, 1), y = random(Shape{R, C}, bf, 2), out = random(Shape{R, C}, bf, 4);
+  Buffer w = random(Shape{C}, bf, 5, 0.5f, 1.5f), b = random(Shape{C}, bf, 6);
+  Buffer mean = random(Shape{R}, DType::f32, 7), rstd = random(Shape{R}, DType::f32, 8, 0.5f, 1.5f);
+  Buffer dw = random(Shape{C}, DType::f32, 9), db = random(Shape{C}, DType::f32, 10);
+  time("norm_forward", [&] { cuda().norm_forward(NormKind::layer, x, w, b, out, mean, rstd, 1e-5f); });
+  time("norm_backward (accumulate dx)",
+       [&] { cuda().norm_backward(NormKind::layer, y, x, w, mean, rstd, out, dw, db, true); });
+}
+
 TEST_F(CudaOpTimings, DISABLED_HeadLoss) {
   if (!quack_gemm::lce_carried()) GTEST_SKIP() << "built without quack's linear cross-entropy";
   struct HeadShape {
