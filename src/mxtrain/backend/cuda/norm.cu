@@ -59,14 +59,6 @@ template <int W> __device__ __forceinline__ void add_to_shared(float* row, int k
   }
 }
 
-// Asks L2 for the lines holding elements [0, n) of p, the warp's lanes taking 128-byte lines in
-// turn. A hint: nothing comes into registers, and every line named holds some of the elements.
-template <typename T> __device__ __forceinline__ void prefetch_l2(const T* p, int n, int lane) {
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p + n);
-  for (uintptr_t a = (reinterpret_cast<uintptr_t>(p) & ~uintptr_t{127}) + lane * 128; a < end; a += 32 * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-}
-
 // The 8-wide vector of a 2-byte type as loaded (one 16-byte access), widened when used.
 template <typename T> __device__ __forceinline__ uint4 load_raw(const T* p) {
   return *reinterpret_cast<const uint4*>(p);
@@ -348,7 +340,9 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // variant took 168 registers, three blocks an SM, and GPT-2 1.5B's 512 chunks 1.3 waves).
 // kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is then set),
 // two more rows of sums a warp, into partial_dx [2][chunks][cols]; their shared rows allow at
-// most two blocks an SM, so that variant is not held to 128 registers.
+// most two blocks an SM, so that variant is not held to 128 registers. Asking L2 for each warp's
+// next row as it starts one (prefetch.global.L2) made it a quarter slower on an H100
+// (bench/results/h100_norm_prefetch_tried_6c7b8aa.md).
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx>
 __global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
@@ -381,13 +375,6 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   for (int r = warp; r < count; r += warps) {
     const int64_t row = begin + r;
     const int64_t base = row * cols;
-    if (r + warps < count) {
-      // The warp's next row into L2 while this one is worked on, so its loads wait on L2, not HBM.
-      const int64_t next = base + static_cast<int64_t>(warps) * cols;
-      prefetch_l2(dout + next, cols, lane);
-      prefetch_l2(x + next, cols, lane);
-      if (accumulate) prefetch_l2(dx + next, cols, lane);
-    }
     const float mean = kLayer ? mean_in[row] : 0.0f;
     const float rstd = rstd_in[row];
     uint4 held_d[kHeld], held_x[kHeld], held_g[kHoldDx ? kHeld : 1];
