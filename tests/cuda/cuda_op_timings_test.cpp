@@ -247,10 +247,6 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
   }
 }
 
-// The LM head and its loss, one chunk of rows as Transformer::head runs it (logits_chunk_rows at the
-// default budget), chunked (the logits GEMM, the cross-entropy kernel, the two gradient GEMMs) and
-// as quack's linear cross-entropy (train.head_loss = quack-lce): the time of the chunk and of a
-// step's chunks.
 // The norms at GPT-2 1.5B's rows (16384 x 1600, LayerNorm with a bias): 6.25 vectors a lane, the
 // fused backward's 8-vector variant with the bias's second row of sums.
 TEST_F(CudaOpTimings, DISABLED_Gpt2XlNorms) {
@@ -266,6 +262,10 @@ TEST_F(CudaOpTimings, DISABLED_Gpt2XlNorms) {
        [&] { cuda().norm_backward(NormKind::layer, y, x, w, mean, rstd, out, dw, db, true); });
 }
 
+// The LM head and its loss, one chunk of rows as Transformer::head runs it (logits_chunk_rows at the
+// default budget), chunked (the logits GEMM, the cross-entropy kernel, the two gradient GEMMs) and
+// as quack's linear cross-entropy (train.head_loss = quack-lce): the time of the chunk and of a
+// step's chunks.
 TEST_F(CudaOpTimings, DISABLED_HeadLoss) {
   if (!quack_gemm::lce_carried()) GTEST_SKIP() << "built without quack's linear cross-entropy";
   struct HeadShape {
