@@ -30,7 +30,9 @@ mx() {
     done
   done
 }
-torch_set() { python3 "$here/torch_baseline.py" "$1" | grep '"kind": "train"' >> "$out" || echo "torch $1 failed" >&2; }
+# Each PyTorch line lands in OUT as it is measured (train_bench prints whole lines and flushes), so a
+# command cut short by a time limit keeps the rows it finished.
+torch_set() { python3 "$here/torch_baseline.py" "$1" | grep --line-buffered '"kind": "train"' >> "$out" || echo "torch $1 failed" >&2; }
 for set in "$@"; do
   case $set in
     gpt2)
@@ -44,13 +46,11 @@ for set in "$@"; do
     llama)
       mx -m llama-1b -b 8 -s 2048 -p bf16
       python3 - "$here" "$out" <<'PY'
-import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, io, contextlib
+import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, contextlib
 tl = dict(arch="llama", vocab=32000, d=2048, L=22, h=32, kv=4, ffn=5632)
-buf = io.StringIO()
-with contextlib.redirect_stdout(buf):
+with open(sys.argv[2], "a") as out, contextlib.redirect_stdout(out):
     tb.train_bench("tinyllama-1.1B", B=8, T=2048, **tl)
     tb.train_bench("tinyllama-1.1B", B=8, T=2048, compile=True, **tl)
-open(sys.argv[2], "a").write(buf.getvalue())
 PY
       ;;
     long)
@@ -58,14 +58,12 @@ PY
       mx -m llama-1b -b 1 -s 8192 -p bf16 -r full
       "$bin" bench --warmup 2 --timed 5 --json "$out" --set optimizer.grad_clip=0 -m llama-1b -b 16 -s 8192 -p bf16 -r full >/dev/null || echo "mxtrain bench llama-1b 16x8192 failed" >&2
       python3 - "$here" "$out" <<'PY'
-import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, io, contextlib
+import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, contextlib
 tl = dict(arch="llama", vocab=32000, d=2048, L=22, h=32, kv=4, ffn=5632)
-buf = io.StringIO()
-with contextlib.redirect_stdout(buf):
+with open(sys.argv[2], "a") as out, contextlib.redirect_stdout(out):
     tb.train_bench("tinyllama-1.1B", B=1, T=8192, **tl)
     tb.train_bench("tinyllama-1.1B", B=1, T=8192, ckpt=True, **tl)
     tb.train_bench("tinyllama-1.1B", B=16, T=8192, ckpt=True, steps=5, warm=2, **tl)
-open(sys.argv[2], "a").write(buf.getvalue())
 PY
       ;;
     long8b|long131k)
@@ -73,14 +71,12 @@ PY
       "$bin" bench --warmup 1 --timed 2 --json "$out" --set optimizer.grad_clip=0 "${shape[@]}" -b 1 -p bf16 -r full \
         >/dev/null || echo "mxtrain bench ${shape[*]} failed" >&2
       python3 - "$here" "$out" "$set" <<'PY'
-import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, io, contextlib
-buf = io.StringIO()
-with contextlib.redirect_stdout(buf):
+import sys; sys.path.insert(0, sys.argv[1]); import torch_baseline as tb, contextlib
+with open(sys.argv[2], "a") as out, contextlib.redirect_stdout(out):
     if sys.argv[3] == "long8b":
         tb.train_bench("llama3-8B", "llama", 128256, 4096, 32, 32, kv=8, ffn=14336, B=1, T=32768, ckpt=True, steps=2, warm=1)
     else:
         tb.train_bench("tinyllama-1.1B", "llama", 32000, 2048, 22, 32, kv=4, ffn=5632, B=1, T=131072, ckpt=True, steps=2, warm=1)
-open(sys.argv[2], "a").write(buf.getvalue())
 PY
       ;;
     *) echo "unknown set $set" >&2; exit 2 ;;
