@@ -247,19 +247,36 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
   }
 }
 
-// The norms at GPT-2 1.5B's rows (16384 x 1600, LayerNorm with a bias): 6.25 vectors a lane, the
-// fused backward's 8-vector variant with the bias's second row of sums.
-TEST_F(CudaOpTimings, DISABLED_Gpt2XlNorms) {
+// The norms at widths the model shapes above do not reach: GPT-2 1.5B's rows (16384 x 1600,
+// LayerNorm with a bias: 6.25 vectors a lane, the fused backward's held 8-vector variant with the
+// bias's second row of sums) and Llama-3B's (8192 x 3072 RMSNorm: 12 vectors a lane, the 16-vector
+// variant that re-reads its row; norm weights in BF16 as BF16 training keeps them, in FP32 as the
+// FP8 recipes do).
+TEST_F(CudaOpTimings, DISABLED_WideNorms) {
+  struct NormShape {
+    const char* name;
+    int64_t rows, cols;
+    NormKind kind;
+    DType weight;
+  };
+  const NormShape shapes[] = {{"gpt2-1.5b 16x1024 norms", 16384, 1600, NormKind::layer, DType::bf16},
+                              {"llama-3b 4x2048 norms", 8192, 3072, NormKind::rms, DType::bf16},
+                              {"llama-3b 4x2048 norms, fp32 weights", 8192, 3072, NormKind::rms, DType::f32}};
   const DType bf = DType::bf16;
-  const int64_t R = 16384, C = 1600;
-  std::printf("[ time  ] ---- gpt2-1.5b 16x1024 norms ----\n");
-  Buffer x = random(Shape{R, C}, bf, 1), y = random(Shape{R, C}, bf, 2), out = random(Shape{R, C}, bf, 4);
-  Buffer w = random(Shape{C}, bf, 5, 0.5f, 1.5f), b = random(Shape{C}, bf, 6);
-  Buffer mean = random(Shape{R}, DType::f32, 7), rstd = random(Shape{R}, DType::f32, 8, 0.5f, 1.5f);
-  Buffer dw = random(Shape{C}, DType::f32, 9), db = random(Shape{C}, DType::f32, 10);
-  time("norm_forward", [&] { cuda().norm_forward(NormKind::layer, x, w, b, out, mean, rstd, 1e-5f); });
-  time("norm_backward (accumulate dx)",
-       [&] { cuda().norm_backward(NormKind::layer, y, x, w, mean, rstd, out, dw, db, true); });
+  for (const NormShape& n : shapes) {
+    std::printf("[ time  ] ---- %s ----\n", n.name);
+    const int64_t R = n.rows, C = n.cols;
+    const bool layer = n.kind == NormKind::layer;
+    Buffer x = random(Shape{R, C}, bf, 1), y = random(Shape{R, C}, bf, 2), out = random(Shape{R, C}, bf, 4);
+    Buffer w = random(Shape{C}, n.weight, 5, 0.5f, 1.5f), b = random(Shape{C}, n.weight, 6);
+    Buffer mean = random(Shape{R}, DType::f32, 7), rstd = random(Shape{R}, DType::f32, 8, 0.5f, 1.5f);
+    Buffer dw = random(Shape{C}, DType::f32, 9), db = random(Shape{C}, DType::f32, 10);
+    const Tensor no;
+    const Tensor bias = layer ? b.tensor() : no, m = layer ? mean.tensor() : no, dbias = layer ? db.tensor() : no;
+    time("norm_forward", [&] { cuda().norm_forward(n.kind, x, w, bias, out, m, rstd, 1e-5f); });
+    time("norm_backward (accumulate dx)",
+         [&] { cuda().norm_backward(n.kind, y, x, w, m, rstd, out, dw, dbias, true); });
+  }
 }
 
 // The LM head and its loss, one chunk of rows as Transformer::head runs it (logits_chunk_rows at the
