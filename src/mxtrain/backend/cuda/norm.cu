@@ -426,7 +426,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
     // branch). The arithmetic is the same, so are the bits. CUPTI, H100, the kernel's time in a
     // step: llama-3b fp8 (3072 columns, 12 vectors a lane of the 16-vector variant) 7.33 ->
     // 5.95 ms, gpt2-1.5b (held LayerNorm, the incoming dx in the ring) 9.09 -> 8.90 ms
-    // (bench/results/h100_norm_rings_*.md).
+    // (bench/results/h100_norm_rings_4325add.md).
     RawVec<W, T> ring_d[kAhead], ring_x[kAhead], ring_g[kAhead];
     constexpr int kRingW = kAheadW > 0 ? kAheadW : 1;
     RawVec<W, Wt> ring_w[kRingW];
