@@ -73,18 +73,34 @@ TEST(PrivateBuffers, NormBackwardPaths) {
   EXPECT_FALSE(wide.fused);
   EXPECT_EQ(wide.chunks, 497);
   EXPECT_EQ(wide.buffers.at(0).shape, (Shape{497, 5120}));
-  // LayerNorm with a bias, 3200 columns: the warps' two rows (3072 + 128 + 4 * 16 = 3264 floats:
-  // the last 256-column group holds 16 vectors) take 102 KiB of shared memory, over the 96 KiB
-  // limit; 1600 columns (1536 + 128 + 4 * 8 = 1696 floats, 53 KiB) fit, four blocks with the
-  // 1 KiB each that the GPU reserves within an SM's 228 KiB (rows padded to 1792 floats filled
-  // them to the byte).
+  // LayerNorm with a bias, 3200 columns: whole rows of sums (3072 + 128 + 4 * 16 = 3264 floats:
+  // the last 256-column group holds 16 vectors) would take 102 KiB of shared memory, over the
+  // 96 KiB limit, so FP32 rows run two kernels; 16-bit rows are split over pairs of warps at
+  // 1792 columns (13 groups: 7 and 6), the sums' rows of the first part's width plus the pairs'
+  // exchange (57 KiB), and fuse. 1600 columns (1536 + 128 + 4 * 8 = 1696 floats, 53 KiB) fit,
+  // four blocks with the 1 KiB each that the GPU reserves within an SM's 228 KiB (rows padded to
+  // 1792 floats filled them to the byte).
   EXPECT_EQ(pb::norm_fused_row_floats(3200, true), 3264);
   EXPECT_EQ(pb::norm_fused_shared_bytes(3200, true, true), 4u * 2u * 3264u * 4u);
+  EXPECT_EQ(pb::norm_split_columns(3200, true, true), 1792);
+  EXPECT_EQ(pb::norm_fused_shared_bytes(3200, true, true, false, 1792), 4u * 2u * 1792u * 4u + 64u);
+  EXPECT_EQ(pb::norm_split_columns(3072, true, true), 1536);  // Llama-3B: 6 groups a part
+  EXPECT_EQ(pb::norm_split_columns(4096, true, true), 2048);  // Llama-8B: 8
+  EXPECT_EQ(pb::norm_split_columns(2304, true, true), 1280);  // 9 groups: 5 and 4
+  EXPECT_EQ(pb::norm_split_columns(2048, true, true), 0);     // held whole
+  EXPECT_EQ(pb::norm_split_columns(4104, true, true), 0);     // two kernels
+  EXPECT_EQ(pb::norm_split_columns(3072, true, false), 0);    // FP32 rows
+  EXPECT_EQ(pb::norm_split_columns(3072, false, true), 0);    // 1-wide loads
+  pb::NormBackwardPlan split = plan_for(NormKind::layer, 1024, 3200, DType::bf16, true, kAligned);
+  EXPECT_TRUE(split.fused);
+  EXPECT_EQ(split.lanes, 16);
+  EXPECT_EQ(split.split, 1792);
+  EXPECT_EQ(split.buffers.at(0).shape, (Shape{2 * 32, 3200}));
+  EXPECT_FALSE(plan_for(NormKind::layer, 1024, 3200, DType::f32, true, kAligned).fused);
   EXPECT_EQ(pb::norm_fused_row_floats(1600, true), 1696);
   EXPECT_LE(4 * (pb::norm_fused_shared_bytes(1600, true, true) + 1024), 228u * 1024u);
   EXPECT_EQ(pb::norm_fused_row_floats(2048, true), 2048);  // whole groups: no padding
   EXPECT_EQ(pb::norm_fused_row_floats(1600, false), 1600);  // 1-wide: one float a column
-  EXPECT_FALSE(plan_for(NormKind::layer, 1024, 3200, DType::bf16, true, kAligned).fused);
   pb::NormBackwardPlan gpt = plan_for(NormKind::layer, 1024, 1600, DType::bf16, true, kAligned);
   EXPECT_TRUE(gpt.fused);
   EXPECT_EQ(gpt.buffers.at(0).shape, (Shape{2 * 32, 1600}));  // dweight's then dbias's partials

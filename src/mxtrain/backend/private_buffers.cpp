@@ -74,10 +74,11 @@ int norm_fused_vectors_per_lane(int64_t cols, int width) {
   return 0;
 }
 
-size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums) {
+size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums, int64_t split) {
   const size_t rows = 1 + static_cast<size_t>(with_bias) + 2 * static_cast<size_t>(dx_sums);
-  return static_cast<size_t>(kNormFusedWarps) * rows * static_cast<size_t>(norm_fused_row_floats(cols, vector)) *
-         sizeof(float);
+  const size_t sums = static_cast<size_t>(kNormFusedWarps) * rows *
+                      static_cast<size_t>(norm_fused_row_floats(split > 0 ? split : cols, vector)) * sizeof(float);
+  return split > 0 ? sums + kNormSplitExchangeBytes : sums;
 }
 
 NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -89,8 +90,9 @@ NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& 
   plan.with_bias = kind == NormKind::layer && dbias.defined();
   plan.vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
   plan.lanes = norm_fused_vectors_per_lane(cols, plan.vector ? 8 : 1);
+  plan.split = norm_split_columns(cols, plan.vector, x.dtype == DType::bf16 || x.dtype == DType::f16);
   plan.fused = dweight.defined() && plan.lanes > 0 &&
-               norm_fused_shared_bytes(cols, plan.with_bias, plan.vector) <= kNormFusedSharedLimit;
+               norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, false, plan.split) <= kNormFusedSharedLimit;
   // (The kernel is built for it with 16-bit activations and norm weights of the same dtype, at
   // most 8 vectors a lane: rows up to 2048 columns.)
   plan.dx_sums = plan.fused && plan.vector && plan.lanes <= 8 && dx_sums.in.defined() && dx_sums.out.defined() &&

@@ -77,8 +77,21 @@ constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) {
   if (!vector || cols % 256 == 0) return cols;
   return cols / 256 * 256 + 128 + 4 * ((cols % 256 + 7) / 8);
 }
-// Rows of sums a warp keeps: dweight's, dbias's with a bias, and dx's column sums in and out.
-size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums = false);
+// Rows of 2049-4096 16-bit columns with 8-wide loads run the fused backward on pairs of warps:
+// the first warp of a pair takes the row's columns [0, split), the second [split, cols), each
+// holding its part in registers as the rows of at most 2048 columns are held, and the pair adds
+// its two halves of the row sums through shared memory. Returns split (whole 256-column groups,
+// the first half taking the odd one), 0 where rows are not split. The plain dx kernel sums a
+// split row in the same two halves, so both paths give the same bits.
+constexpr int64_t norm_split_columns(int64_t cols, bool vector, bool sixteen_bit) {
+  if (!vector || !sixteen_bit || cols <= 2048 || cols > 4096) return 0;
+  return ((cols + 255) / 256 + 1) / 2 * 256;
+}
+// Rows of sums a warp keeps: dweight's, dbias's with a bias, and dx's column sums in and out, of
+// the row's width or, split, of its first part's (and the pairs' exchange of row sums).
+size_t norm_fused_shared_bytes(int64_t cols, bool with_bias, bool vector, bool dx_sums = false, int64_t split = 0);
+// The pairs' exchange of a split row's sums: [2 rows in flight][pairs][2 halves][2 sums] floats.
+constexpr size_t kNormSplitExchangeBytes = 2 * (kNormFusedWarps / 2) * 2 * 2 * sizeof(float);
 
 // dx's column sums (DxColumnSums) ride on the fused kernel when both are asked for, its loads are
 // 8-wide and the two more rows of sums still fit the shared-memory limit (GPT-2 124M's 768
@@ -88,6 +101,7 @@ struct NormBackwardPlan {
   bool vector = false;   // 8-wide loads (cols % 8 == 0, 16-byte aligned operands)
   bool with_bias = false;
   int lanes = 0;         // the fused kernel's vectors per lane
+  int64_t split = 0;     // norm_split_columns: rows split over pairs of warps (0: not split)
   bool fused = false;
   bool dx_sums = false;  // the fused kernel takes dx's column sums in and out
   int64_t chunks = 0;    // row chunks of the partial sums (0: no partials)

@@ -14,9 +14,11 @@
 // registers between the passes: one memory round trip per row). Each block owns a fixed chunk
 // of rows; its warps' rows are summed in warp order into one f32 partial row per chunk, and a
 // second kernel adds the chunks' partials in chunk order into dweight/dbias. No float atomics,
-// so the result is bit-reproducible. Rows too wide for the fused kernel (more than 16 vectors
-// per lane, hidden > 4096 in bf16, or over 96 KB of shared rows) use a separate
-// column-partials kernel that reads dout and x a second time.
+// so the result is bit-reproducible. 16-bit rows of 2049-4096 columns are split over a pair of
+// warps, each holding its part in registers like a row of at most 2048 columns; the pair adds
+// its halves of the two row sums through shared memory. Rows too wide for the fused kernel
+// (more than 16 vectors per lane, hidden > 4096 in bf16, or over 96 KB of shared rows) use a
+// separate column-partials kernel that reads dout and x a second time.
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
@@ -298,6 +300,16 @@ __device__ __forceinline__ void dx_row_means(float sum_dxhat, float sum_dxhat_xh
   mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
 }
 
+// The same for a row split at column `split` (private_buffers::norm_split_columns): each part's
+// sums over the warp, then the first part's plus the second's, as the fused kernel's pairs of
+// warps add them.
+template <bool kLayer>
+__device__ __forceinline__ void dx_split_row_means(const float (&sum_dxhat)[2], const float (&sum_dxhat_xhat)[2],
+                                                   float inv_cols, float& mean_dxhat, float& mean_dxhat_xhat) {
+  mean_dxhat = kLayer ? (warp_sum(sum_dxhat[0]) + warp_sum(sum_dxhat[1])) * inv_cols : 0.0f;
+  mean_dxhat_xhat = (warp_sum(sum_dxhat_xhat[0]) + warp_sum(sum_dxhat_xhat[1])) * inv_cols;
+}
+
 __device__ __forceinline__ float dx_value(float d, float w, float xhat, float rstd, float mean_dxhat,
                                           float mean_dxhat_xhat) {
   return rstd * (d * w - mean_dxhat - xhat * mean_dxhat_xhat);
@@ -305,8 +317,8 @@ __device__ __forceinline__ float dx_value(float d, float w, float xhat, float rs
 
 template <int W, typename T, typename Wt, bool kLayer>
 __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in,
-                                        const float* rstd_in, T* dx, int64_t rows, int cols, bool accumulate,
-                                        unsigned* amax_out) {
+                                        const float* rstd_in, T* dx, int64_t rows, int cols, int split,
+                                        bool accumulate, unsigned* amax_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -314,16 +326,25 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
   const float mean = kLayer ? mean_in[row] : 0.0f;
   const float rstd = rstd_in[row];
 
-  float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+  float sum_dxhat[2] = {0.0f, 0.0f}, sum_dxhat_xhat[2] = {0.0f, 0.0f};  // a split row's two parts
   for (int c = lane * W; c < cols; c += 32 * W) {
     float d[W], v[W], w[W];
     load<W>(dout + base + c, d);
     load<W>(x + base + c, v);
     load<W>(weight + c, w);
-    add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+    if (split > 0 && c >= split) {
+      add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat[1], sum_dxhat_xhat[1]);
+    } else {
+      add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat[0], sum_dxhat_xhat[0]);
+    }
   }
   float mean_dxhat, mean_dxhat_xhat;
-  dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, 1.0f / static_cast<float>(cols), mean_dxhat, mean_dxhat_xhat);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  if (split > 0) {
+    dx_split_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, inv_cols, mean_dxhat, mean_dxhat_xhat);
+  } else {
+    dx_row_means<kLayer>(sum_dxhat[0], sum_dxhat_xhat[0], inv_cols, mean_dxhat, mean_dxhat_xhat);
+  }
 
   unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
@@ -366,12 +387,14 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // two more rows of sums a warp, into partial_dx [2][chunks][cols]; their shared rows allow at
 // most two blocks an SM, so that variant is not held to 128 registers. Asking L2 for each warp's
 // next row as it starts one (prefetch.global.L2) made it a quarter slower on an H100
-// (bench/results/h100_norm_prefetch_tried_6c7b8aa.md).
-template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx>
+// (bench/results/h100_norm_prefetch_tried_6c7b8aa.md). kPair: the row split over a pair of
+// warps, K vectors a lane each (held; private_buffers::norm_split_columns): the 16-vector
+// variant re-reads its row from memory in the second pass and ran at 1.7-1.9 TB/s on an H100.
+template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx, bool kPair>
 __global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
                            T* dx, float* partial_weight, float* partial_bias, float* partial_dx, int64_t rows,
-                           int cols, float inv_cols, int rows_per_chunk, int row_floats, bool accumulate,
+                           int cols, float inv_cols, int rows_per_chunk, int row_floats, int split, bool accumulate,
                            unsigned* amax_out) {
   constexpr bool kHold = W == 8 && sizeof(T) == 2 && K <= 8;
   constexpr int kHeld = kHold ? K : 1;
@@ -384,9 +407,24 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   constexpr int kSums = (kBias ? 2 : 1) + (kDx ? 2 : 0);
   constexpr int kDxRow = kBias ? 2 : 1;  // the first of dx's two rows
   constexpr int warps = kFusedWarps;
-  // [warps][kSums][row]: dweight's row, then dbias's, then dx's in and out
+  static_assert(!kPair || (kHold && !kDx), "split rows are held halves without dx's column sums");
+  // [warps][kSums][row]: dweight's row, then dbias's, then dx's in and out; split rows then the
+  // pairs' exchange of row sums [2][warps / 2][2][2]
   extern __shared__ float warp_partials[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // kPair (private_buffers::norm_split_columns): warps 2p and 2p + 1 take the chunk's rows p,
+  // p + warps / 2, ... together, the first their columns [0, split), the second [split, cols)
+  // (its operands' pointers moved to that column, `width` columns of each row); otherwise a
+  // warp takes whole rows warp, warp + warps, ...
+  const int half = kPair ? warp % 2 : 0, pair = warp / 2;
+  const int first_row = kPair ? pair : warp, row_step = kPair ? warps / 2 : warps;
+  const int width = kPair ? (half == 0 ? split : cols - split) : cols;
+  if constexpr (kPair) {
+    dout += half * split;
+    x += half * split;
+    weight += half * split;
+    dx += half * split;
+  }
   const int64_t chunk = blockIdx.x;
   const int64_t begin = chunk * rows_per_chunk;
   // The chunk's rows in 32-bit (at most rows_per_chunk): with a 64-bit bound and 1 / cols held
@@ -401,7 +439,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   __syncwarp();
 
   unsigned amax = 0;
-  for (int r = warp; r < count; r += warps) {
+  for (int r = first_row; r < count; r += row_step) {
     const int64_t row = begin + r;
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
@@ -412,7 +450,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int c = (k * 32 + lane) * W;
-        if (c < cols) {
+        if (c < width) {
           held_d[k] = load_raw(dout + base + c);
           held_x[k] = load_raw(x + base + c);
           if (kHoldDx && accumulate) held_g[k] = load_raw(dx + base + c);
@@ -432,7 +470,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
     RawVec<W, Wt> ring_w[kRingW];
     auto fetch_weight = [&](int k) {
       const int c = (k * 32 + lane) * W;
-      if (kAheadW > 0 && k < K && c < cols) ring_w[k % kRingW].load(weight + c);
+      if (kAheadW > 0 && k < K && c < width) ring_w[k % kRingW].load(weight + c);
     };
     // Vector k's weight, widened (from the ring, or loaded here without one).
     auto weight_at = [&](int k, float (&w)[W]) {
@@ -445,7 +483,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
     // first: the first pass (dout and x of a non-held row); else the second (those and dx)
     auto fetch_row = [&](int k, bool first) {
       const int c = (k * 32 + lane) * W;
-      if (k < K && c < cols) {
+      if (k < K && c < width) {
         if constexpr (!kHold) {
           ring_d[k % kAhead].load(dout + base + c);
           ring_x[k % kAhead].load(x + base + c);
@@ -463,7 +501,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * W;
-      if (c >= cols) break;
+      if (c >= width) break;
       float d[W], v[W], w[W];
       if constexpr (kHold) {
         widen<T>(held_d[k], d);
@@ -482,11 +520,27 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
 #pragma unroll
     for (int k = 0; k < kAhead; ++k) fetch_row(k, false);
     float mean_dxhat, mean_dxhat_xhat;
-    dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, inv_cols, mean_dxhat, mean_dxhat_xhat);
+    if constexpr (kPair) {
+      // Each half's warp sums, then the pair's: the first half's plus the second's, as
+      // dx_split_row_means adds them. The slots alternate by row (r / 2 counts the pair's rows),
+      // so a warp that runs a row ahead writes the other slot while its partner reads this one.
+      float* exchange = warp_partials + static_cast<int64_t>(warps) * kSums * row_floats +
+                        (((r / 2) % 2) * (warps / 2) + pair) * 4;
+      const float a = kLayer ? warp_sum(sum_dxhat) : 0.0f, b = warp_sum(sum_dxhat_xhat);
+      if (lane == 0) {
+        exchange[half * 2] = a;
+        exchange[half * 2 + 1] = b;
+      }
+      asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
+      mean_dxhat = kLayer ? (exchange[0] + exchange[2]) * inv_cols : 0.0f;
+      mean_dxhat_xhat = (exchange[1] + exchange[3]) * inv_cols;
+    } else {
+      dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, inv_cols, mean_dxhat, mean_dxhat_xhat);
+    }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * W;
-      if (c >= cols) break;
+      if (c >= width) break;
       float d[W], v[W], w[W], g[W];
       if constexpr (kHold) {
         widen<T>(held_d[k], d);
@@ -533,12 +587,14 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   }
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);
 
-  // Warp rows -> one partial row per chunk, summed in warp order.
+  // Warp rows -> one partial row per chunk, summed in warp order (split rows: each column's
+  // half, over the pairs in order).
   __syncthreads();
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const int64_t slot = shared_slot<W>(c);
+    const int h = kPair && c >= split ? 1 : 0;
+    const int64_t slot = shared_slot<W>(c - h * split);
     float total[kSums] = {};
-    for (int w = 0; w < warps; ++w) {
+    for (int w = h; w < warps; w += kPair ? 2 : 1) {
 #pragma unroll
       for (int r = 0; r < kSums; ++r) total[r] += warp_partials[(static_cast<int64_t>(w) * kSums + r) * row_floats + slot];
     }
@@ -627,7 +683,7 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
 
 template <typename T, typename Wt>
 void launch_backward_dx(NormKind kind, bool vector, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dx, bool accumulate,
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dx, bool accumulate, int64_t split,
                         unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
@@ -638,7 +694,7 @@ void launch_backward_dx(NormKind kind, bool vector, const Tensor& dout, const Te
     norm_backward_dx_kernel<W, T, Wt, kLayer><<<blocks, kRowThreads, 0, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data), rows, cols,
-        accumulate, amax);
+        static_cast<int>(split), accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -680,7 +736,8 @@ void launch_backward_partials(NormKind kind, bool vector, bool with_bias, const 
 }
 
 template <typename T, typename Wt>
-void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_sums, int lanes_k, const Tensor& dout,
+void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_sums, int lanes_k, int64_t split,
+                           const Tensor& dout,
                            const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dx, bool accumulate, float* partial_weight, float* partial_bias,
                            float* partial_dx, int64_t chunks, unsigned* amax, cudaStream_t stream) {
@@ -688,14 +745,15 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
   const int cols = static_cast<int>(x.cols());
   const int rows_per_chunk = static_cast<int>((rows + chunks - 1) / chunks);  // <= max(32, rows / 512 + 1)
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, vector, dx_sums);
-  auto go = [&](auto width, auto vectors, auto layer, auto has_bias, auto has_dx) {
+  const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, vector, dx_sums, split);
+  auto go = [&](auto width, auto vectors, auto layer, auto has_bias, auto has_dx, auto paired) {
     constexpr int W = decltype(width)::value;
     constexpr int K = decltype(vectors)::value;
     constexpr bool kLayer = decltype(layer)::value;
     constexpr bool kBias = decltype(has_bias)::value;
     constexpr bool kDx = decltype(has_dx)::value;
-    auto kernel = norm_backward_fused_kernel<W, K, T, Wt, kLayer, kBias, kDx>;
+    constexpr bool kPair = decltype(paired)::value;
+    auto kernel = norm_backward_fused_kernel<W, K, T, Wt, kLayer, kBias, kDx, kPair>;
     if (shared_bytes > 48 * 1024)
       MXTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(shared_bytes)));
@@ -703,7 +761,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data),
         partial_weight, partial_bias, partial_dx, rows, cols, inv_cols, rows_per_chunk,
-        static_cast<int>(shared_row_floats<W>(cols)), accumulate, amax);
+        static_cast<int>(shared_row_floats<W>(split > 0 ? split : cols)), static_cast<int>(split), accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -716,22 +774,30 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
     // dx's column sums are built for 8-wide 16-bit rows of at most 8 vectors a lane with norm
     // weights of the activations' dtype (private_buffers::norm_backward decides the same).
     constexpr bool kDxBuilt = decltype(width)::value == 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>;
+    // Split rows: two held 8-vector halves (8-wide 16-bit rows of 2049-4096 columns).
+    constexpr bool kPairBuilt = decltype(width)::value == 8 && sizeof(T) == 2;
     if (lanes_k == 4) {
       if constexpr (kDxBuilt) {
-        if (dx_sums) return go(width, K4{}, layer, has_bias, Yes{});
+        if (dx_sums) return go(width, K4{}, layer, has_bias, Yes{}, No{});
       }
-      go(width, K4{}, layer, has_bias, No{});
+      go(width, K4{}, layer, has_bias, No{}, No{});
     } else if (lanes_k == 8) {
       if constexpr (kDxBuilt) {
-        if (dx_sums) return go(width, K8{}, layer, has_bias, Yes{});
+        if (dx_sums) return go(width, K8{}, layer, has_bias, Yes{}, No{});
       }
-      go(width, K8{}, layer, has_bias, No{});
+      go(width, K8{}, layer, has_bias, No{}, No{});
     } else {
-      go(width, K16{}, layer, has_bias, No{});
+      if constexpr (kPairBuilt) {
+        if (split > 0) return go(width, K8{}, layer, has_bias, No{}, Yes{});
+      }
+      go(width, K16{}, layer, has_bias, No{}, No{});
     }
   };
   MXTRAIN_ASSERT(!dx_sums || (vector && lanes_k <= 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>),
                  "norm_backward: dx column sums planned for a kernel that does not take them");
+  MXTRAIN_ASSERT(split == 0 || (vector && lanes_k == 16 && sizeof(T) == 2 && !dx_sums && split % 256 == 0 &&
+                                cols - split <= split && split < cols),
+                 "norm_backward: a split row planned for a kernel that does not take it");
   const bool layer = kind == NormKind::layer;
   if (vector) {
     if (layer) with_bias ? with_k(V8{}, Yes{}, Yes{}) : with_k(V8{}, Yes{}, No{});
@@ -811,9 +877,9 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
         using T = decltype(tag);
         dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
           using Wt = decltype(weight_tag);
-          launch_backward_fused<T, Wt>(kind, vector, with_bias, plan.dx_sums, lanes_k, dout, x, weight, mean, rstd,
-                                       dx, accumulate_dx, partial_weight, partial_bias, partial_dx, chunks, amax,
-                                       stream);
+          launch_backward_fused<T, Wt>(kind, vector, with_bias, plan.dx_sums, lanes_k, plan.split, dout, x, weight,
+                                       mean, rstd, dx, accumulate_dx, partial_weight, partial_bias, partial_dx, chunks,
+                                       amax, stream);
         });
       });
       reduce_column_partials(partial_weight, chunks, dweight, accumulate_dparams, stream);
@@ -830,7 +896,7 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     using T = decltype(tag);
     dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
       using Wt = decltype(weight_tag);
-      launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, amax, stream);
+      launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, plan.split, amax, stream);
     });
   });
   if (!dweight.defined()) {
