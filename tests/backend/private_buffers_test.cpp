@@ -97,6 +97,15 @@ TEST(PrivateBuffers, NormBackwardPaths) {
   EXPECT_EQ(split.split, 1792);
   EXPECT_EQ(split.buffers.at(0).shape, (Shape{2 * 32, 3200}));
   EXPECT_FALSE(plan_for(NormKind::layer, 1024, 3200, DType::f32, true, kAligned).fused);
+  // Every split row runs fused (the plain dx kernel, which sums a row in one part, never takes
+  // one): with a bias at 4096 columns the sums take 64 KiB.
+  for (int64_t cols = 2056; cols <= 4096; cols += 8) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      const pb::NormBackwardPlan p = plan_for(NormKind::layer, 512, cols, dtype, true, kAligned);
+      EXPECT_EQ(p.split, pb::norm_split_columns(cols, true, true)) << cols;
+      EXPECT_TRUE(p.split > 0 && p.fused) << cols;
+    }
+  }
   EXPECT_EQ(pb::norm_fused_row_floats(1600, true), 1696);
   EXPECT_LE(4 * (pb::norm_fused_shared_bytes(1600, true, true) + 1024), 228u * 1024u);
   EXPECT_EQ(pb::norm_fused_row_floats(2048, true), 2048);  // whole groups: no padding

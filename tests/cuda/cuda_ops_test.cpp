@@ -287,45 +287,6 @@ TEST_P(CudaOps, NormBackward) {
   }
 }
 
-// dx has the same bits whether the fused kernel computes it (with the parameter gradients) or the
-// plain dx kernel (without them): both sum a row in the same order, a row split over a pair of
-// warps (2049-4096 16-bit columns, private_buffers::norm_split_columns) in the same two parts.
-TEST_P(CudaOps, NormBackwardDxIsTheSameBitsOnBothPaths) {
-  const RowShape shapes[] = {{70, 1600}, {70, 2304}, {70, 3072}, {70, 3200}, {70, 4096}};
-  const Tensor no;
-  for (NormKind kind : {NormKind::rms, NormKind::layer}) {
-    const bool layer = kind == NormKind::layer;
-    for (const RowShape& s : shapes) {
-      const Shape shape{s.rows, s.cols};
-      const size_t n = static_cast<size_t>(shape.numel());
-      const std::string name = label(layer ? "layer_norm_backward" : "rms_norm_backward", s);
-      Buffer x = upload(cuda(), random_as(n, 51, dtype(), -2, 3), shape, dtype());
-      Buffer dout = upload(cuda(), random_as(n, 52, dtype()), shape, dtype());
-      Buffer weight = upload(cuda(), random_as(static_cast<size_t>(s.cols), 53, dtype(), 0.5f, 1.5f), Shape{s.cols},
-                             dtype());
-      Buffer bias = upload(cuda(), random_as(static_cast<size_t>(s.cols), 54, dtype(), -0.5f, 0.5f), Shape{s.cols},
-                           dtype());
-      Buffer out = cuda().allocate("out", shape, dtype(), Lifetime::scratch);
-      Buffer mean = cuda().allocate("mean", Shape{s.rows}, DType::f32, Lifetime::scratch);
-      Buffer rstd = cuda().allocate("rstd", Shape{s.rows}, DType::f32, Lifetime::scratch);
-      cuda().norm_forward(kind, x, weight, layer ? bias.tensor() : no, out, layer ? mean.tensor() : no, rstd, 1e-5f);
-      Buffer dweight = cuda().allocate("dweight", Shape{s.cols}, DType::f32, Lifetime::scratch);
-      Buffer dbias = cuda().allocate("dbias", Shape{s.cols}, DType::f32, Lifetime::scratch);
-      const std::vector<float> incoming = random_as(n, 55, dtype());
-      Buffer fused_dx = upload(cuda(), incoming, shape, dtype()), plain_dx = upload(cuda(), incoming, shape, dtype());
-      const private_buffers::NormBackwardPlan plan = private_buffers::norm_backward(
-          kind, dout, x, weight, fused_dx, dweight, layer ? dbias.tensor() : no);
-      if (dtype() != DType::f32) EXPECT_TRUE(plan.fused) << name;  // FP32 rows past 2048 columns may run two kernels
-      EXPECT_EQ(plan.split, private_buffers::norm_split_columns(s.cols, true, dtype() != DType::f32)) << name;
-      cuda().norm_backward(kind, dout, x, weight, layer ? mean.tensor() : no, rstd, fused_dx, dweight,
-                           layer ? dbias.tensor() : no, true, false);
-      cuda().norm_backward(kind, dout, x, weight, layer ? mean.tensor() : no, rstd, plain_dx, no, no, true, false);
-      const std::vector<float> fused = download(cuda(), fused_dx), plain = download(cuda(), plain_dx);
-      EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), fused.size() * sizeof(float))) << name;
-    }
-  }
-}
-
 struct GemmShape {
   int64_t rows, in, out;
 };

@@ -81,8 +81,9 @@ constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) {
 // the first warp of a pair takes the row's columns [0, split), the second [split, cols), each
 // holding its part in registers as the rows of at most 2048 columns are held, and the pair adds
 // its two halves of the row sums through shared memory. Returns split (whole 256-column groups,
-// the first half taking the odd one), 0 where rows are not split. The plain dx kernel sums a
-// split row in the same two halves, so both paths give the same bits.
+// the first half taking the odd one), 0 where rows are not split. Such rows' sums always fit the
+// fused kernel's shared memory (at most 64 KiB with a bias), so the two-kernel path never takes
+// them.
 constexpr int64_t norm_split_columns(int64_t cols, bool vector, bool sixteen_bit) {
   if (!vector || !sixteen_bit || cols <= 2048 || cols > 4096) return 0;
   return ((cols + 255) / 256 + 1) / 2 * 256;

@@ -278,7 +278,8 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * weight
 // (RMSNorm drops the mean(dxhat) term and uses xhat = x * rstd). Both backward kernels use these
-// three pieces, so the plain and the fused path give the same bits.
+// three pieces, so the plain and the fused path give the same bits (but for a row the fused kernel
+// splits over a pair of warps, which the plain kernel never takes).
 template <int W>
 __device__ __forceinline__ void add_dx_sums(const float (&d)[W], const float (&v)[W], const float (&w)[W], float mean,
                                             float rstd, float& sum_dxhat, float& sum_dxhat_xhat) {
@@ -300,16 +301,6 @@ __device__ __forceinline__ void dx_row_means(float sum_dxhat, float sum_dxhat_xh
   mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) * inv_cols;
 }
 
-// The same for a row split at column `split` (private_buffers::norm_split_columns): each part's
-// sums over the warp, then the first part's plus the second's, as the fused kernel's pairs of
-// warps add them.
-template <bool kLayer>
-__device__ __forceinline__ void dx_split_row_means(const float (&sum_dxhat)[2], const float (&sum_dxhat_xhat)[2],
-                                                   float inv_cols, float& mean_dxhat, float& mean_dxhat_xhat) {
-  mean_dxhat = kLayer ? (warp_sum(sum_dxhat[0]) + warp_sum(sum_dxhat[1])) * inv_cols : 0.0f;
-  mean_dxhat_xhat = (warp_sum(sum_dxhat_xhat[0]) + warp_sum(sum_dxhat_xhat[1])) * inv_cols;
-}
-
 __device__ __forceinline__ float dx_value(float d, float w, float xhat, float rstd, float mean_dxhat,
                                           float mean_dxhat_xhat) {
   return rstd * (d * w - mean_dxhat - xhat * mean_dxhat_xhat);
@@ -317,8 +308,8 @@ __device__ __forceinline__ float dx_value(float d, float w, float xhat, float rs
 
 template <int W, typename T, typename Wt, bool kLayer>
 __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in,
-                                        const float* rstd_in, T* dx, int64_t rows, int cols, int split,
-                                        bool accumulate, unsigned* amax_out) {
+                                        const float* rstd_in, T* dx, int64_t rows, int cols, bool accumulate,
+                                        unsigned* amax_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -326,25 +317,16 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
   const float mean = kLayer ? mean_in[row] : 0.0f;
   const float rstd = rstd_in[row];
 
-  float sum_dxhat[2] = {0.0f, 0.0f}, sum_dxhat_xhat[2] = {0.0f, 0.0f};  // a split row's two parts
+  float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
   for (int c = lane * W; c < cols; c += 32 * W) {
     float d[W], v[W], w[W];
     load<W>(dout + base + c, d);
     load<W>(x + base + c, v);
     load<W>(weight + c, w);
-    if (split > 0 && c >= split) {
-      add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat[1], sum_dxhat_xhat[1]);
-    } else {
-      add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat[0], sum_dxhat_xhat[0]);
-    }
+    add_dx_sums<W>(d, v, w, mean, rstd, sum_dxhat, sum_dxhat_xhat);
   }
   float mean_dxhat, mean_dxhat_xhat;
-  const float inv_cols = 1.0f / static_cast<float>(cols);
-  if (split > 0) {
-    dx_split_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, inv_cols, mean_dxhat, mean_dxhat_xhat);
-  } else {
-    dx_row_means<kLayer>(sum_dxhat[0], sum_dxhat_xhat[0], inv_cols, mean_dxhat, mean_dxhat_xhat);
-  }
+  dx_row_means<kLayer>(sum_dxhat, sum_dxhat_xhat, 1.0f / static_cast<float>(cols), mean_dxhat, mean_dxhat_xhat);
 
   unsigned amax = 0;
   for (int c = lane * W; c < cols; c += 32 * W) {
@@ -389,7 +371,8 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // next row as it starts one (prefetch.global.L2) made it a quarter slower on an H100
 // (bench/results/h100_norm_prefetch_tried_6c7b8aa.md). kPair: the row split over a pair of
 // warps, K vectors a lane each (held; private_buffers::norm_split_columns): the 16-vector
-// variant re-reads its row from memory in the second pass and ran at 1.7-1.9 TB/s on an H100.
+// variant re-reads its row from memory in the second pass and ran at 1.7-1.9 TB/s on an H100
+// at Llama-3B's rows, split 2.3 TB/s (bench/results/h100_norm_split_5755cdd.md).
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx, bool kPair>
 __global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
@@ -521,9 +504,11 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
     for (int k = 0; k < kAhead; ++k) fetch_row(k, false);
     float mean_dxhat, mean_dxhat_xhat;
     if constexpr (kPair) {
-      // Each half's warp sums, then the pair's: the first half's plus the second's, as
-      // dx_split_row_means adds them. The slots alternate by row (r / 2 counts the pair's rows),
-      // so a warp that runs a row ahead writes the other slot while its partner reads this one.
+      // Each half's warp sums, then the pair's: the first half's plus the second's. (So a split
+      // row's sums differ in order from the plain dx kernel's; that kernel never takes these
+      // rows: the norm's backward requires dweight, and these rows' sums always fit the fused
+      // kernel.) The slots alternate by row (r / 2 counts the pair's rows), so a warp that runs a
+      // row ahead writes the other slot while its partner reads this one.
       float* exchange = warp_partials + static_cast<int64_t>(warps) * kSums * row_floats +
                         (((r / 2) % 2) * (warps / 2) + pair) * 4;
       const float a = kLayer ? warp_sum(sum_dxhat) : 0.0f, b = warp_sum(sum_dxhat_xhat);
@@ -683,7 +668,7 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
 
 template <typename T, typename Wt>
 void launch_backward_dx(NormKind kind, bool vector, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dx, bool accumulate, int64_t split,
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dx, bool accumulate,
                         unsigned* amax, cudaStream_t stream) {
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
@@ -694,7 +679,7 @@ void launch_backward_dx(NormKind kind, bool vector, const Tensor& dout, const Te
     norm_backward_dx_kernel<W, T, Wt, kLayer><<<blocks, kRowThreads, 0, stream>>>(
         static_cast<const T*>(dout.data), static_cast<const T*>(x.data), static_cast<const Wt*>(weight.data),
         data_or_null<const float>(mean), static_cast<const float*>(rstd.data), static_cast<T*>(dx.data), rows, cols,
-        static_cast<int>(split), accumulate, amax);
+        accumulate, amax);
   };
   using V8 = std::integral_constant<int, 8>;
   using V1 = std::integral_constant<int, 1>;
@@ -896,7 +881,7 @@ void norm_backward(Backend& backend, NormKind kind, const Tensor& dout, const Te
     using T = decltype(tag);
     dispatch_float<true>(weight.dtype, "norm_backward (weight)", [&](auto weight_tag) {
       using Wt = decltype(weight_tag);
-      launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, plan.split, amax, stream);
+      launch_backward_dx<T, Wt>(kind, vector, dout, x, weight, mean, rstd, dx, accumulate_dx, amax, stream);
     });
   });
   if (!dweight.defined()) {
