@@ -32,10 +32,11 @@ struct RowShape {
 };
 const RowShape kRowShapes[] = {{96, 768}, {33, 100}};
 // Norms also at GPT-2 1.5B's width (8 vectors per lane in the fused backward), at llama-1b's over
-// ten 32-row chunks (the staged backward's two-stage pipeline across rows), at Llama-3B's (12 of
-// the 16-vector variant's vectors a lane: its loads run ahead of their use past the row's end),
-// at Llama-8B's (16 per lane and 64 KB of shared memory for RMSNorm; LayerNorm with a bias takes
-// the two-kernel path there) and one too wide for the fused backward (the two-kernel path).
+// ten 32-row chunks (the staged backward's two-stage pipeline across rows), at Llama-3B's (16-bit
+// rows split over a pair of warps, 6 vectors a lane each; FP32 rows: 12 of the 16-vector
+// variant's, its loads running ahead of their use past the row's end), at Llama-8B's (split 8 and
+// 8; FP32: 16 per lane and 64 KB of shared memory for RMSNorm, LayerNorm with a bias takes the
+// two-kernel path there) and one too wide for the fused backward (the two-kernel path).
 const RowShape kNormShapes[] = {{96, 768}, {33, 100}, {64, 1600}, {300, 2048}, {40, 3072}, {8, 4096}, {16, 8200}};
 
 class CudaOps : public CudaTest, public ::testing::WithParamInterface<DType> {
