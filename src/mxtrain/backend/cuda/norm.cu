@@ -771,10 +771,12 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
         if (dx_sums) return go(width, K8{}, layer, has_bias, Yes{}, No{});
       }
       go(width, K8{}, layer, has_bias, No{}, No{});
+    } else if constexpr (kPairBuilt) {
+      // Every such row of 9-16 vectors a lane is split (norm_split_columns), so the unsplit
+      // 16-vector kernel is not built for them.
+      MXTRAIN_ASSERT(split > 0, "norm_backward: a 16-bit row of 2049-4096 columns planned unsplit");
+      go(width, K8{}, layer, has_bias, No{}, Yes{});
     } else {
-      if constexpr (kPairBuilt) {
-        if (split > 0) return go(width, K8{}, layer, has_bias, No{}, Yes{});
-      }
       go(width, K16{}, layer, has_bias, No{}, No{});
     }
   };
