@@ -3,7 +3,7 @@
 // Forward: one warp per row. The row is read once for the statistics (twice for LayerNorm:
 // mean, then the centred variance, as the CPU oracle does) and once more to write the output;
 // the re-reads hit L1/L2, so DRAM sees one read of the input and one write of the output. Rows
-// of at most 2048 16-bit values stay in registers instead (norm_forward_held_kernel: all of a
+// of at most 4096 16-bit values stay in registers instead (norm_forward_held_kernel: all of a
 // row's loads in flight at once; same sums in the same order). The fused add writes
 // sum = round(a + b) and normalises the rounded sum, exactly what a separate add followed by a
 // norm would compute.
@@ -61,20 +61,10 @@ template <int W> __device__ __forceinline__ void add_to_shared(float* row, int k
   }
 }
 
-// The 8-wide vector of a 2-byte type as loaded (one 16-byte access), widened when used.
-template <typename T> __device__ __forceinline__ uint4 load_raw(const T* p) {
-  return *reinterpret_cast<const uint4*>(p);
-}
-template <typename T> __device__ __forceinline__ void widen(const uint4& raw, float (&v)[8]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = to_float<T>(e[i]);
-}
-
 // A W-wide vector of E as loaded (16-byte accesses for W = 8: one for a 2-byte E, two for
-// float), widened to floats where it is used. The fused backward keeps a few of these as a ring
-// of loads issued vectors ahead of their use; its indices are compile-time (unrolled loops), so
-// the ring lives in registers.
+// float), widened to floats where it is used. The held-row kernels keep a row's vectors in arrays
+// of these, the fused backward a few more as a ring of loads issued vectors ahead of their use;
+// the indices are compile-time (unrolled loops), so both live in registers.
 template <int W, typename E> struct RawVec;
 template <typename E> struct RawVec<1, E> {
   E value;
@@ -172,7 +162,7 @@ __global__ void norm_forward_kernel(const T* a, const T* b, T* x, const Wt* weig
   if (amax_out != nullptr) record_warp_amax<T>(amax, amax_out);  // a row per warp: all lanes are here
 }
 
-// The forward for rows of at most 32 * 8 * K 16-bit values (K <= 8: hidden <= 2048): each lane
+// The forward for rows of at most 32 * 8 * K 16-bit values (K <= 16: hidden <= 4096): each lane
 // loads its K vectors of the row (of a and b, for the fused add) back to back and keeps them in
 // registers, so a row costs one memory round trip instead of a dependent load per vector; the
 // sums run in the generic kernel's order (vector by vector, element by element), so both give
@@ -187,15 +177,15 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
   const int lane = threadIdx.x % 32;
   const int64_t base = row * cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  uint4 held[K];  // the row's values as stored (the rounded sum, for the fused add)
+  RawVec<8, T> held[K];  // the row's values as stored (the rounded sum, for the fused add)
   if constexpr (kAdd) {
-    uint4 held_b[K];
+    RawVec<8, T> held_b[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * 8;
       if (c < cols) {
-        held[k] = load_raw(a + base + c);
-        held_b[k] = load_raw(b + base + c);
+        held[k].load(a + base + c);
+        held_b[k].load(b + base + c);
       }
     }
 #pragma unroll
@@ -203,19 +193,19 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
       const int c = (k * 32 + lane) * 8;
       if (c < cols) {
         float va[8], vb[8], v[8];
-        widen<T>(held[k], va);
-        widen<T>(held_b[k], vb);
+        held[k].widen(va);
+        held_b[k].widen(vb);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = va[i] + vb[i];
         store<8>(x + base + c, v);  // rounds to T
-        store<8>(reinterpret_cast<T*>(&held[k]), v);
+        store<8>(reinterpret_cast<T*>(held[k].words), v);
       }
     }
   } else {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * 8;
-      if (c < cols) held[k] = load_raw(x + base + c);
+      if (c < cols) held[k].load(x + base + c);
     }
   }
   // Σ term(v) over the row's held values, in the generic kernel's order, summed over the warp.
@@ -225,7 +215,7 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
     for (int k = 0; k < K; ++k) {
       if ((k * 32 + lane) * 8 >= cols) break;
       float v[8];
-      widen<T>(held[k], v);
+      held[k].widen(v);
 #pragma unroll
       for (int i = 0; i < 8; ++i) sum += term(v[i]);
     }
@@ -251,7 +241,7 @@ __global__ void norm_forward_held_kernel(const T* a, const T* b, T* x, const Wt*
     const int c = (k * 32 + lane) * 8;
     if (c >= cols) break;
     float v[8], w[8], y[8];
-    widen<T>(held[k], v);
+    held[k].widen(v);
     load<8>(weight + c, w);
     if constexpr (kLayer) {
       float bb[8];
@@ -427,16 +417,16 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
     const int64_t base = row * cols;
     const float mean = kLayer ? mean_in[row] : 0.0f;
     const float rstd = rstd_in[row];
-    uint4 held_d[kHeld], held_x[kHeld], held_g[kHoldDx ? kHeld : 1];
+    RawVec<W, T> held_d[kHeld], held_x[kHeld], held_g[kHoldDx ? kHeld : 1];
     if constexpr (kHold) {
       // All of the row's loads first, then the math: one memory latency per row.
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int c = (k * 32 + lane) * W;
         if (c < width) {
-          held_d[k] = load_raw(dout + base + c);
-          held_x[k] = load_raw(x + base + c);
-          if (kHoldDx && accumulate) held_g[k] = load_raw(dx + base + c);
+          held_d[k].load(dout + base + c);
+          held_x[k].load(x + base + c);
+          if (kHoldDx && accumulate) held_g[k].load(dx + base + c);
         }
       }
     }
@@ -487,8 +477,8 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
       if (c >= width) break;
       float d[W], v[W], w[W];
       if constexpr (kHold) {
-        widen<T>(held_d[k], d);
-        widen<T>(held_x[k], v);
+        held_d[k].widen(d);
+        held_x[k].widen(v);
       } else {
         ring_d[k % kAhead].widen(d);
         ring_x[k % kAhead].widen(v);
@@ -528,10 +518,10 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
       if (c >= width) break;
       float d[W], v[W], w[W], g[W];
       if constexpr (kHold) {
-        widen<T>(held_d[k], d);
-        widen<T>(held_x[k], v);
+        held_d[k].widen(d);
+        held_x[k].widen(v);
         if (accumulate) {
-          if constexpr (kHoldDx) widen<T>(held_g[k], g);
+          if constexpr (kHoldDx) held_g[k].widen(g);
           else ring_g[k % kAhead].widen(g);
         }
       } else {
@@ -629,17 +619,23 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const unsigned blocks = blocks_for(rows, kRowThreads / 32);
-  // 16-byte vectors of a 16-bit type, at most 8 per lane: the held-row kernel.
-  const int held_k = vector && sizeof(T) == 2 ? (cols <= 32 * 8 * 4 ? 4 : cols <= 32 * 8 * 8 ? 8 : 0) : 0;
+  // 16-byte vectors of a 16-bit type, at most 16 per lane (hidden <= 4096): the held-row kernel.
+  const int held_k = vector && sizeof(T) == 2
+                         ? (cols <= 32 * 8 * 4 ? 4 : cols <= 32 * 8 * 8 ? 8 : cols <= 32 * 8 * 16 ? 16 : 0)
+                         : 0;
   auto go = [&](auto width, auto layer, auto fused) {
     constexpr int W = decltype(width)::value;
     constexpr bool kLayer = decltype(layer)::value;
     constexpr bool kAdd = decltype(fused)::value;
     if constexpr (W == 8 && sizeof(T) == 2) {
       if (held_k > 0) {
-        auto kernel = held_k == 4 ? norm_forward_held_kernel<4, T, Wt, kLayer, kAdd>
-                                  : norm_forward_held_kernel<8, T, Wt, kLayer, kAdd>;
-        kernel<<<blocks, kRowThreads, 0, stream>>>(
+        auto kernel = held_k == 4   ? norm_forward_held_kernel<4, T, Wt, kLayer, kAdd>
+                      : held_k == 8 ? norm_forward_held_kernel<8, T, Wt, kLayer, kAdd>
+                                    : norm_forward_held_kernel<16, T, Wt, kLayer, kAdd>;
+        // 16 vectors a lane take 130-165 registers (ptxas -v; capped at 128 they spill): blocks of
+        // 4 warps let 12 warps share an SM where blocks of 8 would let 8.
+        const int threads = held_k == 16 ? kRowThreads / 2 : kRowThreads;
+        kernel<<<blocks_for(rows, threads / 32), threads, 0, stream>>>(
             data_or_null<const T>(a), data_or_null<const T>(b), static_cast<T*>(x.data),
             static_cast<const Wt*>(weight.data), data_or_null<const Wt>(bias), static_cast<T*>(out.data),
             data_or_null<float>(mean), static_cast<float*>(rstd.data), rows, cols, eps, amax);
