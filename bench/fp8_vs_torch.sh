@@ -9,6 +9,8 @@
 #   3b   llama-3b 4x2048: the same four mxtrain rows; PyTorch fp8 (compiled)
 # mxtrain's lines carry "engine": "mxtrain"; bench/summarize.py reads both kinds.
 # TORCH_FP8_ONLY=1: PyTorch's FP8 row only (one torch.compile per set instead of two for 1b).
+# MX_ROWS="fp8 fp8-current": only those mxtrain rows, of bf16, fp8, fp8-current and
+# fp8-bf16-weights (fp8 with quantized_weights = false); default all four.
 # ATTENTION_BACKWARDS="cudnn flash-attention-4": every mxtrain row once with each attention
 # backward (train.attention_backward; the second needs a build with FlashAttention-4's kernels,
 # docs/attention.md); default auto (the trainer's default). Each line records the backward the run
@@ -29,10 +31,13 @@ for set in "$@"; do
   case $set in
     1b|3b)
       if [[ $set == 1b ]]; then shape=(-m llama-1b -b 8 -s 2048); else shape=(-m llama-3b -b 4 -s 2048); fi
-      mx "${shape[@]}" -p bf16
-      mx "${shape[@]}" -p fp8
-      mx "${shape[@]}" -p fp8-current
-      mx "${shape[@]}" -p fp8 --set precision.quantized_weights=false
+      for row in ${MX_ROWS:-bf16 fp8 fp8-current fp8-bf16-weights}; do
+        case $row in
+          fp8-bf16-weights) mx "${shape[@]}" -p fp8 --set precision.quantized_weights=false ;;
+          bf16|fp8|fp8-current) mx "${shape[@]}" -p "$row" ;;
+          *) echo "fp8_vs_torch.sh: unknown MX_ROWS entry '$row' (bf16, fp8, fp8-current, fp8-bf16-weights)" >&2; exit 2 ;;
+        esac
+      done
       if [[ ${TORCH_FP8_ONLY:-0} == 1 ]]; then
         # Only PyTorch's FP8 row (its BF16 torch.compile row is bench/vs_torch.sh's): the same
         # run() of torch_fp8.py with its own model settings, one torch.compile less.
