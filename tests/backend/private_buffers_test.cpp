@@ -106,6 +106,27 @@ TEST(PrivateBuffers, NormBackwardPaths) {
       EXPECT_TRUE(p.split > 0 && p.fused) << cols;
     }
   }
+  // A LayerNorm's 16-bit rows of 1025-2048 columns split too, into halves of at most 1024 columns
+  // (4 vectors a lane, the incoming dx held), and fuse dx's column sums (at most 4 rows of 1024
+  // floats a warp: 64 KiB); RMSNorm's (held whole with dx) and FP32 rows do not split.
+  EXPECT_EQ(pb::norm_split_columns(1600, true, true, true), 800);    // GPT-2 1.5B
+  EXPECT_EQ(pb::norm_split_columns(1280, true, true, true), 640);    // GPT-2 774M
+  EXPECT_EQ(pb::norm_split_columns(1032, true, true, true), 520);    // 129 vectors: 65 and 64
+  EXPECT_EQ(pb::norm_split_columns(2048, true, true, true), 1024);
+  EXPECT_EQ(pb::norm_split_columns(1024, true, true, true), 0);      // held whole, dx too
+  EXPECT_EQ(pb::norm_split_columns(1600, true, true, false), 0);     // RMSNorm
+  EXPECT_EQ(pb::norm_split_columns(1600, true, false, true), 0);     // FP32 rows
+  EXPECT_EQ(pb::norm_split_columns(3072, true, true, true), 1536);   // wider rows: as RMSNorm's
+  for (int64_t cols = 1032; cols <= 2048; cols += 8) {
+    const int64_t split = pb::norm_split_columns(cols, true, true, true);
+    EXPECT_TRUE(split % 8 == 0 && split <= 1024 && cols - split <= split && cols - split >= split - 8) << cols;
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      const pb::NormBackwardPlan p = plan_for(NormKind::layer, 512, cols, dtype, true, kAligned);
+      EXPECT_EQ(p.split, split) << cols;
+      EXPECT_TRUE(p.fused) << cols;
+    }
+    EXPECT_EQ(plan_for(NormKind::rms, 512, cols, DType::bf16, false, kAligned).split, 0) << cols;
+  }
   EXPECT_EQ(pb::norm_fused_row_floats(1600, true), 1696);
   EXPECT_LE(4 * (pb::norm_fused_shared_bytes(1600, true, true) + 1024), 228u * 1024u);
   EXPECT_EQ(pb::norm_fused_row_floats(2048, true), 2048);  // whole groups: no padding
@@ -138,13 +159,19 @@ TEST(PrivateBuffers, NormBackwardDxColumnSums) {
   EXPECT_TRUE(gpt2.fused && gpt2.dx_sums);
   EXPECT_EQ(pb::norm_fused_shared_bytes(768, true, true, true), 4u * 4u * 768u * 4u);
   EXPECT_EQ(gpt2.buffers.at(0).shape, (Shape{4 * 32, 768}));
-  // GPT-2 774M's 1280 columns fit (80 KiB); GPT-2 1.5B's 1600 (106 KiB) do not: the fused
-  // kernel keeps dweight's and dbias's sums and dx's run as column sums.
-  EXPECT_TRUE(plan_for(NormKind::layer, 1280, DType::bf16, DType::bf16, true).dx_sums);
+  // GPT-2 1.5B's 1600 columns would not fit whole (106 KiB); split into halves of 800 (the rows'
+  // sums of 912 floats a warp, 57 KiB with the pairs' exchange) they do, and so do GPT-2 774M's
+  // 1280 and every LayerNorm row of 1025-2048 columns (at most 64 KiB).
   const pb::NormBackwardPlan xl = plan_for(NormKind::layer, 1600, DType::bf16, DType::bf16, true);
-  EXPECT_TRUE(xl.fused);
-  EXPECT_FALSE(xl.dx_sums);
-  EXPECT_EQ(xl.buffers.at(0).shape, (Shape{2 * 32, 1600}));
+  EXPECT_TRUE(xl.fused && xl.dx_sums);
+  EXPECT_EQ(xl.split, 800);
+  EXPECT_EQ(pb::norm_fused_shared_bytes(1600, true, true, true), 4u * 4u * 1696u * 4u);
+  EXPECT_EQ(pb::norm_fused_shared_bytes(1600, true, true, true, 800), 4u * 4u * 912u * 4u + 64u);
+  EXPECT_EQ(xl.buffers.at(0).shape, (Shape{4 * 32, 1600}));
+  for (int64_t cols = 1032; cols <= 2048; cols += 8) {
+    const pb::NormBackwardPlan p = plan_for(NormKind::layer, cols, DType::bf16, DType::bf16, true);
+    EXPECT_TRUE(p.fused && p.dx_sums && p.split > 0) << cols;
+  }
   // Only both sums at once, 16-bit activations, norm weights of their dtype.
   EXPECT_FALSE(plan_for(NormKind::layer, 768, DType::bf16, DType::bf16, false).dx_sums);
   EXPECT_FALSE(plan_for(NormKind::layer, 768, DType::f32, DType::f32, true).dx_sums);

@@ -90,14 +90,15 @@ NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& 
   plan.with_bias = kind == NormKind::layer && dbias.defined();
   plan.vector = cols % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(weight);
   plan.lanes = norm_fused_vectors_per_lane(cols, plan.vector ? 8 : 1);
-  plan.split = norm_split_columns(cols, plan.vector, x.dtype == DType::bf16 || x.dtype == DType::f16);
+  plan.split = norm_split_columns(cols, plan.vector, x.dtype == DType::bf16 || x.dtype == DType::f16,
+                                  kind == NormKind::layer);
   plan.fused = dweight.defined() && plan.lanes > 0 &&
                norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, false, plan.split) <= kNormFusedSharedLimit;
   // (The kernel is built for it with 16-bit activations and norm weights of the same dtype, at
-  // most 8 vectors a lane: rows up to 2048 columns.)
+  // most 8 vectors a lane: rows up to 2048 columns, whole or split.)
   plan.dx_sums = plan.fused && plan.vector && plan.lanes <= 8 && dx_sums.in.defined() && dx_sums.out.defined() &&
                  (x.dtype == DType::bf16 || x.dtype == DType::f16) && weight.dtype == x.dtype &&
-                 norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, true) <= kNormFusedSharedLimit;
+                 norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, true, plan.split) <= kNormFusedSharedLimit;
   if (!plan.fused && !dweight.defined()) return plan;
   plan.chunks = plan.fused ? norm_fused_chunks(rows) : column_reduction_chunks(rows);
   plan.buffers.push_back(f32("norm_backward.partials", Shape{plan.partial_rows() * plan.chunks, cols}));

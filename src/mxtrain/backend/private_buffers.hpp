@@ -83,10 +83,17 @@ constexpr int64_t norm_fused_row_floats(int64_t cols, bool vector) {
 // its two halves of the row sums through shared memory. Returns split (whole 256-column groups,
 // the first half taking the odd one), 0 where rows are not split. Such rows' sums always fit the
 // fused kernel's shared memory (at most 64 KiB with a bias), so the two-kernel path never takes
-// them.
-constexpr int64_t norm_split_columns(int64_t cols, bool vector, bool sixteen_bit) {
-  if (!vector || !sixteen_bit || cols <= 2048 || cols > 4096) return 0;
-  return ((cols + 255) / 256 + 1) / 2 * 256;
+// them. So do a LayerNorm's rows of 1025-2048 columns (`layer`; GPT-2 1.5B's 1600): whole, a lane
+// holds 5-8 vectors of dout and x but not the incoming dx, which its second pass then reads
+// two vectors ahead at a time, several memory latencies a row; split into halves of at most 1024
+// columns (the first taking the odd vector: 1600 -> 800 + 800), a lane holds all three and a row
+// costs one. The halves' rows of sums then also leave room for dx's column sums (GPT-2 1.5B's MLP
+// norm: 58 KiB a block, which unsplit did not fit).
+constexpr int64_t norm_split_columns(int64_t cols, bool vector, bool sixteen_bit, bool layer = false) {
+  if (!vector || !sixteen_bit || cols > 4096) return 0;
+  if (cols > 2048) return ((cols + 255) / 256 + 1) / 2 * 256;
+  if (layer && cols > 1024) return (cols / 8 + 1) / 2 * 8;
+  return 0;
 }
 // Rows of sums a warp keeps: dweight's, dbias's with a bias, and dx's column sums in and out, of
 // the row's width or, split, of its first part's (and the pairs' exchange of row sums).

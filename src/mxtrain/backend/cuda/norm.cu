@@ -354,7 +354,9 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // 82.1 -> 77.0 us in ncu, 3.86 -> 3.63 ms a step in CUPTI). A LayerNorm's 8-vector rows (its
 // mean, and with a bias a second row of sums, live beside the held row) fit 128 registers only
 // by loading the incoming dx in the second pass instead of holding it (kHoldDx; held, the bias
-// variant took 168 registers, three blocks an SM, and GPT-2 1.5B's 512 chunks 1.3 waves).
+// variant took 168 registers, three blocks an SM, and GPT-2 1.5B's 512 chunks 1.3 waves); that
+// costs a row several memory latencies, so 16-bit LayerNorm rows of 5-8 vectors a lane now run
+// split (below) and only split halves of 2049-4096-column rows keep the 8-vector form.
 // kDx: dx's column sums as it comes in and as it leaves (DxColumnSums; accumulate is then set),
 // two more rows of sums a warp, into partial_dx [2][chunks][cols]; their shared rows allow at
 // most two blocks an SM, so that variant is not held to 128 registers. Asking L2 for each warp's
@@ -362,9 +364,12 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // (bench/results/h100_norm_prefetch_tried_6c7b8aa.md). kPair: the row split over a pair of
 // warps, K vectors a lane each (held; private_buffers::norm_split_columns): the 16-vector
 // variant re-reads its row from memory in the second pass and ran at 1.7-1.9 TB/s on an H100
-// at Llama-3B's rows, split 2.3 TB/s (bench/results/h100_norm_split_5755cdd.md).
+// at Llama-3B's rows, split 2.3 TB/s (bench/results/h100_norm_split_5755cdd.md). A LayerNorm's
+// rows of 1025-2048 columns split into halves of 4 vectors a lane, which hold the incoming dx
+// too, and whose rows of sums leave room for dx's column sums at four blocks an SM (held to 128
+// registers with kDx as well).
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx, bool kPair>
-__global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
+__global__ void __launch_bounds__(kFusedWarps * 32, kDx && !kPair ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
                            T* dx, float* partial_weight, float* partial_bias, float* partial_dx, int64_t rows,
                            int cols, float inv_cols, int rows_per_chunk, int row_floats, int split, bool accumulate,
@@ -380,7 +385,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   constexpr int kSums = (kBias ? 2 : 1) + (kDx ? 2 : 0);
   constexpr int kDxRow = kBias ? 2 : 1;  // the first of dx's two rows
   constexpr int warps = kFusedWarps;
-  static_assert(!kPair || (kHold && !kDx), "split rows are held halves without dx's column sums");
+  static_assert(!kPair || kHold, "split rows are held halves");
   // [warps][kSums][row]: dweight's row, then dbias's, then dx's in and out; split rows then the
   // pairs' exchange of row sums [2][warps / 2][2][2]
   extern __shared__ float warp_partials[];
@@ -755,31 +760,49 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
     // dx's column sums are built for 8-wide 16-bit rows of at most 8 vectors a lane with norm
     // weights of the activations' dtype (private_buffers::norm_backward decides the same).
     constexpr bool kDxBuilt = decltype(width)::value == 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>;
-    // Split rows: two held 8-vector halves (8-wide 16-bit rows of 2049-4096 columns).
+    // Split rows (8-wide 16-bit): held halves of 8 vectors a lane for rows of 2049-4096 columns,
+    // without dx's sums; of 4 for a LayerNorm's rows of 1025-2048 columns, with or without them.
+    // Every 16-bit row of 9-16 vectors a lane, and every 16-bit LayerNorm row of 5-8, is split, so
+    // the unsplit kernels are not built for them.
     constexpr bool kPairBuilt = decltype(width)::value == 8 && sizeof(T) == 2;
+    if (split > 0) {
+      if constexpr (kPairBuilt) {
+        if constexpr (decltype(layer)::value) {
+          if (split <= 32 * 8 * 4) {
+            if constexpr (kDxBuilt) {
+              if (dx_sums) return go(width, K4{}, layer, has_bias, Yes{}, Yes{});
+            }
+            return go(width, K4{}, layer, has_bias, No{}, Yes{});
+          }
+        }
+        return go(width, K8{}, layer, has_bias, No{}, Yes{});
+      }
+    }
     if (lanes_k == 4) {
       if constexpr (kDxBuilt) {
         if (dx_sums) return go(width, K4{}, layer, has_bias, Yes{}, No{});
       }
       go(width, K4{}, layer, has_bias, No{}, No{});
     } else if (lanes_k == 8) {
-      if constexpr (kDxBuilt) {
-        if (dx_sums) return go(width, K8{}, layer, has_bias, Yes{}, No{});
+      if constexpr (kPairBuilt && decltype(layer)::value) {
+        MXTRAIN_ASSERT(false, "norm_backward: a 16-bit LayerNorm row of 1025-2048 columns planned unsplit");
+      } else {
+        if constexpr (kDxBuilt) {
+          if (dx_sums) return go(width, K8{}, layer, has_bias, Yes{}, No{});
+        }
+        go(width, K8{}, layer, has_bias, No{}, No{});
       }
-      go(width, K8{}, layer, has_bias, No{}, No{});
     } else if constexpr (kPairBuilt) {
-      // Every such row of 9-16 vectors a lane is split (norm_split_columns), so the unsplit
-      // 16-vector kernel is not built for them.
-      MXTRAIN_ASSERT(split > 0, "norm_backward: a 16-bit row of 2049-4096 columns planned unsplit");
-      go(width, K8{}, layer, has_bias, No{}, Yes{});
+      MXTRAIN_ASSERT(false, "norm_backward: a 16-bit row of 2049-4096 columns planned unsplit");
     } else {
       go(width, K16{}, layer, has_bias, No{}, No{});
     }
   };
   MXTRAIN_ASSERT(!dx_sums || (vector && lanes_k <= 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>),
                  "norm_backward: dx column sums planned for a kernel that does not take them");
-  MXTRAIN_ASSERT(split == 0 || (vector && lanes_k == 16 && sizeof(T) == 2 && !dx_sums && split % 256 == 0 &&
-                                cols - split <= split && split < cols),
+  MXTRAIN_ASSERT(split == 0 || (vector && sizeof(T) == 2 && split % 8 == 0 && cols - split <= split && split < cols &&
+                                ((lanes_k == 16 && !dx_sums && split % 256 == 0) ||
+                                 (lanes_k == 8 && kind == NormKind::layer && split <= 32 * 8 * 4))),
                  "norm_backward: a split row planned for a kernel that does not take it");
   const bool layer = kind == NormKind::layer;
   if (vector) {
