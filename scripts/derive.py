@@ -760,18 +760,28 @@ def timeline_mean_us(relative, kernel):
 
 
 def timeline_kernel(relative, kernel):
-    """(total ms, launches) of the last step's kernels whose name holds `kernel` in a step_timeline.py table."""
+    """(total ms, launches) of the last step's kernel whose name holds `kernel` in a step_timeline.py
+    table: the first such line, or with a leading '+' every such line added up (the variants of
+    one kernel)."""
+    every = kernel.startswith("+")
+    kernel = kernel.lstrip("+")
+    total, launches, found = 0.0, 0, False
     for line in read(relative).splitlines():
         m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(\S+)", line)
         if m and kernel in m[3]:
-            return float(m[1]), int(m[2])
+            if not every:
+                return float(m[1]), int(m[2])
+            total, launches, found = total + float(m[1]), launches + int(m[2]), True
+    if found:
+        return total, launches
     raise SystemExit(f"derive.py: {relative} has no kernel named like {kernel!r}")
 
 
 def timeline_ab(before, after, *kernels):
     """Each named kernel's time in the last step of two step timelines (one binary and another, in
     one call): total ms and launches before, after, and the change. A kernel argument is the part
-    of its name to look for, or LABEL=PART to call it LABEL."""
+    of its name to look for, or LABEL=PART to call it LABEL; a PART starting with '+' adds up every
+    kernel whose name holds it."""
     parts = []
     for named in kernels:
         label, _, kernel = named.rpartition("=")

@@ -254,10 +254,10 @@ TEST_P(CudaOps, NormBackward) {
         if (mode == with_dx_sums) {
           cpu_sums = {.in = sum_in.first, .out = sum_out.first, .accumulate_in = true, .accumulate_out = false};
           cuda_sums = {.in = sum_in.second, .out = sum_out.second, .accumulate_in = true, .accumulate_out = false};
-          // (A LayerNorm's rows of 1025-2048 columns split, and their halves' sums fit.)
-          const int64_t split = private_buffers::norm_split_columns(s.cols, true, true, layer);
-          const bool fits = s.cols % 8 == 0 && s.cols <= 2048 &&
-                            private_buffers::norm_fused_shared_bytes(s.cols, layer, true, true, split) <=
+          // (A LayerNorm's rows of 1025-2048 columns run split, and split rows keep the sums apart.)
+          const bool split = private_buffers::norm_split_columns(s.cols, true, true, layer) > 0;
+          const bool fits = s.cols % 8 == 0 && s.cols <= 2048 && !split &&
+                            private_buffers::norm_fused_shared_bytes(s.cols, layer, true, true) <=
                                 private_buffers::kNormFusedSharedLimit;
           EXPECT_EQ(private_buffers::norm_backward(kind, dout.second, x.second, weight.second, dx.second,
                                                    dweight.second, layer ? dbias.second.tensor() : no, cuda_sums)

@@ -95,10 +95,13 @@ NormBackwardPlan norm_backward(NormKind kind, const Tensor& dout, const Tensor& 
   plan.fused = dweight.defined() && plan.lanes > 0 &&
                norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, false, plan.split) <= kNormFusedSharedLimit;
   // (The kernel is built for it with 16-bit activations and norm weights of the same dtype, at
-  // most 8 vectors a lane: rows up to 2048 columns, whole or split.)
-  plan.dx_sums = plan.fused && plan.vector && plan.lanes <= 8 && dx_sums.in.defined() && dx_sums.out.defined() &&
-                 (x.dtype == DType::bf16 || x.dtype == DType::f16) && weight.dtype == x.dtype &&
-                 norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, true, plan.split) <= kNormFusedSharedLimit;
+  // most 8 vectors a lane, rows not split: up to 2048 columns for RMSNorm, 1024 for LayerNorm.
+  // Split halves with the sums fit, but measured slower than without them plus the two
+  // column-sum kernels: bench/results/h100_norm_layer_split_61b8e5c.md.)
+  plan.dx_sums = plan.fused && plan.vector && plan.lanes <= 8 && plan.split == 0 && dx_sums.in.defined() &&
+                 dx_sums.out.defined() && (x.dtype == DType::bf16 || x.dtype == DType::f16) &&
+                 weight.dtype == x.dtype &&
+                 norm_fused_shared_bytes(cols, plan.with_bias, plan.vector, true) <= kNormFusedSharedLimit;
   if (!plan.fused && !dweight.defined()) return plan;
   plan.chunks = plan.fused ? norm_fused_chunks(rows) : column_reduction_chunks(rows);
   plan.buffers.push_back(f32("norm_backward.partials", Shape{plan.partial_rows() * plan.chunks, cols}));

@@ -366,10 +366,10 @@ __global__ void norm_backward_dx_kernel(const T* dout, const T* x, const Wt* wei
 // variant re-reads its row from memory in the second pass and ran at 1.7-1.9 TB/s on an H100
 // at Llama-3B's rows, split 2.3 TB/s (bench/results/h100_norm_split_5755cdd.md). A LayerNorm's
 // rows of 1025-2048 columns split into halves of 4 vectors a lane, which hold the incoming dx
-// too, and whose rows of sums leave room for dx's column sums at four blocks an SM (held to 128
-// registers with kDx as well).
+// too (GPT-2 1.5B's rows in a step on an H100: 90 -> 83 us a launch;
+// bench/results/h100_norm_layer_split_61b8e5c.md).
 template <int W, int K, typename T, typename Wt, bool kLayer, bool kBias, bool kDx, bool kPair>
-__global__ void __launch_bounds__(kFusedWarps * 32, kDx && !kPair ? 1 : 4)
+__global__ void __launch_bounds__(kFusedWarps * 32, kDx ? 1 : 4)
 norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const float* mean_in, const float* rstd_in,
                            T* dx, float* partial_weight, float* partial_bias, float* partial_dx, int64_t rows,
                            int cols, float inv_cols, int rows_per_chunk, int row_floats, int split, bool accumulate,
@@ -385,7 +385,7 @@ norm_backward_fused_kernel(const T* dout, const T* x, const Wt* weight, const fl
   constexpr int kSums = (kBias ? 2 : 1) + (kDx ? 2 : 0);
   constexpr int kDxRow = kBias ? 2 : 1;  // the first of dx's two rows
   constexpr int warps = kFusedWarps;
-  static_assert(!kPair || kHold, "split rows are held halves");
+  static_assert(!kPair || (kHold && !kDx), "split rows are held halves without dx's column sums");
   // [warps][kSums][row]: dweight's row, then dbias's, then dx's in and out; split rows then the
   // pairs' exchange of row sums [2][warps / 2][2][2]
   extern __shared__ float warp_partials[];
@@ -760,20 +760,15 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
     // dx's column sums are built for 8-wide 16-bit rows of at most 8 vectors a lane with norm
     // weights of the activations' dtype (private_buffers::norm_backward decides the same).
     constexpr bool kDxBuilt = decltype(width)::value == 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>;
-    // Split rows (8-wide 16-bit): held halves of 8 vectors a lane for rows of 2049-4096 columns,
-    // without dx's sums; of 4 for a LayerNorm's rows of 1025-2048 columns, with or without them.
-    // Every 16-bit row of 9-16 vectors a lane, and every 16-bit LayerNorm row of 5-8, is split, so
-    // the unsplit kernels are not built for them.
+    // Split rows (8-wide 16-bit, never with dx's sums): held halves of 8 vectors a lane for rows
+    // of 2049-4096 columns, of 4 for a LayerNorm's rows of 1025-2048 columns. Every 16-bit row of
+    // 9-16 vectors a lane, and every 16-bit LayerNorm row of 5-8, is split, so the unsplit kernels
+    // are not built for them.
     constexpr bool kPairBuilt = decltype(width)::value == 8 && sizeof(T) == 2;
     if (split > 0) {
       if constexpr (kPairBuilt) {
         if constexpr (decltype(layer)::value) {
-          if (split <= 32 * 8 * 4) {
-            if constexpr (kDxBuilt) {
-              if (dx_sums) return go(width, K4{}, layer, has_bias, Yes{}, Yes{});
-            }
-            return go(width, K4{}, layer, has_bias, No{}, Yes{});
-          }
+          if (split <= 32 * 8 * 4) return go(width, K4{}, layer, has_bias, No{}, Yes{});
         }
         return go(width, K8{}, layer, has_bias, No{}, Yes{});
       }
@@ -800,8 +795,9 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
   };
   MXTRAIN_ASSERT(!dx_sums || (vector && lanes_k <= 8 && sizeof(T) == 2 && std::is_same_v<T, Wt>),
                  "norm_backward: dx column sums planned for a kernel that does not take them");
-  MXTRAIN_ASSERT(split == 0 || (vector && sizeof(T) == 2 && split % 8 == 0 && cols - split <= split && split < cols &&
-                                ((lanes_k == 16 && !dx_sums && split % 256 == 0) ||
+  MXTRAIN_ASSERT(split == 0 || (vector && sizeof(T) == 2 && !dx_sums && split % 8 == 0 && cols - split <= split &&
+                                split < cols &&
+                                ((lanes_k == 16 && split % 256 == 0) ||
                                  (lanes_k == 8 && kind == NormKind::layer && split <= 32 * 8 * 4))),
                  "norm_backward: a split row planned for a kernel that does not take it");
   const bool layer = kind == NormKind::layer;
