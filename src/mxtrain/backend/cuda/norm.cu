@@ -14,9 +14,9 @@
 // registers between the passes: one memory round trip per row). Each block owns a fixed chunk
 // of rows; its warps' rows are summed in warp order into one f32 partial row per chunk, and a
 // second kernel adds the chunks' partials in chunk order into dweight/dbias. No float atomics,
-// so the result is bit-reproducible. 16-bit rows of 2049-4096 columns are split over a pair of
-// warps, each holding its part in registers like a row of at most 2048 columns; the pair adds
-// its halves of the two row sums through shared memory. Rows too wide for the fused kernel
+// so the result is bit-reproducible. 16-bit rows of 2049-4096 columns, and a LayerNorm's of
+// 1025-2048, are split over a pair of warps, each holding its part in registers like a row of at
+// most 2048 (1024) columns; the pair adds its halves of the two row sums through shared memory. Rows too wide for the fused kernel
 // (more than 16 vectors per lane, hidden > 4096 in bf16, or over 96 KB of shared rows) use a
 // separate column-partials kernel that reads dout and x a second time.
 #include "mxtrain/backend/cuda/device_common.cuh"
@@ -624,10 +624,9 @@ void launch_forward(NormKind kind, bool fused_add, bool vector, const Tensor& a,
   const int64_t rows = x.rows();
   const int cols = static_cast<int>(x.cols());
   const unsigned blocks = blocks_for(rows, kRowThreads / 32);
-  // 16-byte vectors of a 16-bit type, at most 16 per lane (hidden <= 4096): the held-row kernel.
-  const int held_k = vector && sizeof(T) == 2
-                         ? (cols <= 32 * 8 * 4 ? 4 : cols <= 32 * 8 * 8 ? 8 : cols <= 32 * 8 * 16 ? 16 : 0)
-                         : 0;
+  // 16-byte vectors of a 16-bit type, 4, 8 or at most 16 per lane (hidden <= 4096), as the fused
+  // backward counts them: the held-row kernel.
+  const int held_k = vector && sizeof(T) == 2 ? private_buffers::norm_fused_vectors_per_lane(cols, 8) : 0;
   auto go = [&](auto width, auto layer, auto fused) {
     constexpr int W = decltype(width)::value;
     constexpr bool kLayer = decltype(layer)::value;
@@ -732,6 +731,8 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
   const int rows_per_chunk = static_cast<int>((rows + chunks - 1) / chunks);  // <= max(32, rows / 512 + 1)
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const size_t shared_bytes = private_buffers::norm_fused_shared_bytes(cols, with_bias, vector, dx_sums, split);
+  // A split row's vectors a lane in its (larger) first part.
+  const int half_k = split > 0 ? private_buffers::norm_fused_vectors_per_lane(split, 8) : 0;
   auto go = [&](auto width, auto vectors, auto layer, auto has_bias, auto has_dx, auto paired) {
     constexpr int W = decltype(width)::value;
     constexpr int K = decltype(vectors)::value;
@@ -768,7 +769,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
     if (split > 0) {
       if constexpr (kPairBuilt) {
         if constexpr (decltype(layer)::value) {
-          if (split <= 32 * 8 * 4) return go(width, K4{}, layer, has_bias, No{}, Yes{});
+          if (half_k == 4) return go(width, K4{}, layer, has_bias, No{}, Yes{});
         }
         return go(width, K8{}, layer, has_bias, No{}, Yes{});
       }
@@ -798,7 +799,7 @@ void launch_backward_fused(NormKind kind, bool vector, bool with_bias, bool dx_s
   MXTRAIN_ASSERT(split == 0 || (vector && sizeof(T) == 2 && !dx_sums && split % 8 == 0 && cols - split <= split &&
                                 split < cols &&
                                 ((lanes_k == 16 && split % 256 == 0) ||
-                                 (lanes_k == 8 && kind == NormKind::layer && split <= 32 * 8 * 4))),
+                                 (lanes_k == 8 && kind == NormKind::layer && half_k == 4))),
                  "norm_backward: a split row planned for a kernel that does not take it");
   const bool layer = kind == NormKind::layer;
   if (vector) {
