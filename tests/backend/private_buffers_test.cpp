@@ -107,8 +107,8 @@ TEST(PrivateBuffers, NormBackwardPaths) {
     }
   }
   // A LayerNorm's 16-bit rows of 1025-2048 columns split too, into halves of at most 1024 columns
-  // (4 vectors a lane, the incoming dx held), and fuse dx's column sums (at most 4 rows of 1024
-  // floats a warp: 64 KiB); RMSNorm's (held whole with dx) and FP32 rows do not split.
+  // (4 vectors a lane, the incoming dx held); RMSNorm's (held whole with dx) and FP32 rows do not
+  // split.
   EXPECT_EQ(pb::norm_split_columns(1600, true, true, true), 800);    // GPT-2 1.5B
   EXPECT_EQ(pb::norm_split_columns(1280, true, true, true), 640);    // GPT-2 774M
   EXPECT_EQ(pb::norm_split_columns(1032, true, true, true), 520);    // 129 vectors: 65 and 64
