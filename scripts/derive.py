@@ -197,7 +197,7 @@ def fp8_groups(relative, commit):
         g = groups.setdefault(name, {"shape": (r["B"], r["T"])})
         if not mine:
             # PyTorch lines carry no commit: the one right after this commit's mxtrain lines.
-            if "bf16" in g and "torch" not in g:
+            if len(g) > 1 and "torch" not in g:
                 g["torch"] = r
             continue
         slot = r["precision"]
@@ -206,7 +206,8 @@ def fp8_groups(relative, commit):
             # default); older lines: the second fp8 line is the one with quantized_weights.
             slot = "fp8_copies" if r.get("quantized_weights") is False else "fp8_quantized_weights"
         g.setdefault(slot, r)
-    return {name: g for name, g in groups.items() if "bf16" in g and "torch" in g}
+    # A set run with MX_ROWS may lack the bf16 row: its cells then say "–".
+    return {name: g for name, g in groups.items() if "torch" in g and "fp8" in g}
 
 
 def fp8_table(relative, commit):
@@ -217,21 +218,34 @@ def fp8_table(relative, commit):
     lines = [f"| model | bf16 tok/s | fp8 (delayed) | fp8-current | PyTorch FP8 | {extra} | "
              "peak GiB bf16 / fp8 / PyTorch FP8 |", "|---|---|---|---|---|---|---|"]
     for name, g in groups.items():
-        bf16, torch = g["bf16"]["tok_s"], g["torch"]["tok_s"]
-        cell = lambda r: f"{thousands(r['tok_s'])} (**{r['tok_s'] / bf16:.3f}×** bf16, **{r['tok_s'] / torch:.3f}×** PyTorch)"
+        bf16 = g["bf16"]["tok_s"] if "bf16" in g else None
+        torch = g["torch"]["tok_s"]
+
+        def cell(r):
+            if r is None:
+                return "–"
+            versus_bf16 = f"**{r['tok_s'] / bf16:.3f}×** bf16, " if bf16 else ""
+            return f"{thousands(r['tok_s'])} ({versus_bf16}**{r['tok_s'] / torch:.3f}×** PyTorch)"
         q = g.get("fp8_copies" if copies else "fp8_quantized_weights")
         qcell = f"{thousands(q['tok_s'])} tok/s at **{q['peak_gib']:.1f} GiB**" if q else "–"
         b, t = g["shape"]
-        lines.append(f"| {name} {b} × {t} | {thousands(bf16)} | {cell(g['fp8'])} | {cell(g['fp8-current'])} | "
-                     f"{thousands(torch)} | {qcell} | {g['bf16']['peak_gib']:.1f} / {g['fp8']['peak_gib']:.1f} / "
-                     f"{g['torch']['peak_gib']:.1f} |")
+        bf16_peak = f"{g['bf16']['peak_gib']:.1f}" if bf16 else "–"
+        lines.append(f"| {name} {b} × {t} | {thousands(bf16) if bf16 else '–'} | {cell(g['fp8'])} | "
+                     f"{cell(g.get('fp8-current'))} | {thousands(torch)} | {qcell} | {bf16_peak} / "
+                     f"{g['fp8']['peak_gib']:.1f} / {g['torch']['peak_gib']:.1f} |")
     return "\n".join(lines)
 
 
 def fp8_ratios(relative, commit):
     parts = []
     for name, g in fp8_groups(relative, commit).items():
-        bf16, torch = g["bf16"]["tok_s"], g["torch"]["tok_s"]
+        torch = g["torch"]["tok_s"]
+        if "bf16" not in g:  # a set run without mxtrain's bf16 row: PyTorch FP8's ratios only
+            parts.append(f"{name} fp8 {g['fp8']['tok_s'] / torch:.3f}×"
+                         + (f", fp8-current {g['fp8-current']['tok_s'] / torch:.3f}×" if "fp8-current" in g else "")
+                         + " PyTorch FP8")
+            continue
+        bf16 = g["bf16"]["tok_s"]
         parts.append(f"{name} fp8 {g['fp8']['tok_s'] / bf16:.3f}× / {g['fp8']['tok_s'] / torch:.3f}×, fp8-current "
                      f"{g['fp8-current']['tok_s'] / bf16:.3f}× / {g['fp8-current']['tok_s'] / torch:.3f}×")
     return "; ".join(parts)
@@ -777,6 +791,54 @@ def timeline_kernel(relative, kernel):
     raise SystemExit(f"derive.py: {relative} has no kernel named like {kernel!r}")
 
 
+STEP_CLASSES = (  # (class, a part of the kernel names it takes), the first match wins
+    ("GEMMs", ("nvjet", "Gemm", "gemm", "cutlass_80_tensorop", "sm90_xmma")),
+    ("attention", ("flash_attn", "sdpa", "fmha")),
+    ("AdamW", ("adamw",)),
+)
+
+
+def step_classes(relative):
+    """The last step of a step_timeline.py table summed by kind of kernel: GEMMs (cuBLASLt's and
+    quack's, fused epilogues included), attention (cuDNN's and FlashAttention-4's kernels, their
+    pre- and postprocessing included), AdamW, and everything else (norms, activations, RoPE,
+    casts, the loss, reductions, memsets). Returns (traced step ms, {class: ms})."""
+    classes = {name: 0.0 for name, _ in STEP_CLASSES}
+    classes["the rest"] = 0.0
+    step, last = None, False
+    for line in read(relative).splitlines():
+        m = re.match(r"# last step: \d+ records, ([\d.]+) ms of GPU time", line)
+        if m:
+            step, last = float(m[1]), True
+            continue
+        m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(.+)$", line)
+        if last and m:
+            kind = next((name for name, parts in STEP_CLASSES if any(p in m[3] for p in parts)), "the rest")
+            classes[kind] += float(m[1])
+    if step is None or abs(sum(classes.values()) - step) > 0.01 * step:
+        raise SystemExit(f"derive.py: {relative}: its last step's kernels do not add up to its span")
+    return step, classes
+
+
+def bar_budget(timeline, vs_torch, name, bar):
+    """Where a BF16 step stands against the bar of `bar`× torch.compile: the kernel classes of a
+    traced step (step_classes) beside the bench step and torch.compile's of a vs_torch file."""
+    bar = float(bar)
+    row = next((r for r in vs_torch_rows(vs_torch) if r["ours"]["name"] == name and r["compile"]), None)
+    if row is None:
+        raise SystemExit(f"derive.py: {vs_torch} has no {name} row beside torch.compile")
+    ours, theirs = row["ours"]["step_ms"], row["compile"]["step_ms"]
+    want = theirs / bar
+    step, classes = step_classes(timeline)
+    parts = ", ".join(f"{k} {v:.1f} ms" for k, v in classes.items())
+    cut = ours - want
+    rest = classes["the rest"]
+    return (f"{name}: torch.compile {theirs:.1f} ms a step, so {bar:.2f}× asks for {want:.1f} ms; mxtrain "
+            f"{ours:.1f} ms ({theirs / ours:.3f}×), {cut:.1f} ms ({cut / ours * 100:.1f}% of its step) too slow. Its traced step of {step:.1f} ms: {parts}; "
+            f"the kernels outside the GEMMs, attention and AdamW would have to shrink from {rest:.1f} to "
+            f"{rest - cut:.1f} ms ({cut / rest * 100:.0f}% of them) with the rest as fast as it is")
+
+
 def timeline_ab(before, after, *kernels):
     """Each named kernel's time in the last step of two step timelines (one binary and another, in
     one call): total ms and launches before, after, and the change. A kernel argument is the part
@@ -1033,6 +1095,7 @@ def generate(kind, args, planner):
         "swiglu-ab": lambda: swiglu_ab(*args),
         "binary-ab": lambda: binary_ab(*args),
         "timeline-ab": lambda: timeline_ab(*args),
+        "bar-budget": lambda: bar_budget(*args),
         "head-loss-timings": lambda: head_loss_timings(*args),
         "head-loss-errors": lambda: head_loss_errors(*args),
         "gelu-gemm-timings": lambda: gelu_gemm_timings(*args),
