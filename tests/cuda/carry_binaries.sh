@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine the binaries built on the development machine, instead of building
+# there (a CUDA build takes about 200 s of a device call; unpacking takes seconds).
+#   bash tests/cuda/carry_binaries.sh pack     # here: build build/auto's mxtrain and mxtrain_cuda_tests,
+#                                              # write .carrybin/{mxtrain,mxtrain_cuda_tests}.xz (about 27 MB)
+#   bash tests/cuda/carry_binaries.sh unpack   # there, from the repository root, before running
+#                                              # build/auto/mxtrain or build/auto/tests/mxtrain_cuda_tests
+# The call carries `.carrybin` (and `.fa4-kernels` where the build links FlashAttention-4's and
+# quack's kernels, `data` for the two tests that read the prepared corpus) and sources
+# scripts/gpu_env.sh, which points the loader at the GPU machine's CUDA libraries and makes the
+# source path compiled into the tests resolve. The build must be for the GPU's architecture:
+# build/auto on a machine without a GPU compiles for sm_90, Hopper (docs/building.md). xz because both machines have it (and Python's lzma
+# reads it where the command does not exist); the binaries are mostly device code, which xz
+# halves. Add `/.carrybin/` to .git/info/exclude: the folder is not part of the source tree.
+set -euo pipefail
+binaries=(mxtrain tests/mxtrain_cuda_tests)
+case ${1:-} in
+  pack)
+    cmake --build build/auto -j"$(nproc)" --target mxtrain mxtrain_cuda_tests
+    mkdir -p .carrybin
+    for b in "${binaries[@]}"; do
+      xz -T0 -6 -c "build/auto/$b" > ".carrybin/$(basename "$b").xz.part"
+      mv ".carrybin/$(basename "$b").xz.part" ".carrybin/$(basename "$b").xz"
+    done
+    ls -l .carrybin
+    ;;
+  unpack)
+    mkdir -p build/auto/tests
+    for b in "${binaries[@]}"; do
+      packed=.carrybin/$(basename "$b").xz
+      [[ -f $packed ]] || { echo "carry_binaries.sh: $packed missing: run 'pack' here and carry .carrybin" >&2; exit 1; }
+      if command -v xz > /dev/null; then
+        xz -dc "$packed" > "build/auto/$b.part"
+      else
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+          "$packed" "build/auto/$b.part"
+      fi
+      chmod +x "build/auto/$b.part"
+      mv "build/auto/$b.part" "build/auto/$b"
+    done
+    ;;
+  *) echo "usage: bash tests/cuda/carry_binaries.sh pack|unpack" >&2; exit 2 ;;
+esac
