@@ -177,7 +177,9 @@ __device__ __forceinline__ unsigned abs_bits(float value) { return __float_as_ui
 template <typename T> __device__ __forceinline__ void record_warp_amax(unsigned bits, unsigned* out) {
   bits = abs_bits(round_to<T>(__uint_as_float(bits)));
   bits = __reduce_max_sync(0xffffffffu, bits);
-  // The record only grows: a warp whose max is not above what it reads skips the atomic.
+  // The record only grows: a warp whose max is not above what it reads skips the atomic. (The
+  // atomic from every warp, with no read, measured slower in every FP8 step: atomics on one
+  // address cost more than the read; bench/results/h100_adamw_amax_tried_3645458.md.)
   if ((threadIdx.x & 31) == 0 && bits > *reinterpret_cast<volatile const unsigned*>(out)) atomicMax(out, bits);
 }
 
