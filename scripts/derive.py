@@ -833,10 +833,13 @@ def bar_budget(timeline, vs_torch, name, bar):
     parts = ", ".join(f"{k} {v:.1f} ms" for k, v in classes.items())
     cut = ours - want
     rest = classes["the rest"]
-    return (f"{name}: torch.compile {theirs:.1f} ms a step, so {bar:.2f}× asks for {want:.1f} ms; mxtrain "
-            f"{ours:.1f} ms ({theirs / ours:.3f}×), {cut:.1f} ms ({cut / ours * 100:.1f}% of its step) too slow. Its traced step of {step:.1f} ms: {parts}; "
-            f"the kernels outside the GEMMs, attention and AdamW would have to shrink from {rest:.1f} to "
-            f"{rest - cut:.1f} ms ({cut / rest * 100:.0f}% of them) with the rest as fast as it is")
+    head = (f"{name}: torch.compile {theirs:.1f} ms a step, so {bar:.2f}× asks for {want:.1f} ms; mxtrain "
+            f"{ours:.1f} ms ({theirs / ours:.3f}×)")
+    if cut <= 0:
+        return f"{head}, {-cut:.1f} ms under it. Its traced step of {step:.1f} ms: {parts}"
+    return (f"{head}, {cut:.1f} ms ({cut / ours * 100:.1f}% of its step) too slow. Its traced step of "
+            f"{step:.1f} ms: {parts}; the kernels outside the GEMMs, attention and AdamW would have to shrink "
+            f"from {rest:.1f} to {rest - cut:.1f} ms ({cut / rest * 100:.0f}% of them) with the rest as fast as it is")
 
 
 def timeline_ab(before, after, *kernels):
