@@ -773,6 +773,23 @@ def timeline_mean_us(relative, kernel):
     return 1000.0 * total / launches
 
 
+def last_step_kernels(relative):
+    """A step_timeline.py table's last step: (its GPU time in ms, [(ms, launches, kernel name)])
+    in the table's order."""
+    step, rows = None, []
+    for line in read(relative).splitlines():
+        m = re.match(r"# last step: \d+ records, ([\d.]+) ms of GPU time", line)
+        if m:
+            step, rows = float(m[1]), []
+            continue
+        m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(.+?)\s*$", line)
+        if step is not None and m:
+            rows.append((float(m[1]), int(m[2]), m[3]))
+    if step is None:
+        raise SystemExit(f"derive.py: {relative} has no '# last step' table")
+    return step, rows
+
+
 def timeline_kernel(relative, kernel):
     """(total ms, launches) of the last step's kernel whose name holds `kernel` in a step_timeline.py
     table: the first such line, or with a leading '+' every such line added up (the variants of
@@ -780,12 +797,11 @@ def timeline_kernel(relative, kernel):
     every = kernel.startswith("+")
     kernel = kernel.lstrip("+")
     total, launches, found = 0.0, 0, False
-    for line in read(relative).splitlines():
-        m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(\S+)", line)
-        if m and kernel in m[3]:
+    for ms, count, name in last_step_kernels(relative)[1]:
+        if kernel in name:
             if not every:
-                return float(m[1]), int(m[2])
-            total, launches, found = total + float(m[1]), launches + int(m[2]), True
+                return ms, count
+            total, launches, found = total + ms, launches + count, True
     if found:
         return total, launches
     raise SystemExit(f"derive.py: {relative} has no kernel named like {kernel!r}")
@@ -805,17 +821,11 @@ def step_classes(relative):
     casts, the loss, reductions, memsets). Returns (traced step ms, {class: ms})."""
     classes = {name: 0.0 for name, _ in STEP_CLASSES}
     classes["the rest"] = 0.0
-    step, last = None, False
-    for line in read(relative).splitlines():
-        m = re.match(r"# last step: \d+ records, ([\d.]+) ms of GPU time", line)
-        if m:
-            step, last = float(m[1]), True
-            continue
-        m = re.match(r"\s*([\d.]+) ms\s+(\d+)x\s+(.+)$", line)
-        if last and m:
-            kind = next((name for name, parts in STEP_CLASSES if any(p in m[3] for p in parts)), "the rest")
-            classes[kind] += float(m[1])
-    if step is None or abs(sum(classes.values()) - step) > 0.01 * step:
+    step, rows = last_step_kernels(relative)
+    for ms, _, kernel in rows:
+        kind = next((name for name, parts in STEP_CLASSES if any(p in kernel for p in parts)), "the rest")
+        classes[kind] += ms
+    if abs(sum(classes.values()) - step) > 0.01 * step:
         raise SystemExit(f"derive.py: {relative}: its last step's kernels do not add up to its span")
     return step, classes
 
