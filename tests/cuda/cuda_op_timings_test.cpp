@@ -249,9 +249,9 @@ TEST_F(CudaOpTimings, DISABLED_ModelShapes) {
 
 // The norms at widths the model shapes above do not reach: GPT-2 1.5B's rows (16384 x 1600,
 // LayerNorm with a bias: 6.25 vectors a lane, the fused backward split over pairs of warps, 800
-// columns and the bias's second row of sums each) and Llama-3B's (8192 x 3072 RMSNorm: split over pairs of warps, 6
-// vectors a lane each; norm weights in BF16 as BF16 training keeps them, in FP32 as the FP8
-// recipes do).
+// columns and the bias's second row of sums each) and Llama-3B's (8192 x 3072 RMSNorm: split over
+// pairs of warps, 6 vectors a lane each; norm weights in BF16 as BF16 training keeps them, in FP32
+// as the FP8 recipes do).
 TEST_F(CudaOpTimings, DISABLED_WideNorms) {
   struct NormShape {
     const char* name;

@@ -35,11 +35,11 @@ const RowShape kRowShapes[] = {{96, 768}, {33, 100}};
 // LayerNorm split 800 + 800), at 1032 (LayerNorm split 520 + 512, 45 rows: a chunk's pairs take
 // unequal counts), at llama-1b's over ten 32-row chunks (the staged backward's two-stage pipeline
 // across rows), at 2056 (the forward's 16-vector held rows with a lane of 9 vectors beside lanes
-// of 8; the backward split 1280 + 776), at Llama-3B's (16-bit
-// rows split over a pair of warps, 6 vectors a lane each; FP32 rows: 12 of the 16-vector
-// variant's, its loads running ahead of their use past the row's end), at Llama-8B's (split 8 and
-// 8; FP32: 16 per lane and 64 KB of shared memory for RMSNorm, LayerNorm with a bias takes the
-// two-kernel path there) and one too wide for the fused backward (the two-kernel path).
+// of 8; the backward split 1280 + 776), at Llama-3B's (16-bit rows split over a pair of warps, 6
+// vectors a lane each; FP32 rows: 12 of the 16-vector variant's, its loads running ahead of their
+// use past the row's end), at Llama-8B's (split 8 and 8; FP32: 16 per lane and 64 KB of shared
+// memory for RMSNorm, LayerNorm with a bias takes the two-kernel path there) and one too wide for
+// the fused backward (the two-kernel path).
 const RowShape kNormShapes[] = {{96, 768},  {33, 100},  {64, 1600}, {45, 1032}, {300, 2048},
                                 {24, 2056}, {40, 3072}, {8, 4096},  {16, 8200}};
 

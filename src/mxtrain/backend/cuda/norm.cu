@@ -16,9 +16,10 @@
 // second kernel adds the chunks' partials in chunk order into dweight/dbias. No float atomics,
 // so the result is bit-reproducible. 16-bit rows of 2049-4096 columns, and a LayerNorm's of
 // 1025-2048, are split over a pair of warps, each holding its part in registers like a row of at
-// most 2048 (1024) columns; the pair adds its halves of the two row sums through shared memory. Rows too wide for the fused kernel
-// (more than 16 vectors per lane, hidden > 4096 in bf16, or over 96 KB of shared rows) use a
-// separate column-partials kernel that reads dout and x a second time.
+// most 2048 (1024) columns; the pair adds its halves of the two row sums through shared memory.
+// Rows too wide for the fused kernel (more than 16 vectors per lane, hidden > 4096 in bf16, or
+// over 96 KB of shared rows) use a separate column-partials kernel that reads dout and x a second
+// time.
 #include "mxtrain/backend/cuda/device_common.cuh"
 #include "mxtrain/backend/cuda/kernels.hpp"
 
