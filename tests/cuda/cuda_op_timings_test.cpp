@@ -1,9 +1,12 @@
 // Per-op timings at the shapes of the benchmark models, printed as a table: a measuring tool for
 // the device machine, not a test of speed (it asserts nothing and is disabled by default; run
 // it with --gtest_also_run_disabled_tests --gtest_filter='*OpTimings*'). Each op runs 3 times to
-// warm up, then 20 times between two stream timestamps; the table gives the mean time, the
-// bytes or FLOPs the op must move or do (the Backend's own trace formulas), and the achieved
-// rate against the H200 ceilings in docs/benchmarking.md (4.26 TB/s copy, 773 TFLOP/s bf16 GEMM).
+// warm up, then 20 times between two stream timestamps (MXTRAIN_OP_TIMING_REPEATS sets the 20;
+// 0 runs each op of `time` once, untimed, for a profiler such as ncu); the table gives the mean
+// time, the bytes or FLOPs the op must move or do (the Backend's own trace formulas), and the
+// achieved rate against the H200 ceilings in docs/benchmarking.md (4.26 TB/s copy, 773 TFLOP/s bf16 GEMM).
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 
 #include "cuda/cuda_test_support.hpp"
@@ -26,11 +29,16 @@ class CudaOpTimings : public CudaTest {
     op();
     const OpRecord record = recorder.last;
     cuda().set_observer(nullptr);
+    const int repeats = timed_repeats();
+    if (repeats == 0) {  // one launch of each op, for a profiler (ncu) to look at
+      std::printf("[ time  ] %-58s ran once (MXTRAIN_OP_TIMING_REPEATS=0)\n", what.c_str());
+      return;
+    }
     for (int i = 0; i < 2; ++i) op();
     const uint64_t start = cuda().record_timestamp();
-    for (int i = 0; i < kRepeats; ++i) op();
+    for (int i = 0; i < repeats; ++i) op();
     const uint64_t end = cuda().record_timestamp();
-    const double ms = cuda().elapsed_ms(start, end) / kRepeats;
+    const double ms = cuda().elapsed_ms(start, end) / repeats;
     const double tbps = record.bytes / (ms * 1e-3) / 1e12;
     const double tflops = record.flops / (ms * 1e-3) / 1e12;
     const bool gemm_like = record.flops > 50 * record.bytes;
@@ -40,6 +48,11 @@ class CudaOpTimings : public CudaTest {
   }
   Buffer random(Shape shape, DType dtype, uint64_t seed, float low = -1, float high = 1) {
     return upload(cuda(), random_vector(static_cast<size_t>(shape.numel()), seed, low, high), shape, dtype);
+  }
+  // The timed launches of each op: 20, or MXTRAIN_OP_TIMING_REPEATS (0: the op runs once, untimed).
+  static int timed_repeats() {
+    const char* text = std::getenv("MXTRAIN_OP_TIMING_REPEATS");
+    return text != nullptr && *text != '\0' ? std::max(0, std::atoi(text)) : kRepeats;
   }
   static constexpr int kRepeats = 20;
 };
@@ -277,6 +290,62 @@ TEST_F(CudaOpTimings, DISABLED_WideNorms) {
     time("norm_backward (accumulate dx)",
          [&] { cuda().norm_backward(n.kind, y, x, w, m, rstd, out, dw, dbias, true); });
   }
+}
+
+// AdamW over one llama-3b block's group (100.7 M parameters: two norms, q|k|v, out, gate|up,
+// down) as each recipe's step launches it: bf16 (an f32 master and its bf16 copy), fp8-current
+// (the master is the compute weight; the four weights' amaxes recorded) and fp8 (each weight's
+// FP8 copy written too), beside the plain update with none of these. Every variant also sums the
+// squared gradients (the step's norm without clipping). `ncu` of these launches says where the
+// FP8 variants lose the copy variant's rate.
+TEST_F(CudaOpTimings, DISABLED_AdamwVariants) {
+  const int64_t C = 3072, kv = 1024, ffn = 8192;
+  const int64_t rows[] = {C + 2 * kv, C, 2 * ffn, C}, cols[] = {C, C, C, ffn};
+  int64_t n = 2 * C;  // the two norms' weights lead the group
+  int64_t begin[4];
+  for (int i = 0; i < 4; ++i) {
+    begin[i] = n;
+    n += rows[i] * cols[i];
+  }
+  std::printf("[ time  ] ---- llama-3b block group: %lld parameters ----\n", static_cast<long long>(n));
+  Buffer master = random(Shape{n}, DType::f32, 1, -0.05f, 0.05f), grad = random(Shape{n}, DType::f32, 2, -1e-3f, 1e-3f);
+  Buffer am = random(Shape{n}, DType::f32, 3, -1e-4f, 1e-4f), av = random(Shape{n}, DType::f32, 4, 0, 1e-8f);
+  Buffer copy = random(Shape{n}, DType::bf16, 5), norm_sq = upload(cuda(), {0.0f}, Shape{1});
+  std::vector<Buffer> keep;
+  std::vector<AmaxSegment> amaxes;
+  std::vector<WeightCastSegment> casts;
+  for (int i = 0; i < 4; ++i) {
+    keep.push_back(upload(cuda(), {0.0f}, Shape{1}));
+    const AmaxSegment amax{begin[i], begin[i] + rows[i] * cols[i], keep.back()};
+    amaxes.push_back(amax);
+    WeightCastSegment cast;
+    cast.begin = amax.begin;
+    cast.end = amax.end;
+    cast.amax = amax.amax;
+    keep.push_back(upload(cuda(), {448.0f / 0.08f}, Shape{1}));
+    cast.scale = keep.back();
+    cast.out.spec.mode = ScalingMode::per_tensor;
+    cast.out.spec.element = DType::e4m3;
+    keep.push_back(cuda().allocate("cast", Shape{rows[i], cols[i]}, DType::e4m3, Lifetime::scratch));
+    cast.out.data = keep.back();
+    keep.push_back(cuda().allocate("cast.scale_inverse", Shape{1}, DType::f32, Lifetime::scratch));
+    cast.out.scale_inverse = keep.back();
+    casts.push_back(cast);
+  }
+  AdamWArgs args;
+  args.learning_rate = 1e-4f;
+  args.weight_decay = 0.1f;
+  args.decay_count = n;
+  args.grad_norm_output = AdamWArgs::NormOutput::overwrite;
+  const Tensor none;
+  time("adamw plain (f32 master only)", [&] { cuda().adamw(master, grad, am, av, none, norm_sq, args); });
+  time("adamw bf16 (f32 master + bf16 copy)", [&] { cuda().adamw(master, grad, am, av, copy, norm_sq, args); });
+  AdamWArgs current = args;
+  current.weight_amaxes = amaxes;
+  time("adamw fp8-current (4 amax records)", [&] { cuda().adamw(master, grad, am, av, none, norm_sq, current); });
+  AdamWArgs delayed = args;
+  delayed.weight_casts = casts;
+  time("adamw fp8 (4 FP8 copies + amax records)", [&] { cuda().adamw(master, grad, am, av, none, norm_sq, delayed); });
 }
 
 // The LM head and its loss, one chunk of rows as Transformer::head runs it (logits_chunk_rows at the
