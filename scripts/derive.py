@@ -321,6 +321,14 @@ def kernels_as_measured(r):
             "--set", f"train.gemm_kernels={r.get('gemm_kernels', 'cublaslt')}"]
 
 
+def grad_dtype_as_measured(r):
+    """The --set flags that re-plan a measured line with the blocks' gradient dtype it ran: its
+    grad_dtype, or for an fp8 / fp8-current line from before the lines recorded it, f32 (auto gave
+    those recipes BF16 block gradients only from then on; bf16 lines had them all along)."""
+    dtype = r.get("grad_dtype", "f32" if r["precision"] in ("fp8", "fp8-current") else None)
+    return ["--set", f"precision.grad_dtype={dtype}"] if dtype else []
+
+
 def fp8_planned_rows(relative, commit, planner):
     """Each mxtrain line of `commit` in the FP8 file re-planned: (line, planned peak bytes, planned ms)."""
     rows = []
@@ -328,7 +336,8 @@ def fp8_planned_rows(relative, commit, planner):
         if r.get("engine") != "mxtrain" or r.get("commit") not in commit.split(","):
             continue
         args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
-                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r)]
+                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r),
+                *grad_dtype_as_measured(r)]
         if "quantized_weights" in r:
             args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
         if "grad_clip" in r:  # the optimizer as it ran (bench/fp8_vs_torch.sh sets 0 since 2026-12-02)
@@ -364,7 +373,7 @@ def attention_backward_planned(planner, *relatives):
     def plan(r):
         args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
                 "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r),
-                "--set", f"optimizer.grad_clip={r['grad_clip']}"]
+                *grad_dtype_as_measured(r), "--set", f"optimizer.grad_clip={r['grad_clip']}"]
         if r["precision"] != "bf16":
             args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
         result = json.loads(planner.run(*args))
@@ -516,7 +525,11 @@ class Planner:
             for entry in report["entries"]:
                 args = ["plan", "--gpu", report["gpu"], "--plan-steps", str(report["plan_steps"]), "--json"]
                 # Keys whose defaults changed after the measurement, at their values then (under the set keys).
-                settings = {**report.get("defaults_at_measurement", {}), **entry["set"]}
+                # A key changed for some recipes only holds its values then by train.precision.
+                precision = entry["set"].get("train.precision", "auto")
+                then = {key: value.get(precision) if isinstance(value, dict) else value
+                        for key, value in report.get("defaults_at_measurement", {}).items()}
+                settings = {**{key: value for key, value in then.items() if value is not None}, **entry["set"]}
                 for key, value in settings.items():
                     args += ["--set", f"{key}={value}"]
                 plan = json.loads(self.run(*args))

@@ -547,11 +547,12 @@ struct Gradients {
   double loss = 0;
   std::vector<std::string> names;
   std::vector<std::vector<float>> values;
+  std::vector<bool> block;  // a block's parameter (its gradient block_grads), not the embedding's or head's
 };
 
 Gradients step(Backend& backend, const ModelConfig& config, const LinearRecipeOptions& linear,
-               const std::string& recompute = "none") {
-  LocalParameterStore store(backend, config, DType::bf16, DType::f32);
+               const std::string& recompute = "none", DType block_grads = DType::f32) {
+  LocalParameterStore store(backend, config, DType::bf16, DType::f32, {}, block_grads);
   store.initialize(11);
   TransformerOptions options;
   options.activation_dtype = DType::bf16;
@@ -586,6 +587,7 @@ Gradients step(Backend& backend, const ModelConfig& config, const LinearRecipeOp
     for (size_t p = 0; p < layout.groups[g].params.size(); ++p) {
       result.names.push_back(layout.groups[g].params[p].name);
       result.values.push_back(download(backend, store.grad(static_cast<int>(g), static_cast<int>(p))));
+      result.block.push_back(layout.is_layer_group(static_cast<int>(g)));
     }
   return result;
 }
@@ -612,6 +614,38 @@ TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
       EXPECT_LE(error, c.gradient) << linear_format_name(c.format) << " " << got.names[i];
     }
     std::printf("[ error ] step %s: worst gradient rel L2 %.3e\n", linear_format_name(c.format), worst);
+  }
+}
+
+// fp8 and fp8-current with BF16 block gradients (precision.grad_dtype = auto on one GPU with one
+// micro-batch a step): each block gradient is one FP8 wgrad GEMM's (or a norm's column sum's)
+// FP32 accumulation rounded once, so it is the FP32-gradient step's to BF16 rounding; nothing
+// else reads it in the backward, so the loss and the embedding's and head's FP32 gradients keep
+// their bits.
+TEST_F(CudaQuantize, Fp8StepsWithBf16BlockGradientsRoundTheF32Ones) {
+  for (const char* preset : {"tiny", "tiny-gpt2"}) {
+    const ModelConfig config = model_preset(preset);
+    for (LinearFormat format : {LinearFormat::fp8_delayed, LinearFormat::fp8_current}) {
+      const std::string what = std::string(preset) + " " + linear_format_name(format);
+      LinearRecipeOptions linear;
+      linear.format = format;
+      const Gradients f32 = step(cuda(), config, linear, "none", DType::f32);
+      const Gradients bf16 = step(cuda(), config, linear, "none", DType::bf16);
+      EXPECT_EQ(f32.loss, bf16.loss) << what;
+      ASSERT_EQ(f32.values.size(), bf16.values.size());
+      double worst = 0;
+      for (size_t i = 0; i < f32.values.size(); ++i) {
+        if (!f32.block[i]) {
+          EXPECT_EQ(0, std::memcmp(f32.values[i].data(), bf16.values[i].data(), f32.values[i].size() * sizeof(float)))
+              << what << " " << f32.names[i];
+          continue;
+        }
+        const double error = relative_l2_error(bf16.values[i], f32.values[i]);
+        worst = std::max(worst, error);
+        EXPECT_LE(error, 4e-3) << what << " " << f32.names[i];  // one BF16 rounding: at most 2^-9 an element
+      }
+      std::printf("[ error ] %s: BF16 block gradients against f32, worst rel L2 %.3e\n", what.c_str(), worst);
+    }
   }
 }
 

@@ -436,28 +436,40 @@ TEST(Precision, TheDryrunAllocatesTheOptimizerNormPartials) {
   }
 }
 
-// precision.grad_dtype: auto gives the blocks BF16 gradients only in a bf16 run of one process
-// with one micro-batch a step; bf16 asked for elsewhere is a config error; f32 always holds.
+// precision.grad_dtype: auto gives the blocks BF16 gradients only in a bf16, fp8 or fp8-current
+// run on the GPU of one process with one micro-batch a step; bf16 asked for elsewhere is a config
+// error; f32 always holds.
 TEST(Precision, BlockGradientDtypeFollowsTheRun) {
   RunConfig config = tiny("bf16");
   const PrecisionPlan bf16 = resolve_precision("bf16", "cuda", false);
   const PrecisionPlan fp32 = resolve_precision("fp32", "cuda", false);
   const PrecisionPlan fp8 = resolve_precision("fp8", "cuda", false);
+  const PrecisionPlan fp8_current = resolve_precision("fp8-current", "cuda", false);
+  const PrecisionPlan mxfp8 = resolve_precision("mxfp8", "cuda", false);
+  const PrecisionPlan fp8_cpu = resolve_precision("fp8", "cpu", false);  // computes in f32
   EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::bf16);
   EXPECT_EQ(block_grad_dtype(config, fp32, 1), DType::f32);
-  EXPECT_EQ(block_grad_dtype(config, fp8, 1), DType::f32);
+  EXPECT_EQ(block_grad_dtype(config, fp8, 1), DType::bf16);
+  EXPECT_EQ(block_grad_dtype(config, fp8_current, 1), DType::bf16);
+  EXPECT_EQ(block_grad_dtype(config, mxfp8, 1), DType::f32);  // emulated on Hopper: kept f32
+  EXPECT_EQ(block_grad_dtype(config, fp8_cpu, 1), DType::f32);
   EXPECT_EQ(block_grad_dtype(config, bf16, 2), DType::f32);  // FSDP reduces f32
+  EXPECT_EQ(block_grad_dtype(config, fp8, 2), DType::f32);
   config.train.global_batch_size = 3 * config.train.micro_batch_size;
   EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::f32);  // accumulation over micro-batches
+  EXPECT_EQ(block_grad_dtype(config, fp8, 1), DType::f32);
   EXPECT_EQ(block_grad_dtype(config, bf16, 3), DType::f32);
   config.precision.grad_dtype = "bf16";
   EXPECT_THROW(block_grad_dtype(config, bf16, 1), Error);
   config.train.global_batch_size = 0;
   EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::bf16);
+  EXPECT_EQ(block_grad_dtype(config, fp8_current, 1), DType::bf16);
   EXPECT_THROW(block_grad_dtype(config, bf16, 2), Error);
-  EXPECT_THROW(block_grad_dtype(config, fp8, 1), Error);
+  EXPECT_THROW(block_grad_dtype(config, mxfp8, 1), Error);
+  EXPECT_THROW(block_grad_dtype(config, fp8_cpu, 1), Error);
   config.precision.grad_dtype = "f32";
   EXPECT_EQ(block_grad_dtype(config, bf16, 1), DType::f32);
+  EXPECT_EQ(block_grad_dtype(config, fp8, 1), DType::f32);
 }
 
 // BF16 block gradients hold one micro-batch's sum: a step fed several micro-batches (a config

@@ -111,12 +111,21 @@ RunConfig accuracy_entry_config(const nlohmann::json& entry, const nlohmann::jso
                 "give each entry {\"name\": ..., \"set\": {\"model.preset\": ..., ...}}");
   ConfigSources sources;
   sources.read_environment = false;
+  const nlohmann::json& set = entry["set"];
+  const std::string precision =
+      set.contains("train.precision") ? value_text(set["train.precision"]) : RunConfig{}.train.precision;
   if (defaults_then.is_object())
-    for (auto it = defaults_then.begin(); it != defaults_then.end(); ++it)
-      if (!entry["set"].contains(it.key())) sources.overrides.emplace_back(it.key(), value_text(it.value()));
+    for (auto it = defaults_then.begin(); it != defaults_then.end(); ++it) {
+      if (set.contains(it.key())) continue;
+      if (!it.value().is_object()) {
+        sources.overrides.emplace_back(it.key(), value_text(it.value()));
+      } else if (it.value().contains(precision)) {  // the value then for this entry's recipe
+        sources.overrides.emplace_back(it.key(), value_text(it.value()[precision]));
+      }
+    }
   // model.preset first: setting it resets every model.* key.
-  if (entry["set"].contains("model.preset")) sources.overrides.emplace_back("model.preset", value_text(entry["set"]["model.preset"]));
-  for (auto it = entry["set"].begin(); it != entry["set"].end(); ++it)
+  if (set.contains("model.preset")) sources.overrides.emplace_back("model.preset", value_text(set["model.preset"]));
+  for (auto it = set.begin(); it != set.end(); ++it)
     if (it.key() != "model.preset") sources.overrides.emplace_back(it.key(), value_text(it.value()));
   return load_config(sources);
 }

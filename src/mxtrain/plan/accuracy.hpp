@@ -25,7 +25,9 @@ struct AccuracyOptions {
 // ignored, so a re-plan anywhere gives the same config). `defaults_then` (a measured report's
 // "defaults_at_measurement" object) holds the keys whose defaults changed after the report was
 // measured, with their values at the time; they apply under the entry's own keys, so re-planning
-// an old measurement plans the config that was measured.
+// an old measurement plans the config that was measured. A key whose default changed for some
+// recipes only gives its values then by the entry's train.precision, {"fp8": "f32", ...}; an
+// entry of a precision not named there keeps today's default.
 RunConfig accuracy_entry_config(const nlohmann::json& entry, const nlohmann::json& defaults_then = nlohmann::json());
 
 // A measured report's "defaults_at_measurement" (an empty object when it has none).

@@ -33,6 +33,7 @@ BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& o
     log::info(precision.startup_line);
     if (result.device == "cuda") log::info(kernels_startup_line(config, backend->properties().compute_capability));
     result.quantized_weights = uses_quantized_weights(config, precision, false);
+    result.block_grad_dtype = std::string(dtype_name(block_grad_dtype(config, precision, 1)));
     TrainingSession session(config, *backend, precision, make_parameter_store(*backend, config, precision, nullptr, 1));
 
     // Random tokens, fixed per run (the PyTorch baseline also reuses one random batch).
@@ -121,6 +122,7 @@ nlohmann::json benchmark_json(const RunConfig& config, const BenchmarkOptions& o
   json["loss"] = result.final_loss;
   json["cuda_graph"] = result.cuda_graph;
   json["quantized_weights"] = result.quantized_weights;
+  json["grad_dtype"] = result.block_grad_dtype;
   return json;
 }
 

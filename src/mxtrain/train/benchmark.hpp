@@ -33,6 +33,7 @@ struct BenchmarkResult {
   double final_loss = 0;
   bool cuda_graph = false;       // the timed steps replayed a captured step graph (train.cuda_graph)
   bool quantized_weights = false;  // the quantized blocks kept no BF16 weight copy (precision.quantized_weights)
+  std::string block_grad_dtype;    // the blocks' weight gradients (precision.grad_dtype resolved)
 };
 
 BenchmarkResult run_benchmark(const RunConfig& config, const BenchmarkOptions& options);

@@ -73,10 +73,16 @@ DType block_grad_dtype(const RunConfig& config, const PrecisionPlan& plan, int w
   const int64_t micro = config.train.micro_batch_size;
   const int64_t global = config.train.global_batch(world_size);
   const bool one_micro_batch = global == micro * world_size;
-  const bool bf16_run = plan.name == "bf16";
+  // The per-tensor FP8 recipes' wgrad GEMMs accumulate in FP32 and round once into the
+  // gradient, as the BF16 GEMM does (computing on the GPU: BF16 activations).
+  const bool fp8_run = (plan.linear == LinearFormat::fp8_delayed || plan.linear == LinearFormat::fp8_current) &&
+                       plan.compute == DType::bf16;
+  const bool bf16_run = plan.name == "bf16" || fp8_run;
   if (asked != "bf16") return bf16_run && world_size == 1 && one_micro_batch ? DType::bf16 : DType::f32;
   if (!bf16_run)
-    throw Error(ErrorKind::config, "precision.grad_dtype = bf16 needs the bf16 precision; this run is " + plan.name,
+    throw Error(ErrorKind::config,
+                "precision.grad_dtype = bf16 needs the bf16 precision, or fp8 or fp8-current on the GPU; this run is " +
+                    plan.name + (plan.compute == DType::bf16 ? "" : " on the CPU"),
                 "use precision.grad_dtype = auto or f32, or --precision bf16");
   if (world_size > 1)
     throw Error(ErrorKind::config,
