@@ -263,8 +263,9 @@ std::vector<Field> fields(RunConfig& c) {
                                  "their casts and lookups read the FP32 masters; auto = true for fp8, fp8-current, "
                                  "mxfp8 and nvfp4 on one process, false with FSDP"));
   list.push_back(choice("precision.grad_dtype", p.grad_dtype,
-                        "gradients of the blocks' weights: auto = bf16 for --precision bf16 with one micro-batch a "
-                        "step on one GPU (the GEMMs' output, as torch autocast leaves it), else f32",
+                        "gradients of the blocks' weights: auto = bf16 for --precision bf16, fp8 or fp8-current "
+                        "with one micro-batch a step on one GPU (the GEMMs' output, as torch autocast leaves it), "
+                        "else f32",
                         {"auto", "f32", "bf16"}));
   list.push_back(choice("precision.mx_scale_rounding", p.mx_scale_rounding,
                         "MXFP8 E8M0 scales: rceil (NVIDIA, TE, cuBLAS) or floor (OCP MX v1.0)", {"rceil", "floor"}));
