@@ -316,22 +316,9 @@ TEST_F(CudaOpTimings, DISABLED_AdamwVariants) {
   std::vector<AmaxSegment> amaxes;
   std::vector<WeightCastSegment> casts;
   for (int i = 0; i < 4; ++i) {
-    keep.push_back(upload(cuda(), {0.0f}, Shape{1}));
-    const AmaxSegment amax{begin[i], begin[i] + rows[i] * cols[i], keep.back()};
-    amaxes.push_back(amax);
-    WeightCastSegment cast;
-    cast.begin = amax.begin;
-    cast.end = amax.end;
-    cast.amax = amax.amax;
-    keep.push_back(upload(cuda(), {448.0f / 0.08f}, Shape{1}));
-    cast.scale = keep.back();
-    cast.out.spec.mode = ScalingMode::per_tensor;
-    cast.out.spec.element = DType::e4m3;
-    keep.push_back(cuda().allocate("cast", Shape{rows[i], cols[i]}, DType::e4m3, Lifetime::scratch));
-    cast.out.data = keep.back();
-    keep.push_back(cuda().allocate("cast.scale_inverse", Shape{1}, DType::f32, Lifetime::scratch));
-    cast.out.scale_inverse = keep.back();
-    casts.push_back(cast);
+    casts.push_back(weight_cast_segment(cuda(), begin[i], begin[i] + rows[i] * cols[i], Shape{rows[i], cols[i]},
+                                        448.0f / 0.08f, keep));
+    amaxes.push_back({casts.back().begin, casts.back().end, casts.back().amax});
   }
   AdamWArgs args;
   args.learning_rate = 1e-4f;

@@ -768,20 +768,7 @@ TEST_F(CudaDataOps, AdamWCastsEachWeightLikeTheQuantizeOp) {
       for (int i = 0; i < 10; ++i) {
         const int64_t begin = i * n / 10 + (i % 3 == 1 ? 3 : 0), end = (i + 1) * n / 10 - (i % 4 == 2 ? 5 : 0);
         param[static_cast<size_t>(begin + i)] = 3.0f + static_cast<float>(i);
-        WeightCastSegment cast;
-        cast.begin = begin;
-        cast.end = end;
-        buffers.push_back(upload(cuda(), {std::ldexp(0.7f, 2 * i - 6)}, Shape{1}));
-        cast.scale = buffers.back();
-        buffers.push_back(upload(cuda(), {0.0f}, Shape{1}));
-        cast.amax = buffers.back();
-        cast.out.spec.mode = ScalingMode::per_tensor;
-        cast.out.spec.element = DType::e4m3;
-        buffers.push_back(cuda().allocate("cast", Shape{1, end - begin}, DType::e4m3, Lifetime::scratch));
-        cast.out.data = buffers.back();
-        buffers.push_back(cuda().allocate("cast.scale_inverse", Shape{1}, DType::f32, Lifetime::scratch));
-        cast.out.scale_inverse = buffers.back();
-        casts.push_back(cast);
+        casts.push_back(weight_cast_segment(cuda(), begin, end, Shape{1, end - begin}, std::ldexp(0.7f, 2 * i - 6), buffers));
       }
       AdamWArgs args;
       args.learning_rate = 1e-3f;

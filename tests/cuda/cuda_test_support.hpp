@@ -36,6 +36,27 @@ class CudaTest : public ::testing::Test {
 };
 
 // Values as the given dtype stores them (identity for f32).
+// An AdamW weight cast (delayed scaling): elements [begin, end) of the update written as an E4M3
+// copy of `shape` (rows x k, end - begin elements) with the given scale (f32 [1]); its amax record
+// starts at 0. The buffers it needs are appended to `keep`.
+inline WeightCastSegment weight_cast_segment(Backend& backend, int64_t begin, int64_t end, Shape shape, float scale,
+                                             std::vector<Buffer>& keep) {
+  WeightCastSegment cast;
+  cast.begin = begin;
+  cast.end = end;
+  keep.push_back(upload(backend, {scale}, Shape{1}));
+  cast.scale = keep.back();
+  keep.push_back(upload(backend, {0.0f}, Shape{1}));
+  cast.amax = keep.back();
+  cast.out.spec.mode = ScalingMode::per_tensor;
+  cast.out.spec.element = DType::e4m3;
+  keep.push_back(backend.allocate("cast", shape, DType::e4m3, Lifetime::scratch));
+  cast.out.data = keep.back();
+  keep.push_back(backend.allocate("cast.scale_inverse", Shape{1}, DType::f32, Lifetime::scratch));
+  cast.out.scale_inverse = keep.back();
+  return cast;
+}
+
 inline std::vector<float> rounded(std::vector<float> values, DType dtype) {
   if (dtype == DType::bf16)
     for (float& v : values) v = round_to_bf16(v);
