@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "mxtrain/plan/accuracy.hpp"
 #include "mxtrain/plan/planner.hpp"
@@ -70,41 +71,65 @@ TEST(PlannerAccuracy, EmulatedBlockFormatsMatchTheCommittedH200Measurements) {
   EXPECT_EQ(check_report(test::source_dir() + "/bench/results/planner_accuracy_emulated.json"), 6);
 }
 
+// `mxtrain plan` for one measured bench line on an H100, with the settings it ran: its head loss,
+// attention backward and GEMM kernels, no clipping (the vs-torch scripts' optimizer), and its
+// blocks' gradient dtype (lines from before they recorded it: f32 for fp8 and fp8-current, whose
+// auto gave f32 then).
+nlohmann::json plan_bench_line(const nlohmann::json& run) {
+  const std::string precision = run.at("precision").get<std::string>();
+  const bool fp8 = precision == "fp8" || precision == "fp8-current";
+  const std::string grad_dtype = run.value("grad_dtype", fp8 ? std::string("f32") : std::string());
+  const std::string command =
+      test::binary_path() + " plan -m " + run.at("name").get<std::string>() +
+      " -b " + std::to_string(run.at("B").get<int64_t>()) + " -s " + std::to_string(run.at("T").get<int64_t>()) +
+      " -p " + precision + " --gpu h100 --json --set optimizer.grad_clip=0" +
+      (grad_dtype.empty() ? "" : " --set precision.grad_dtype=" + grad_dtype) +
+      " --set train.head_loss=" + run.at("head_loss").get<std::string>() +
+      " --set train.attention_backward=" + run.at("attention_backward").get<std::string>() +
+      " --set train.gemm_kernels=" + run.at("gemm_kernels").get<std::string>() + " 2>/dev/null";
+  std::string output;
+  EXPECT_EQ(test::run_command(command, &output), 0) << command << "\n" << output;
+  return nlohmann::json::parse(output);
+}
+
+// Every mxtrain line of the files re-planned: peak live and reserved bytes equal to the measured.
+int check_bench_peaks(const std::vector<std::string>& files) {
+  int checked = 0;
+  for (const std::string& file : files) {
+    std::ifstream in(test::source_dir() + "/bench/results/" + file);
+    EXPECT_TRUE(in) << file;
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json run = nlohmann::json::parse(line);
+      if (run.value("engine", "") != "mxtrain") continue;
+      SCOPED_TRACE(file + ": " + run.at("name").get<std::string>() + " " + run.at("precision").get<std::string>());
+      const nlohmann::json plan = plan_bench_line(run);
+      EXPECT_EQ(plan.at("memory").at("peak_live_bytes").get<int64_t>(), run.at("peak_bytes").get<int64_t>());
+      EXPECT_EQ(plan.at("memory").at("peak_reserved_bytes").get<int64_t>(), run.at("reserved_bytes").get<int64_t>());
+      ++checked;
+    }
+  }
+  return checked;
+}
+
 // The LM head's two paths (train.head_loss; docs/gemm-kernels.md) measured on an H100, two device
 // calls with each path's runs in its own file: the planner replays the fused path's scratch
 // (private_buffers::head_loss) as the cuda backend allocates it, so every measured peak and
 // reserved figure is planned to the byte: GPT-2 124M's 768-column rows, GPT-2 1.5B's 1600, and
 // llama-3b in FP8 (Llama 3's 128,256 columns, 4,096-row chunks).
 TEST(PlannerAccuracy, HeadLossPathsPeaksEqualTheCommittedH100Measurements) {
-  int checked = 0;
-  for (const char* file : {"h100_head_loss_ab_chunked_41df6d7.jsonl", "h100_head_loss_ab_quack_lce_41df6d7.jsonl",
-                           "h100_head_loss_ab2_chunked_b6ae774.jsonl", "h100_head_loss_ab2_quack_lce_b6ae774.jsonl"}) {
-    std::ifstream in(test::source_dir() + "/bench/results/" + file);
-    ASSERT_TRUE(in) << file;
-    std::string line;
-    while (std::getline(in, line)) {
-      const nlohmann::json run = nlohmann::json::parse(line);
-      SCOPED_TRACE(std::string(file) + ": " + run.at("name").get<std::string>());
-      // Measured before fp8 runs' block gradients became BF16 under auto: f32 ones then.
-      const std::string precision = run.at("precision").get<std::string>();
-      const bool fp8 = precision == "fp8" || precision == "fp8-current";
-      const std::string command =
-          test::binary_path() + " plan -m " + run.at("name").get<std::string>() +
-          " -b " + std::to_string(run.at("B").get<int64_t>()) + " -s " + std::to_string(run.at("T").get<int64_t>()) +
-          " -p " + precision + " --gpu h100 --json --set optimizer.grad_clip=0" +
-          (fp8 ? " --set precision.grad_dtype=f32" : "") +
-          " --set train.head_loss=" + run.at("head_loss").get<std::string>() +
-          " --set train.attention_backward=" + run.at("attention_backward").get<std::string>() +
-          " --set train.gemm_kernels=" + run.at("gemm_kernels").get<std::string>() + " 2>/dev/null";
-      std::string output;
-      ASSERT_EQ(test::run_command(command, &output), 0) << command << "\n" << output;
-      const nlohmann::json plan = nlohmann::json::parse(output);
-      EXPECT_EQ(plan.at("memory").at("peak_live_bytes").get<int64_t>(), run.at("peak_bytes").get<int64_t>());
-      EXPECT_EQ(plan.at("memory").at("peak_reserved_bytes").get<int64_t>(), run.at("reserved_bytes").get<int64_t>());
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 20);
+  EXPECT_EQ(check_bench_peaks({"h100_head_loss_ab_chunked_41df6d7.jsonl", "h100_head_loss_ab_quack_lce_41df6d7.jsonl",
+                               "h100_head_loss_ab2_chunked_b6ae774.jsonl", "h100_head_loss_ab2_quack_lce_b6ae774.jsonl"}),
+            20);
+}
+
+// llama-1b and llama-3b in fp8 and fp8-current on an H100 with BF16 block gradients (the default
+// since ce07589) and, in the same calls, with f32 ones: the planner gives both peaks to the byte,
+// and the allocator's reserved peak too (llama-3b's falls by 10 GiB with BF16 gradients).
+TEST(PlannerAccuracy, Fp8GradientDtypesPeaksEqualTheCommittedH100Measurements) {
+  EXPECT_EQ(check_bench_peaks({"h100_fp8_vs_torch_1b_ce07589.jsonl", "h100_fp8_f32_grads_1b_ce07589.jsonl",
+                               "h100_fp8_vs_torch_3b_ce07589.jsonl", "h100_fp8_f32_grads_3b_ce07589.jsonl"}),
+            8);
 }
 
 // Out of sample: every config's step time predicted by a calibration fitted to the other
