@@ -77,12 +77,12 @@ DType block_grad_dtype(const RunConfig& config, const PrecisionPlan& plan, int w
   // gradient, as the BF16 GEMM does (computing on the GPU: BF16 activations).
   const bool fp8_run = (plan.linear == LinearFormat::fp8_delayed || plan.linear == LinearFormat::fp8_current) &&
                        plan.compute == DType::bf16;
-  const bool bf16_run = plan.name == "bf16" || fp8_run;
-  if (asked != "bf16") return bf16_run && world_size == 1 && one_micro_batch ? DType::bf16 : DType::f32;
-  if (!bf16_run)
+  const bool recipe_allows = plan.name == "bf16" || fp8_run;
+  if (asked != "bf16") return recipe_allows && world_size == 1 && one_micro_batch ? DType::bf16 : DType::f32;
+  if (!recipe_allows)
     throw Error(ErrorKind::config,
                 "precision.grad_dtype = bf16 needs the bf16 precision, or fp8 or fp8-current on the GPU; this run is " +
-                    plan.name + (plan.compute == DType::bf16 ? "" : " on the CPU"),
+                    plan.name + " computing in " + std::string(dtype_name(plan.compute)),
                 "use precision.grad_dtype = auto or f32, or --precision bf16");
   if (world_size > 1)
     throw Error(ErrorKind::config,
