@@ -37,8 +37,8 @@ PrecisionPlan resolve_precision(const RunConfig& config, const Backend& backend)
 // processes. auto: BF16 when the run is bf16, fp8 or fp8-current on the GPU, on one process,
 // with one micro-batch a step: each gradient is then one GEMM's (or column sum's) output,
 // written once and read by the norm and the optimizer, and BF16 is what torch autocast leaves it
-// as (a BF16 GEMM's output; an FP8 linear's FP32 wgrad rounded to the BF16 weight it was taken
-// for); F32 otherwise (accumulation over micro-batches, FSDP's reductions, the emulated block
+// as (a BF16 GEMM's output; a PyTorch FP8 linear's FP32 wgrad rounded to the BF16 weight cast it
+// was taken for); F32 otherwise (accumulation over micro-batches, FSDP's reductions, the emulated block
 // formats, the CPU). The embedding and head groups stay in plan.grad: their gradients are sums
 // of several writes a step (the head's token chunks, a tied embedding). Throws Error(config) for
 // bf16 where it would round sums or the run cannot have it.
