@@ -329,22 +329,26 @@ def grad_dtype_as_measured(r):
     return ["--set", f"precision.grad_dtype={dtype}"] if dtype else []
 
 
+def plan_as_measured(planner, r):
+    """A measured mxtrain bench line re-planned on the H200 with every setting as it ran (kernels,
+    the blocks' gradient dtype, gradient clipping, FP8 weight copies; plan_bench_line in
+    tests/plan/planner_accuracy_test.cpp does the same for the H100 lines the C++ tests check):
+    (line, planned peak bytes, planned ms)."""
+    args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
+            "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r),
+            *grad_dtype_as_measured(r)]
+    if r["precision"] != "bf16" and "quantized_weights" in r:
+        args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
+    if "grad_clip" in r:  # the optimizer as it ran (the bench scripts set 0 since 2026-12-02)
+        args += ["--set", f"optimizer.grad_clip={r['grad_clip']}"]
+    plan = json.loads(planner.run(*args))
+    return r, int(plan["memory"]["peak_live_bytes"]), 1e3 * plan["time"]["step_s"]
+
+
 def fp8_planned_rows(relative, commit, planner):
     """Each mxtrain line of `commit` in the FP8 file re-planned: (line, planned peak bytes, planned ms)."""
-    rows = []
-    for r in jsonl(relative):
-        if r.get("engine") != "mxtrain" or r.get("commit") not in commit.split(","):
-            continue
-        args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
-                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r),
-                *grad_dtype_as_measured(r)]
-        if "quantized_weights" in r:
-            args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
-        if "grad_clip" in r:  # the optimizer as it ran (bench/fp8_vs_torch.sh sets 0 since 2026-12-02)
-            args += ["--set", f"optimizer.grad_clip={r['grad_clip']}"]
-        plan = json.loads(planner.run(*args))
-        rows.append((r, int(plan["memory"]["peak_live_bytes"]), 1e3 * plan["time"]["step_s"]))
-    return rows
+    return [plan_as_measured(planner, r) for r in jsonl(relative)
+            if r.get("engine") == "mxtrain" and r.get("commit") in commit.split(",")]
 
 
 def fp8_planned_table(relative, commit, planner):
@@ -370,18 +374,9 @@ def fp8_planned_summary(relative, commit, planner):
 def attention_backward_planned(planner, *relatives):
     """Each pair of attention_backward_rows re-planned, every line with its own settings: the planned
     peaks and step times against the measured, and the planned saving against the measured."""
-    def plan(r):
-        args = ["plan", "-m", r["name"], "-b", str(r["B"]), "-s", str(r["T"]), "-p", r["precision"], "--gpu", "h200",
-                "--plan-steps", str(r["warmup_steps"] + r["timed_steps"]), "--json", *kernels_as_measured(r),
-                *grad_dtype_as_measured(r), "--set", f"optimizer.grad_clip={r['grad_clip']}"]
-        if r["precision"] != "bf16":
-            args += ["--set", f"precision.quantized_weights={'true' if r['quantized_weights'] else 'false'}"]
-        result = json.loads(planner.run(*args))
-        return r, int(result["memory"]["peak_live_bytes"]), 1e3 * result["time"]["step_s"]
-
     lines, savings = [], []
     for row in attention_backward_rows(*relatives):
-        cudnn, fa4 = plan(row["cudnn"]), plan(row["fa4"])
+        cudnn, fa4 = plan_as_measured(planner, row["cudnn"]), plan_as_measured(planner, row["fa4"])
         lines += [cudnn, fa4]
         savings.append((cudnn[2] - fa4[2], row["cudnn"]["step_ms"] - row["fa4"]["step_ms"]))
     equal = sum(peak == r["peak_bytes"] for r, peak, _ in lines)
