@@ -70,6 +70,16 @@ TEST(Config, UnknownKeyNamesTheKeyAndTheKnownOnes) {
   EXPECT_NE(message.find("train.micro_batch_size"), std::string::npos) << message;
   message = error_of([] { load("", {{"modle.hidden", "3"}}); });
   EXPECT_NE(message.find("'modle.hidden'"), std::string::npos) << message;
+  // A misspelt section or field: the nearest known key is offered; a key like none is not.
+  EXPECT_NE(message.find("did you mean 'model.hidden'?"), std::string::npos) << message;
+  message = error_of([] { load("[trian]\nsteps = 3\n"); });
+  EXPECT_NE(message.find("did you mean 'train.steps'?"), std::string::npos) << message;
+  message = error_of([] { load("", {{"train.precison", "bf16"}}); });
+  EXPECT_NE(message.find("did you mean 'train.precision'?"), std::string::npos) << message;
+  message = error_of([] { load("", {{"train.batch", "4"}}); });
+  EXPECT_EQ(message.find("did you mean"), std::string::npos) << message;
+  message = error_of([] { load("", {{"x.y", "1"}}); });
+  EXPECT_EQ(message.find("did you mean"), std::string::npos) << message;
 }
 
 TEST(Config, BadValuesNameTheKeyAndTheAllowedValues) {

@@ -18,9 +18,9 @@ nlohmann::json seed_tokenizer() {
   return nlohmann::json::parse(test::read_file(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json"));
 }
 
-std::string load_error(const nlohmann::json& tokenizer) {
+std::string load_error(const std::string& text) {
   test::TempDir dir;
-  std::ofstream(dir.file("tokenizer.json")) << tokenizer.dump();
+  std::ofstream(dir.file("tokenizer.json")) << text;
   try {
     data::BpeTokenizer loaded(dir.file("tokenizer.json"));
   } catch (const Error& error) {
@@ -28,6 +28,8 @@ std::string load_error(const nlohmann::json& tokenizer) {
   }
   return "";
 }
+
+std::string load_error(const nlohmann::json& tokenizer) { return load_error(tokenizer.dump()); }
 
 TEST(TokenizerIds, SeedLoads) {
 #if !MXTRAIN_HAVE_PCRE2
@@ -56,6 +58,18 @@ TEST(TokenizerIds, IdsBeyondTheLargestVocabularyAreRefused) {
   nlohmann::json tokenizer = seed_tokenizer();
   tokenizer["model"]["vocab"]["zzz"] = 20000000;
   EXPECT_NE(load_error(tokenizer).find("not an integer from 0 to 16,777,215"), std::string::npos) << load_error(tokenizer);
+}
+
+// A file cut short (a download that stopped) is named as such, with the parser's line and column.
+TEST(TokenizerIds, ATruncatedFileSaysWhereItEnds) {
+#if !MXTRAIN_HAVE_PCRE2
+  GTEST_SKIP() << "built without PCRE2";
+#endif
+  const std::string text = seed_tokenizer().dump(1);
+  const std::string message = load_error(text.substr(0, text.size() / 2));
+  EXPECT_NE(message.find("is not valid JSON (parse error at line "), std::string::npos) << message;
+  EXPECT_NE(message.find("cut short"), std::string::npos) << message;
+  EXPECT_EQ(message.find("[json.exception"), std::string::npos) << message;
 }
 
 }  // namespace

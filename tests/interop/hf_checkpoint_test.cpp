@@ -264,6 +264,13 @@ TEST(HfCheckpoint, ADirectoryWithoutWeightsSaysWhatIsMissing) {
   EXPECT_NE(error_of([&] { HfCheckpoint checkpoint(dir.path()); }).find("model.safetensors"), std::string::npos);
   std::ofstream(dir.file("config.json")) << "{not json";
   EXPECT_NE(error_of([&] { HfCheckpoint checkpoint(dir.path()); }).find("config.json"), std::string::npos);
+  // A file cut short (a download that stopped): the parser's line and column, and the fix.
+  const std::string text = llama_json().dump(2);
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << text.substr(0, text.size() / 2);
+  const std::string message = error_of([&] { HfCheckpoint checkpoint(dir.path()); });
+  EXPECT_NE(message.find("config.json is not valid JSON (parse error at line "), std::string::npos) << message;
+  EXPECT_NE(message.find("copy it again"), std::string::npos) << message;
+  EXPECT_EQ(message.find("[json.exception"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "mxtrain/config/loader.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,34 @@ namespace {
 const char* const kNonConfigEnvironment[] = {"MXTRAIN_LOG_LEVEL", "MXTRAIN_LAUNCH_ID", "MXTRAIN_LAUNCH_LOG_DIR",
                                                    "MXTRAIN_SAGEMAKER_ROOT"};
 
+// Levenshtein distance between two short keys (a typo's nearest known key).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known key nearest to a misspelt one, when it is near enough to be the likely intent: at most
+// a third of the key's length apart (a swapped or dropped letter in a section or a field name).
+std::string nearest_key(const std::vector<Field>& list, const std::string& key) {
+  std::string best;
+  size_t best_distance = key.size() / 3 + 1;
+  for (const Field& field : list) {
+    const size_t distance = edit_distance(key, field.key);
+    if (distance < best_distance) best_distance = distance, best = field.key;
+  }
+  return best;
+}
+
 Field& find_field(std::vector<Field>& list, const std::string& key, const std::string& where) {
   for (Field& field : list)
     if (field.key == key) return field;
@@ -30,8 +59,10 @@ Field& find_field(std::vector<Field>& list, const std::string& key, const std::s
       std::string s = field.key.substr(0, field.key.find('.'));
       if (known.find(s) == std::string::npos) known += (known.empty() ? "" : ", ") + s;
     }
+  const std::string nearest = nearest_key(list, key);
+  const std::string guess = nearest.empty() ? "" : "did you mean '" + nearest + "'? ";
   throw Error(ErrorKind::config, "unknown config key '" + key + "'" + (where.empty() ? "" : " in " + where),
-              known.empty() ? "see `mxtrain train --help-config`" : "known keys: " + known);
+              guess + (known.empty() ? "see `mxtrain train --help-config`" : "known keys: " + known));
 }
 
 std::string node_text(const toml::node& node, const std::string& key, const std::string& where) {

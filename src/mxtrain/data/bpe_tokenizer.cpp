@@ -144,8 +144,17 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
 
   std::ifstream stream(path, std::ios::binary);
   if (!stream) bad_tokenizer(path, "cannot be opened");
-  const nlohmann::json file = nlohmann::json::parse(stream, nullptr, /*allow_exceptions=*/false);
-  if (file.is_discarded() || !file.is_object()) bad_tokenizer(path, "is not a JSON object");
+  nlohmann::json file;
+  try {
+    file = nlohmann::json::parse(stream);
+  } catch (const nlohmann::json::parse_error& error) {
+    // The parser's "parse error at line L, column C: ..." without its "[json.exception...]" tag.
+    const std::string what = error.what();
+    const size_t tag_end = what.find("] ");
+    bad_tokenizer(path, "is not valid JSON (" + (tag_end == std::string::npos ? what : what.substr(tag_end + 2)) +
+                            "): the file is damaged or was cut short; copy it again from the model's repository");
+  }
+  if (!file.is_object()) bad_tokenizer(path, "is not a JSON object");
   const auto model_it = file.find("model");
   if (model_it == file.end() || !model_it->is_object()) bad_tokenizer(path, "has no model object");
   const nlohmann::json& model = *model_it;

@@ -135,6 +135,21 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// A model directory's JSON file parsed; a damaged or truncated one is named with the parser's
+// line and column, so the user knows it is the file and not mxtrain.
+nlohmann::json read_json(const std::string& path, ErrorKind kind) {
+  const std::string text = read_text(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& error) {
+    std::string what = error.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
+    if (const size_t end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
+      what = what.substr(end + 2);
+    throw Error(kind, path + " is not valid JSON (" + what + ")",
+                "the file is damaged or was cut short: copy it again from the model's repository");
+  }
+}
+
 // "layers.3.mlp.up.weight" → (3, "mlp.up.weight"); -1 for names outside the blocks.
 std::pair<int64_t, std::string> split_layer(const std::string& name) {
   if (name.rfind("layers.", 0) != 0) return {-1, name};
@@ -213,8 +228,7 @@ void apply_init_from(RunConfig& run) {
   ModelConfig& m = run.model;
   if (m.init_from.empty()) return;
   const std::string path = (fs::path(m.init_from) / "config.json").string();
-  const nlohmann::json json = nlohmann::json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) throw Error(ErrorKind::config, path + " is not valid JSON", "check the file");
+  const nlohmann::json json = read_json(path, ErrorKind::config);
   ModelConfig hf = model_config_from_hf(json, path);
   const ModelConfig preset = model_preset(m.preset);
   auto agree = [&](const char* key, auto set, auto preset_value, auto file_value) {
@@ -294,16 +308,15 @@ HfSource hf_source(const ModelConfig& config, const ParamSpec& spec) {
 HfCheckpoint::HfCheckpoint(const std::string& directory) : directory_(directory) {
   const fs::path dir(directory);
   const std::string config_path = (dir / "config.json").string();
-  config_json_ = nlohmann::json::parse(read_text(config_path), nullptr, /*allow_exceptions=*/false);
-  if (config_json_.is_discarded()) throw Error(ErrorKind::config, config_path + " is not valid JSON", "check the file");
+  config_json_ = read_json(config_path, ErrorKind::config);
   config_ = model_config_from_hf(config_json_, config_path);
 
   std::vector<std::string> files;
   const fs::path index = dir / "model.safetensors.index.json";
   std::error_code error;
   if (fs::is_regular_file(index, error)) {
-    const nlohmann::json map = nlohmann::json::parse(read_text(index.string()), nullptr, false);
-    if (map.is_discarded() || !map.contains("weight_map") || !map["weight_map"].is_object())
+    const nlohmann::json map = read_json(index.string(), ErrorKind::data);
+    if (!map.is_object() || !map.contains("weight_map") || !map["weight_map"].is_object())
       throw Error(ErrorKind::data, index.string() + " has no weight_map object", "check the file");
     std::set<std::string> names;
     for (const auto& [tensor, file] : map["weight_map"].items()) {
