@@ -76,7 +76,11 @@ TEST(Config, UnknownKeyNamesTheKeyAndTheKnownOnes) {
   EXPECT_NE(message.find("did you mean 'train.steps'?"), std::string::npos) << message;
   message = error_of([] { load("", {{"train.precison", "bf16"}}); });
   EXPECT_NE(message.find("did you mean 'train.precision'?"), std::string::npos) << message;
+  message = error_of([] { load("", {{"train.micro_batch", "4"}}); });  // cut short: the one key it begins
+  EXPECT_NE(message.find("did you mean 'train.micro_batch_size'?"), std::string::npos) << message;
   message = error_of([] { load("", {{"train.batch", "4"}}); });
+  EXPECT_EQ(message.find("did you mean"), std::string::npos) << message;
+  message = error_of([] { load("", {{"data.path", "x"}}); });  // three edits from data.val: no guess
   EXPECT_EQ(message.find("did you mean"), std::string::npos) << message;
   message = error_of([] { load("", {{"x.y", "1"}}); });
   EXPECT_EQ(message.find("did you mean"), std::string::npos) << message;

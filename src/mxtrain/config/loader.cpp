@@ -19,31 +19,36 @@ namespace {
 const char* const kNonConfigEnvironment[] = {"MXTRAIN_LOG_LEVEL", "MXTRAIN_LAUNCH_ID", "MXTRAIN_LAUNCH_LOG_DIR",
                                                    "MXTRAIN_SAGEMAKER_ROOT"};
 
-// Levenshtein distance between two short keys (a typo's nearest known key).
+// Edit distance between two short keys, a swap of neighbouring letters counting as one edit (the
+// optimal string alignment distance): how far a typo is from a known key.
 size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-  }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
-// The known key nearest to a misspelt one, when it is near enough to be the likely intent: at most
-// a third of the key's length apart (a swapped or dropped letter in a section or a field name).
+// The known key a misspelt one most likely meant: the nearest within a quarter of the key's length
+// in edits (a swapped, dropped or doubled letter), else the one known key that begins with it
+// (a field name cut short). Empty when neither holds: a wrong guess would mislead.
 std::string nearest_key(const std::vector<Field>& list, const std::string& key) {
   std::string best;
-  size_t best_distance = key.size() / 3 + 1;
+  size_t best_distance = std::max<size_t>(1, key.size() / 4) + 1;
   for (const Field& field : list) {
     const size_t distance = edit_distance(key, field.key);
     if (distance < best_distance) best_distance = distance, best = field.key;
   }
+  if (!best.empty()) return best;
+  for (const Field& field : list)
+    if (field.key.rfind(key, 0) == 0) {
+      if (!best.empty()) return "";
+      best = field.key;
+    }
   return best;
 }
 
