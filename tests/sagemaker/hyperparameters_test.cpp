@@ -115,6 +115,14 @@ TEST(Hyperparameters, UnknownNamesListTheAcceptedOnes) {
       << message;
   for (const std::string& name : {"num-layers", "batch-size", "seq-length", "precision", "train-channel", "train.steps"})
     EXPECT_NE(message.find(name), std::string::npos) << name << " missing from: " << message;
+  // The likely name first, written as the docs write it: an alias, a config key, an input name.
+  EXPECT_NE(message.find("did you mean 'num-layers'?"), std::string::npos) << message;
+  std::string other = error_of([] { parse_hyperparameters(R"({"train-stpes": "4"})"); });
+  EXPECT_NE(other.find("did you mean 'train.steps'?"), std::string::npos) << other;
+  other = error_of([] { parse_hyperparameters(R"({"train-chanel": "x"})"); });
+  EXPECT_NE(other.find("did you mean 'train-channel'?"), std::string::npos) << other;
+  other = error_of([] { parse_hyperparameters(R"({"wandb-project": "x"})"); });
+  EXPECT_EQ(other.find("did you mean"), std::string::npos) << other;
 }
 
 TEST(Hyperparameters, BadValuesNameTheHyperparameterAndTheKey) {

@@ -1,6 +1,5 @@
 #include "mxtrain/config/loader.hpp"
 
-#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +8,7 @@
 
 #include "mxtrain/config/toml_unicode_fix.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/spelling.hpp"
 
 extern char** environ;
 
@@ -18,39 +18,6 @@ namespace {
 // Environment variables with the MXTRAIN_ prefix that are not config keys.
 const char* const kNonConfigEnvironment[] = {"MXTRAIN_LOG_LEVEL", "MXTRAIN_LAUNCH_ID", "MXTRAIN_LAUNCH_LOG_DIR",
                                                    "MXTRAIN_SAGEMAKER_ROOT"};
-
-// Edit distance between two short keys, a swap of neighbouring letters counting as one edit (the
-// optimal string alignment distance): how far a typo is from a known key.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i)
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[a.size()][b.size()];
-}
-
-// The known key a misspelt one most likely meant: the nearest within a quarter of the key's length
-// in edits (a swapped, dropped or doubled letter), else the one known key that begins with it
-// (a field name cut short). Empty when neither holds: a wrong guess would mislead.
-std::string nearest_key(const std::vector<Field>& list, const std::string& key) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(1, key.size() / 4) + 1;
-  for (const Field& field : list) {
-    const size_t distance = edit_distance(key, field.key);
-    if (distance < best_distance) best_distance = distance, best = field.key;
-  }
-  if (!best.empty()) return best;
-  for (const Field& field : list)
-    if (field.key.rfind(key, 0) == 0) {
-      if (!best.empty()) return "";
-      best = field.key;
-    }
-  return best;
-}
 
 Field& find_field(std::vector<Field>& list, const std::string& key, const std::string& where) {
   for (Field& field : list)
@@ -64,7 +31,9 @@ Field& find_field(std::vector<Field>& list, const std::string& key, const std::s
       std::string s = field.key.substr(0, field.key.find('.'));
       if (known.find(s) == std::string::npos) known += (known.empty() ? "" : ", ") + s;
     }
-  const std::string nearest = nearest_key(list, key);
+  std::vector<std::string> keys;
+  for (const Field& field : list) keys.push_back(field.key);
+  const std::string nearest = nearest_name(keys, key);
   const std::string guess = nearest.empty() ? "" : "did you mean '" + nearest + "'? ";
   throw Error(ErrorKind::config, "unknown config key '" + key + "'" + (where.empty() ? "" : " in " + where),
               guess + (known.empty() ? "see `mxtrain train --help-config`" : "known keys: " + known));

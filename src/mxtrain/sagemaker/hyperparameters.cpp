@@ -7,6 +7,7 @@
 
 #include "mxtrain/config/run_config.hpp"
 #include "mxtrain/core/error.hpp"
+#include "mxtrain/core/spelling.hpp"
 
 namespace mxtrain::sagemaker {
 namespace {
@@ -34,6 +35,18 @@ std::map<std::string, std::string> name_table() {
   for (const HyperparameterAlias& alias : hyperparameter_aliases()) table[normalized(alias.name)] = alias.key;
   for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel}) table[normalized(name)] = "";
   return table;
+}
+
+// How a normalized name is written where the docs list it: the config key, the alias or the input name.
+std::string display_name(const std::string& normalized_name) {
+  RunConfig defaults;
+  for (const Field& field : fields(defaults))
+    if (normalized(field.key) == normalized_name) return field.key;
+  for (const HyperparameterAlias& alias : hyperparameter_aliases())
+    if (normalized(alias.name) == normalized_name) return alias.name;
+  for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel})
+    if (normalized(name) == normalized_name) return name;
+  return normalized_name;
 }
 
 // SageMaker's framework estimators pass every value through json.dumps, so a string arrives as
@@ -167,9 +180,14 @@ HyperparameterSettings map_hyperparameters(const std::vector<Hyperparameter>& hy
       continue;
     }
     const auto found = table.find(name);
-    if (found == table.end())
+    if (found == table.end()) {
+      std::vector<std::string> known;
+      for (const auto& entry : table) known.push_back(entry.first);
+      const std::string nearest = nearest_name(known, name);
       throw Error(ErrorKind::config, "unknown hyperparameter '" + h.name + "' (from " + h.origin + ")",
-                  "accepted names: " + accepted_hyperparameter_names());
+                  (nearest.empty() ? "" : "did you mean '" + display_name(nearest) + "'? ") +
+                      "accepted names: " + accepted_hyperparameter_names());
+    }
     if (!found->second.empty()) {
       given_names.push_back(h.name);
       mapped.push_back({found->second, h.value, h.origin});
