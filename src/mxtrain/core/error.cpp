@@ -6,6 +6,13 @@
 
 namespace mxtrain {
 
+std::string json_parser_message(const std::exception& error) {
+  std::string what = error.what();
+  const size_t tag_end = what.find("] ");
+  if (what.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos) what.erase(0, tag_end + 2);
+  return what;
+}
+
 const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::config: return "config error";

@@ -23,6 +23,10 @@ class Error : public std::runtime_error {
   std::string advice_;
 };
 
+// A JSON parser's message without the library's "[json.exception.parse_error.101] " tag: what a user
+// reads ("parse error at line 2, column 1: syntax error ...").
+std::string json_parser_message(const std::exception& error);
+
 // printf-style formatting into a std::string (GCC 12 has no <format>).
 std::string strf(const char* format, ...) __attribute__((format(printf, 1, 2)));
 

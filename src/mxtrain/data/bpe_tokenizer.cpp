@@ -148,10 +148,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   try {
     file = nlohmann::json::parse(stream);
   } catch (const nlohmann::json::parse_error& error) {
-    // The parser's "parse error at line L, column C: ..." without its "[json.exception...]" tag.
-    const std::string what = error.what();
-    const size_t tag_end = what.find("] ");
-    bad_tokenizer(path, "is not valid JSON (" + (tag_end == std::string::npos ? what : what.substr(tag_end + 2)) +
+    bad_tokenizer(path, "is not valid JSON (" + json_parser_message(error) +
                             "): the file is damaged or was cut short; copy it again from the model's repository");
   }
   if (!file.is_object()) bad_tokenizer(path, "is not a JSON object");

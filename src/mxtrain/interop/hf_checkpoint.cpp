@@ -142,10 +142,7 @@ nlohmann::json read_json(const std::string& path, ErrorKind kind) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& error) {
-    std::string what = error.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
-    if (const size_t end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
-      what = what.substr(end + 2);
-    throw Error(kind, path + " is not valid JSON (" + what + ")",
+    throw Error(kind, path + " is not valid JSON (" + json_parser_message(error) + ")",
                 "the file is damaged or was cut short: copy it again from the model's repository");
   }
 }

@@ -30,7 +30,7 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
   try {
     return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& error) {
-    throw Error(ErrorKind::config, what + path + " is not valid JSON: " + error.what(), invalid_fix);
+    throw Error(ErrorKind::config, what + path + " is not valid JSON: " + json_parser_message(error), invalid_fix);
   }
 }
 
