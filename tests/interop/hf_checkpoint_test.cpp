@@ -271,6 +271,13 @@ TEST(HfCheckpoint, ADirectoryWithoutWeightsSaysWhatIsMissing) {
   EXPECT_NE(message.find("config.json is not valid JSON (parse error at line "), std::string::npos) << message;
   EXPECT_NE(message.find("copy it again"), std::string::npos) << message;
   EXPECT_EQ(message.find("[json.exception"), std::string::npos) << message;
+  // The bytes the parser quotes from a damaged file come out escaped: the message is printable.
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << "{\"model_type\": \"ll\xff\x01" << std::string(500, 'a');
+  const std::string damaged = error_of([&] { HfCheckpoint checkpoint(dir.path()); });
+  EXPECT_NE(damaged.find("\\xff"), std::string::npos) << damaged;
+  for (const char c : damaged)
+    EXPECT_TRUE(c == '\n' || (static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f)) << damaged;
+  EXPECT_LT(damaged.size(), 600u) << damaged;
 }
 
 }  // namespace

@@ -10,7 +10,17 @@ std::string json_parser_message(const std::exception& error) {
   std::string what = error.what();
   const size_t tag_end = what.find("] ");
   if (what.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos) what.erase(0, tag_end + 2);
-  return what;
+  // The parser quotes what it last read from the file: a damaged file's bytes (control characters,
+  // broken UTF-8, a long string) are shown as \xNN escapes and cut short, so the message stays one
+  // printable line.
+  constexpr size_t kMaxChars = 240;
+  std::string text;
+  for (const char c : what) {
+    if (text.size() >= kMaxChars) return text + "...";
+    const auto byte = static_cast<unsigned char>(c);
+    text += byte >= 0x20 && byte < 0x7f ? std::string(1, c) : strf("\\x%02x", byte);
+  }
+  return text;
 }
 
 const char* error_kind_name(ErrorKind kind) {

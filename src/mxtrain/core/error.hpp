@@ -24,7 +24,8 @@ class Error : public std::runtime_error {
 };
 
 // A JSON parser's message without the library's "[json.exception.parse_error.101] " tag: what a user
-// reads ("parse error at line 2, column 1: syntax error ...").
+// reads ("parse error at line 2, column 1: syntax error ..."), as one printable ASCII line (the
+// bytes it quotes from a damaged file escaped as \xNN, the whole cut at 240 characters).
 std::string json_parser_message(const std::exception& error);
 
 // printf-style formatting into a std::string (GCC 12 has no <format>).
