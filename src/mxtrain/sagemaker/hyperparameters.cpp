@@ -27,26 +27,26 @@ std::string normalized(const std::string& name) {
   return text;
 }
 
-// normalized name → config key, or "" for the three input names.
-std::map<std::string, std::string> name_table() {
-  std::map<std::string, std::string> table;
-  RunConfig defaults;
-  for (const Field& field : fields(defaults)) table[normalized(field.key)] = field.key;
-  for (const HyperparameterAlias& alias : hyperparameter_aliases()) table[normalized(alias.name)] = alias.key;
-  for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel}) table[normalized(name)] = "";
-  return table;
-}
+// A name the job accepts: how the docs write it (the config key, the alias or the input name) and
+// the config key it sets ("" for the three input names).
+struct KnownName {
+  std::string written;
+  std::string key;
+};
 
-// How a normalized name is written where the docs list it: the config key, the alias or the input name.
-std::string display_name(const std::string& normalized_name) {
-  RunConfig defaults;
-  for (const Field& field : fields(defaults))
-    if (normalized(field.key) == normalized_name) return field.key;
-  for (const HyperparameterAlias& alias : hyperparameter_aliases())
-    if (normalized(alias.name) == normalized_name) return alias.name;
-  for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel})
-    if (normalized(name) == normalized_name) return name;
-  return normalized_name;
+// Every accepted name, by its normalized form; built once.
+const std::map<std::string, KnownName>& known_names() {
+  static const std::map<std::string, KnownName> table = [] {
+    std::map<std::string, KnownName> names;
+    RunConfig defaults;
+    for (const Field& field : fields(defaults)) names.emplace(normalized(field.key), KnownName{field.key, field.key});
+    for (const HyperparameterAlias& alias : hyperparameter_aliases())
+      names.emplace(normalized(alias.name), KnownName{alias.name, alias.key});
+    for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel})
+      names.emplace(normalized(name), KnownName{name, ""});
+    return names;
+  }();
+  return table;
 }
 
 // SageMaker's framework estimators pass every value through json.dumps, so a string arrives as
@@ -167,7 +167,7 @@ std::vector<Hyperparameter> hyperparameters_from_arguments(const std::vector<std
 }
 
 HyperparameterSettings map_hyperparameters(const std::vector<Hyperparameter>& hyperparameters) {
-  static const std::map<std::string, std::string> table = name_table();
+  const std::map<std::string, KnownName>& table = known_names();
   HyperparameterSettings settings;
   std::vector<Hyperparameter> mapped;  // name = the config key
   std::vector<std::string> given_names;
@@ -185,12 +185,12 @@ HyperparameterSettings map_hyperparameters(const std::vector<Hyperparameter>& hy
       for (const auto& entry : table) known.push_back(entry.first);
       const std::string nearest = nearest_name(known, name);
       throw Error(ErrorKind::config, "unknown hyperparameter '" + h.name + "' (from " + h.origin + ")",
-                  (nearest.empty() ? "" : "did you mean '" + display_name(nearest) + "'? ") +
+                  (nearest.empty() ? "" : "did you mean '" + table.at(nearest).written + "'? ") +
                       "accepted names: " + accepted_hyperparameter_names());
     }
-    if (!found->second.empty()) {
+    if (!found->second.key.empty()) {
       given_names.push_back(h.name);
-      mapped.push_back({found->second, h.value, h.origin});
+      mapped.push_back({found->second.key, h.value, h.origin});
     } else if (name == normalized(kConfigFile)) {
       settings.config_file = h.value;
     } else {
