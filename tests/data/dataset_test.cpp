@@ -65,12 +65,31 @@ TEST(ShardGlob, NoMatchNamesPatternAndAdvice) {
     std::string text = data_test::error_text([&] { resolve_shard_glob("data/fortunes/train_*.bin", base.path()); });
     EXPECT_CONTAINS(text, "no token shard matches 'data/fortunes/train_*.bin'");
     EXPECT_CONTAINS(text, base.path());
-    EXPECT_CONTAINS(text, "fix: run scripts/setup.sh, which prepares the corpus, or set data.train");
+    EXPECT_CONTAINS(text, "the folder 'data/fortunes' does not exist");
+    EXPECT_CONTAINS(text, "fix: make token shards with `mxtrain prepare --output DIR TEXT...`");
+    EXPECT_CONTAINS(text, "then set data.train to a glob of them");
   });
   std::string text =
       data_test::error_text([&] { resolve_shard_glob(cwd.path() + "/val_*.bin", base.path(), "data.val"); });
   EXPECT_CONTAINS(text, cwd.path() + "/val_*.bin");
-  EXPECT_CONTAINS(text, "or set data.val");
+  EXPECT_EQ(text.find("does not exist"), std::string::npos) << text;  // the folder is there; no shard in it
+  EXPECT_CONTAINS(text, "then set data.val to a glob of them");
+}
+
+TEST(ShardGlob, ADirectoryGetsTheGlobOfItsShards) {
+  test::TempDir dir;
+  write_shard(dir.file("train_000000.bin"), std::vector<int32_t>{1, 2}, 256);
+  write_shard(dir.file("train_000001.bin"), std::vector<int32_t>{1, 2}, 256);
+  write_shard(dir.file("val_000000.bin"), std::vector<int32_t>{1, 2}, 256);
+  std::string text = data_test::error_text([&] { resolve_shard_glob(dir.path(), ""); });
+  EXPECT_CONTAINS(text, "no token shard matches '" + dir.path() + "': it is a directory, and data.train takes a glob "
+                        "of shard files — '" + dir.path() + "/train_*.bin' matches 2 shards there");
+  EXPECT_CONTAINS(text, "fix: set data.train = '" + dir.path() + "/train_*.bin'");
+  text = data_test::error_text([&] { resolve_shard_glob(dir.path(), "", "data.val"); });
+  EXPECT_CONTAINS(text, "'" + dir.path() + "/val_*.bin' matches 1 shard there");
+  test::TempDir empty;
+  text = data_test::error_text([&] { resolve_shard_glob(empty.path(), ""); });
+  EXPECT_CONTAINS(text, "it is a directory without train_*.bin shards");
 }
 
 TEST(TokenDataset, WindowsInsideShardsWithShiftedTargets) {

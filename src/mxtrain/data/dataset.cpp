@@ -27,6 +27,31 @@ std::vector<std::string> glob_files(const std::string& pattern) {
   return paths;
 }
 
+// What the user likely got wrong, for the no-match message: a directory where a glob of files
+// belongs (with the glob that would match its shards), or a folder that does not exist. Sets
+// *glob to that glob when it matches shards.
+std::string why_no_match(const std::string& pattern, const std::string& config_key, std::string* glob_found) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path path(pattern);
+  if (fs::is_directory(path, error)) {
+    const std::string prefix = config_key == "data.val" ? "val_" : "train_";
+    const std::string glob = (path / (prefix + "*.bin")).string();
+    const size_t shards = glob_files(glob).size();
+    if (shards > 0) {
+      *glob_found = glob;
+      return strf(": it is a directory, and %s takes a glob of shard files — '%s' matches %zu shard%s there",
+                  config_key.c_str(), glob.c_str(), shards, shards == 1 ? "" : "s");
+    }
+    return strf(": it is a directory without %s*.bin shards, and %s takes a glob of shard files", prefix.c_str(),
+                config_key.c_str());
+  }
+  const fs::path folder = path.parent_path();
+  if (!folder.empty() && folder.string().find_first_of("*?[") == std::string::npos && !fs::exists(folder, error))
+    return strf(": the folder '%s' does not exist", folder.string().c_str());
+  return "";
+}
+
 }  // namespace
 
 std::vector<std::string> resolve_shard_glob(const std::string& pattern, const std::string& fallback_base_dir,
@@ -44,8 +69,16 @@ std::vector<std::string> resolve_shard_glob(const std::string& pattern, const st
     if (!paths.empty()) return paths;
     looked += " or in " + fallback_base_dir;
   }
-  throw Error(ErrorKind::data, strf("no token shard matches '%s'%s", pattern.c_str(), looked.c_str()),
-              strf("run scripts/setup.sh, which prepares the corpus, or set %s", config_key.c_str()));
+  std::string glob_found;
+  const std::string why = why_no_match(pattern, config_key, &glob_found);
+  const std::string fix =
+      !glob_found.empty()
+          ? strf("set %s = '%s'", config_key.c_str(), glob_found.c_str())
+          : strf("make token shards with `mxtrain prepare --output DIR TEXT...` (it writes DIR/train_*.bin and "
+                 "DIR/val_*.bin; scripts/setup.sh prepares the default corpus), then set %s to a glob of them",
+                 config_key.c_str());
+  throw Error(ErrorKind::data, strf("no token shard matches '%s'%s%s", pattern.c_str(), looked.c_str(), why.c_str()),
+              fix);
 }
 
 int64_t windows_in_shard(int64_t token_count, int64_t seq_len) {
