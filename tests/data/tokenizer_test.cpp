@@ -31,6 +31,11 @@ TEST(Tokenizer, FactoryKnowsByteAndRejectsOthers) {
   std::string text = data_test::error_text([] { make_tokenizer("gpt2"); }, ErrorKind::config);
   EXPECT_CONTAINS(text, "unknown tokenizer 'gpt2'");
   EXPECT_CONTAINS(text, "use byte, a tokenizer.json (Hugging Face byte-level BPE), a sentencepiece .model file");
+  // A path that is not there is said to be missing, not unknown.
+  for (const char* missing : {"/nonexistent/tokenizer.json", "models/missing", "tok.model"}) {
+    text = data_test::error_text([&] { make_tokenizer(missing); }, ErrorKind::config);
+    EXPECT_CONTAINS(text, std::string("tokenizer '") + missing + "' does not exist");
+  }
 }
 
 TEST(Tokenizer, PrintableTextEscapesControlBytes) {

@@ -12,6 +12,7 @@
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/train/stop_signal.hpp"
 #include "mxtrain/train/trainer.hpp"
+#include "data/data_test_helpers.hpp"
 #include "support/test_support.hpp"
 #include "support/training_test.hpp"
 
@@ -135,6 +136,36 @@ TEST_F(TrainerTest, MissingDataNamesThePatternAndTheFix) {
     EXPECT_NE(error.full_message().find("nowhere"), std::string::npos) << error.full_message();
     EXPECT_NE(error.full_message().find("setup"), std::string::npos) << error.full_message();
   }
+}
+
+// data.tokenizer is loaded and checked before the first step: a missing file, one that is not
+// the tokenizer that made the shards (their meta.json), or, with samples on, one larger than the
+// model's vocabulary stops the run at start-up, not at the first sample or the final export.
+TEST_F(TrainerTest, AWrongTokenizerStopsTheRunAtStartUp) {
+  const std::string bpe300 = test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json";
+  auto start_error = [&](const std::vector<std::pair<std::string, std::string>>& settings) {
+    RunConfig config = test::tiny_training_run(corpus_, dir_.file("run"), 3, settings);
+    try {
+      Trainer(config, {}).run();
+    } catch (const Error& error) {
+      EXPECT_FALSE(std::filesystem::exists(dir_.file("run") + "/metrics.jsonl")) << "a step ran first";
+      return error.full_message();
+    }
+    return std::string();
+  };
+  EXPECT_CONTAINS(start_error({{"data.tokenizer", dir_.file("missing/tokenizer.json")}}),
+                  "data.tokenizer: tokenizer '" + dir_.file("missing/tokenizer.json") + "' does not exist");
+#if MXTRAIN_HAVE_PCRE2
+  const std::string mismatch = start_error({{"data.tokenizer", bpe300}});
+  EXPECT_CONTAINS(mismatch, "data.tokenizer is '" + bpe300 + "' (300 tokens), but the shards in " + corpus_ +
+                                " were made by 'byte' (256 tokens, per its meta.json)");
+  EXPECT_CONTAINS(mismatch, "fix: set data.tokenizer = 'byte'");
+  // No meta.json: nothing to compare with, but samples need the model to hold every id.
+  std::filesystem::remove(corpus_ + "/meta.json");
+  EXPECT_CONTAINS(start_error({{"data.tokenizer", bpe300}, {"log.sample_every", "2"}}),
+                  "has 300 tokens, more than model.vocab_size = 256");
+  EXPECT_EQ(start_error({{"data.tokenizer", bpe300}, {"log.sample_every", "0"}}), "");
+#endif
 }
 
 // eval.batches = 0 means no held-out evaluation: no val_loss record (once NaN, written as null)

@@ -172,7 +172,8 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(text("data.val", c.data.val, "glob of validation shards (\"\" = no held-out loss)"));
   list.push_back(text("data.tokenizer", c.data.tokenizer,
                       "tokenizer of the shards: byte, or the tokenizer.json, sentencepiece .model or model directory "
-                      "prepare used (export copies its files beside the model)"));
+                      "prepare used (export copies its files beside the model; checked at start-up against the shards' "
+                      "meta.json)"));
 
   list.push_back(choice("train.device", c.train.device, "where to train", {"auto", "cpu", "cuda"}));
   list.push_back(choice("train.precision", c.train.precision,

@@ -45,6 +45,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
     if (path.extension() == ".json") return std::make_unique<BpeTokenizer>(name);
     if (path.extension() == ".model") return std::make_unique<SentencepieceTokenizer>(name);
   }
+  if (!fs::exists(path, error) &&
+      (name.find('/') != std::string::npos || path.extension() == ".json" || path.extension() == ".model"))
+    throw Error(ErrorKind::config, strf("tokenizer '%s' does not exist", name.c_str()),
+                "check the path: a tokenizer.json, a sentencepiece .model file or a model directory holding one");
   throw Error(ErrorKind::config, strf("unknown tokenizer '%s'", name.c_str()),
               "use byte, a tokenizer.json (Hugging Face byte-level BPE), a sentencepiece .model file, or a model "
               "directory holding one of them");

@@ -17,6 +17,7 @@
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/loader.hpp"
+#include "mxtrain/data/corpus_meta.hpp"
 #include "mxtrain/data/tokenizer.hpp"
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
@@ -198,6 +199,9 @@ class TrainingRun {
 
  private:
   void open_data(const std::string& source_dir);
+  // Loads data.tokenizer (samples decode with it, the export copies it) and checks it against the
+  // shards' meta.json and the model's vocabulary, so a wrong one fails at start-up, not hours in.
+  void open_tokenizer();
   void lock_run_directory();
   // Runs a write of the run's outputs; a failure is kept for stop() instead of ending the step.
   template <typename Write>
@@ -225,6 +229,7 @@ class TrainingRun {
   std::optional<Error> output_failure_;
   std::optional<data::TrainLoader> loader_;
   std::optional<data::ValidationReader> validation_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<TrainingSession> session_;
   std::optional<CheckpointStore> checkpoints_;
   MetricsFile metrics_;
@@ -267,6 +272,7 @@ TrainingRun::TrainingRun(RunConfig& config, const TrainerContext& context,
   log::info("effective config:\n" + effective_config_);
   if (context.prepare_data) prepare_data_on_each_node(context.prepare_data, environment, ranks_);
   open_data(context.source_dir);
+  open_tokenizer();
 
   session_ = std::make_unique<TrainingSession>(
       config_, *backend_, precision_,
@@ -392,6 +398,39 @@ void TrainingRun::open_data(const std::string& source_dir) {
         batch_.micro, rank_, world_);
 }
 
+void TrainingRun::open_tokenizer() {
+  const RunConfig& c = config_;
+  try {
+    tokenizer_ = data::make_tokenizer(c.data.tokenizer);
+  } catch (const Error& error) {
+    throw Error(error.kind(), "data.tokenizer: " + std::string(error.what()), error.advice());
+  }
+  const bool byte = tokenizer_->name() == "byte";
+  const int64_t vocab = tokenizer_->vocab_size();
+  // The shards say which tokenizer made them (mxtrain prepare's meta.json beside them).
+  const std::string shard_dir = fs::path(loader_->dataset().shard(0).path()).parent_path().string();
+  if (const std::optional<data::CorpusMeta> meta = data::find_corpus_meta(shard_dir)) {
+    if ((meta->tokenizer == "byte") != byte || meta->vocab_size != vocab)
+      throw Error(ErrorKind::config,
+                  strf("data.tokenizer is '%s' (%lld tokens), but the shards in %s were made by '%s' (%lld tokens, "
+                       "per its meta.json): samples would be decoded and the exported model would ship with the "
+                       "wrong tokenizer",
+                       c.data.tokenizer.c_str(), static_cast<long long>(vocab),
+                       shard_dir.empty() ? "." : shard_dir.c_str(), meta->tokenizer.c_str(),
+                       static_cast<long long>(meta->vocab_size)),
+                  strf("set data.tokenizer = '%s' (the tokenizer mxtrain prepare used), or a copy of it",
+                       meta->tokenizer.c_str()));
+  }
+  if (c.log.sample_every > 0 && vocab > c.model.vocab_size)
+    throw Error(ErrorKind::config,
+                strf("data.tokenizer '%s' has %lld tokens, more than model.vocab_size = %lld: the samples' prompt "
+                     "could hold ids the model has no embedding for",
+                     c.data.tokenizer.c_str(), static_cast<long long>(vocab),
+                     static_cast<long long>(c.model.vocab_size)),
+                strf("set model.vocab_size to at least %lld, or log.sample_every = 0 (no samples)",
+                     static_cast<long long>(vocab)));
+}
+
 int64_t TrainingRun::start() {
   const ResumePoint resumed = resume_run(config_, world_, *checkpoints_, session_->params(),
                                         session_->resume_buffers(), *backend_, *loader_, ranks_);
@@ -514,7 +553,7 @@ double TrainingRun::evaluate(int64_t step, bool record) {
 }
 
 void TrainingRun::sample(int64_t step) {
-  const auto tokenizer = data::make_tokenizer(config_.data.tokenizer);
+  const data::Tokenizer* tokenizer = tokenizer_.get();
   std::vector<int32_t> prompt = tokenizer->encode(config_.log.sample_prompt);
   if (prompt.empty() && tokenizer->bos_id()) prompt.push_back(*tokenizer->bos_id());
   if (prompt.empty()) return;
