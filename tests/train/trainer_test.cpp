@@ -168,6 +168,36 @@ TEST_F(TrainerTest, AWrongTokenizerStopsTheRunAtStartUp) {
 #endif
 }
 
+// A Hugging Face model directory with its own tokenizer, continued on byte-tokenized shards: the
+// model would read bytes as its token ids, so the run is refused before its first step.
+TEST_F(TrainerTest, AModelWithItsOwnTokenizerRefusesByteShards) {
+#if MXTRAIN_HAVE_PCRE2
+  const std::string model = dir_.file("model");
+  std::filesystem::copy(test::source_dir() + "/tests/reference/hf/llama_gqa_tied", model);
+  std::filesystem::copy_file(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json", model + "/tokenizer.json");
+  ConfigSources sources;
+  sources.read_environment = false;
+  sources.overrides = {{"model.init_from", model},          {"train.seq_len", "32"},
+                       {"train.micro_batch_size", "2"},     {"train.global_batch_size", "2"},
+                       {"train.steps", "1"},                {"train.device", "cpu"},
+                       {"checkpoint.dir", dir_.file("run")}, {"data.train", corpus_ + "/train_*.bin"},
+                       {"data.val", corpus_ + "/val_*.bin"}};
+  RunConfig config = load_config(sources);
+  try {
+    Trainer(config, {}).run();
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::config);
+    EXPECT_CONTAINS(error.full_message(), "model.init_from's model comes with its tokenizer (" + model +
+                                              "/tokenizer.json, 300 tokens), but data.tokenizer is 'byte'");
+    EXPECT_CONTAINS(error.full_message(), "mxtrain prepare --tokenizer " + model);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("run") + "/metrics.jsonl"));
+#else
+  GTEST_SKIP() << "built without PCRE2";
+#endif
+}
+
 // eval.batches = 0 means no held-out evaluation: no val_loss record (once NaN, written as null)
 // and no held-out loss in the summary.
 TEST_F(TrainerTest, ZeroEvalBatchesSkipsTheHeldOutEvaluation) {

@@ -421,6 +421,28 @@ void TrainingRun::open_tokenizer() {
                   strf("set data.tokenizer = '%s' (the tokenizer mxtrain prepare used), or a copy of it",
                        meta->tokenizer.c_str()));
   }
+  // A Hugging Face model that comes with its tokenizer reads that tokenizer's ids.
+  if (!c.model.init_from.empty()) {
+    std::unique_ptr<data::Tokenizer> own;
+    try {
+      own = data::make_tokenizer(c.model.init_from);
+    } catch (const Error&) {
+      // no tokenizer beside the weights (an export of a byte-level run has none): nothing to compare
+    }
+    if (own && byte)
+      throw Error(ErrorKind::config,
+                  strf("model.init_from's model comes with its tokenizer (%s, %lld tokens), but data.tokenizer is "
+                       "'byte': the model would read bytes as its own token ids",
+                       own->name().c_str(), static_cast<long long>(own->vocab_size())),
+                  strf("prepare the data with the model's tokenizer (mxtrain prepare --tokenizer %s ...) and set "
+                       "data.tokenizer = '%s'",
+                       c.model.init_from.c_str(), c.model.init_from.c_str()));
+    if (own && own->vocab_size() != vocab)
+      log::warn(strf("data.tokenizer '%s' has %lld tokens, model.init_from's own tokenizer %s has %lld: check that "
+                     "the shards were made with the model's tokenizer",
+                     c.data.tokenizer.c_str(), static_cast<long long>(vocab), own->name().c_str(),
+                     static_cast<long long>(own->vocab_size())));
+  }
   if (c.log.sample_every > 0 && vocab > c.model.vocab_size)
     throw Error(ErrorKind::config,
                 strf("data.tokenizer '%s' has %lld tokens, more than model.vocab_size = %lld: the samples' prompt "
