@@ -164,6 +164,26 @@ TEST_F(SageMakerJob, ArgumentsEnvironmentAndChannelsOfShards) {
   EXPECT_NE(output.find("no SageMaker input config directory"), std::string::npos) << output;
 }
 
+// Continued training of a Hugging Face model whose directory carries its tokenizer, on a train
+// channel of documents without one: the documents are tokenized with the model's tokenizer (the
+// byte tokenizer would feed the model bytes as its ids); a channel's own tokenizer or the
+// `tokenizer` hyperparameter still wins.
+TEST_F(SageMakerJob, AnInitFromModelsTokenizerIsTheDefault) {
+  const std::string model = dir_.file("model");
+  fs::copy(test::source_dir() + "/tests/reference/hf/llama_gqa_tied", model);
+  nlohmann::json hyperparameters = {{"init-from", model}, {"device", "cpu"}, {"steps", "1"}, {"seq-length", "32"},
+                                    {"batch-size", "2"},  {"global-batch-size", "2"}};
+  const std::string job = make_root("init-from", hyperparameters);
+  std::string output;
+  ASSERT_EQ(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  EXPECT_NE(output.find("tokenizer = \"byte\""), std::string::npos) << output;  // the model has no tokenizer
+  fs::copy_file(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json", model + "/tokenizer.json");
+  ASSERT_EQ(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  EXPECT_NE(output.find("tokenizer = \"" + model + "\""), std::string::npos) << output;
+  ASSERT_EQ(test::run_command(train(job, " --print-config --tokenizer byte"), &output), 0) << output;
+  EXPECT_NE(output.find("tokenizer = \"byte\""), std::string::npos) << output;
+}
+
 TEST_F(SageMakerJob, AMissingTrainChannelIsReportedWithTheFix) {
   const std::string job = make_root("no-train", small_job_hyperparameters(4));
   fs::remove_all(job + "/input/data/train");

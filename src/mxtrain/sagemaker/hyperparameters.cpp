@@ -104,6 +104,13 @@ bool HyperparameterSettings::sets(const std::string& key) const {
   return false;
 }
 
+std::string HyperparameterSettings::value(const std::string& key) const {
+  std::string found;
+  for (const auto& [set_key, value] : overrides)
+    if (set_key == key) found = value;
+  return found;
+}
+
 std::string accepted_hyperparameter_names() {
   std::string text;
   for (const HyperparameterAlias& alias : hyperparameter_aliases()) text += alias.name + ", ";

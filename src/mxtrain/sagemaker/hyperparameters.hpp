@@ -37,6 +37,8 @@ struct HyperparameterSettings {
   std::string validation_channel = "validation";
   std::vector<std::string> ignored;  // SageMaker's own sagemaker_* names
   bool sets(const std::string& key) const;
+  // The value the last override of `key` gives ("" when none does).
+  std::string value(const std::string& key) const;
 };
 
 // hyperparameters.json's text: a JSON object whose values are strings (numbers and booleans are

@@ -177,6 +177,15 @@ Job Job::open(const runtime::SageMakerPaths& paths, std::string evidence, const 
     if (!train.tokenizer_file.empty() && !settings.sets("data.tokenizer")) {
       job.defaults_.emplace_back("data.tokenizer", train.tokenizer_file);
       job.channel_lines_.push_back("tokenizer: " + train.tokenizer_file);
+    } else if (!settings.sets("data.tokenizer") && settings.sets("model.init_from")) {
+      // Continued training of a Hugging Face model: its own tokenizer, when its directory has one.
+      const std::string model_dir = settings.value("model.init_from");
+      for (const char* file : {"tokenizer.json", "tokenizer.model"}) {
+        if (!fs::is_regular_file(fs::path(model_dir) / file, error)) continue;
+        job.defaults_.emplace_back("data.tokenizer", model_dir);
+        job.channel_lines_.push_back("tokenizer: the init-from model's, " + (fs::path(model_dir) / file).string());
+        break;
+      }
     }
   }
   if (settings.sets("data.train") && !have_validation && !settings.sets("data.val"))
