@@ -155,6 +155,16 @@ TEST_F(TrainerTest, AWrongTokenizerStopsTheRunAtStartUp) {
   };
   EXPECT_CONTAINS(start_error({{"data.tokenizer", dir_.file("missing/tokenizer.json")}}),
                   "data.tokenizer: tokenizer '" + dir_.file("missing/tokenizer.json") + "' does not exist");
+  // The held-out shards are checked too: here their meta.json says another tokenizer made them.
+  const std::string other = dir_.file("other");
+  std::filesystem::copy(corpus_, other);
+  nlohmann::json meta = nlohmann::json::parse(test::read_file(other + "/meta.json"));
+  meta["tokenizer"] = bpe300;
+  meta["vocab_size"] = 300;
+  std::ofstream(other + "/meta.json") << meta.dump();
+  EXPECT_CONTAINS(start_error({{"data.val", other + "/val_*.bin"}}),
+                  "data.tokenizer is 'byte' (256 tokens), but the shards in " + other + " were made by '" + bpe300 +
+                      "' (300 tokens, per its meta.json)");
 #if MXTRAIN_HAVE_PCRE2
   const std::string mismatch = start_error({{"data.tokenizer", bpe300}});
   EXPECT_CONTAINS(mismatch, "data.tokenizer is '" + bpe300 + "' (300 tokens), but the shards in " + corpus_ +

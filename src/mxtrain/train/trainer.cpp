@@ -408,18 +408,20 @@ void TrainingRun::open_tokenizer() {
   const bool byte = tokenizer_->name() == "byte";
   const int64_t vocab = tokenizer_->vocab_size();
   // The shards say which tokenizer made them (mxtrain prepare's meta.json beside them).
-  const std::string shard_dir = fs::path(loader_->dataset().shard(0).path()).parent_path().string();
-  if (const std::optional<data::CorpusMeta> meta = data::find_corpus_meta(shard_dir)) {
-    if ((meta->tokenizer == "byte") != byte || meta->vocab_size != vocab)
-      throw Error(ErrorKind::config,
-                  strf("data.tokenizer is '%s' (%lld tokens), but the shards in %s were made by '%s' (%lld tokens, "
-                       "per its meta.json): samples would be decoded and the exported model would ship with the "
-                       "wrong tokenizer",
-                       c.data.tokenizer.c_str(), static_cast<long long>(vocab),
-                       shard_dir.empty() ? "." : shard_dir.c_str(), meta->tokenizer.c_str(),
-                       static_cast<long long>(meta->vocab_size)),
-                  strf("set data.tokenizer = '%s' (the tokenizer mxtrain prepare used), or a copy of it",
-                       meta->tokenizer.c_str()));
+  std::vector<std::string> shard_dirs = {fs::path(loader_->dataset().shard(0).path()).parent_path().string()};
+  if (validation_) shard_dirs.push_back(fs::path(validation_->dataset().shard(0).path()).parent_path().string());
+  for (const std::string& shard_dir : shard_dirs) {
+    const std::optional<data::CorpusMeta> meta = data::find_corpus_meta(shard_dir);
+    if (!meta || ((meta->tokenizer == "byte") == byte && meta->vocab_size == vocab)) continue;
+    throw Error(ErrorKind::config,
+                strf("data.tokenizer is '%s' (%lld tokens), but the shards in %s were made by '%s' (%lld tokens, "
+                     "per its meta.json): samples would be decoded and the exported model would ship with the "
+                     "wrong tokenizer",
+                     c.data.tokenizer.c_str(), static_cast<long long>(vocab),
+                     shard_dir.empty() ? "." : shard_dir.c_str(), meta->tokenizer.c_str(),
+                     static_cast<long long>(meta->vocab_size)),
+                strf("set data.tokenizer = '%s' (the tokenizer mxtrain prepare used), or a copy of it",
+                     meta->tokenizer.c_str()));
   }
   // A Hugging Face model that comes with its tokenizer reads that tokenizer's ids.
   if (!c.model.init_from.empty()) {
