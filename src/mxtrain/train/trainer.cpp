@@ -16,8 +16,8 @@
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
-#include "mxtrain/data/loader.hpp"
 #include "mxtrain/data/corpus_meta.hpp"
+#include "mxtrain/data/loader.hpp"
 #include "mxtrain/data/tokenizer.hpp"
 #include "mxtrain/distributed/communicator.hpp"
 #include "mxtrain/distributed/communicator_factory.hpp"
@@ -423,8 +423,9 @@ void TrainingRun::open_tokenizer() {
                 strf("set data.tokenizer = '%s' (the tokenizer mxtrain prepare used), or a copy of it",
                      meta->tokenizer.c_str()));
   }
-  // A Hugging Face model that comes with its tokenizer reads that tokenizer's ids.
-  if (!c.model.init_from.empty()) {
+  // A Hugging Face model that comes with its tokenizer reads that tokenizer's ids (nothing to
+  // compare when data.tokenizer is that very directory).
+  if (!c.model.init_from.empty() && c.model.init_from != c.data.tokenizer) {
     std::unique_ptr<data::Tokenizer> own;
     try {
       own = data::make_tokenizer(c.model.init_from);
