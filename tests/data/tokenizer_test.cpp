@@ -1,11 +1,13 @@
 // The byte tokenizer is the identity on bytes; unknown tokenizer names are a config error.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "data/data_test_helpers.hpp"
 #include "mxtrain/data/tokenizer.hpp"
+#include "support/test_support.hpp"
 
 namespace mxtrain::data {
 namespace {
@@ -36,6 +38,25 @@ TEST(Tokenizer, FactoryKnowsByteAndRejectsOthers) {
     text = data_test::error_text([&] { make_tokenizer(missing); }, ErrorKind::config);
     EXPECT_CONTAINS(text, std::string("tokenizer '") + missing + "' does not exist");
   }
+}
+
+// A model directory's tokenizer is its tokenizer.json, else its tokenizer.model; make_tokenizer,
+// generate and the SageMaker job all ask tokenizer_file_in.
+TEST(Tokenizer, AModelDirectoryOffersItsTokenizerJsonFirst) {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  EXPECT_EQ(tokenizer_file_in(dir.path()), "");
+  EXPECT_EQ(tokenizer_file_in(dir.file("missing")), "");
+  std::string text = data_test::error_text([&] { make_tokenizer(dir.path()); }, ErrorKind::config);
+  EXPECT_CONTAINS(text, "holds neither tokenizer.json nor tokenizer.model");
+  data_test::write_text_file(dir.file("tokenizer.model"), "not a sentencepiece model");
+  EXPECT_EQ(tokenizer_file_in(dir.path()), dir.file("tokenizer.model"));
+  fs::copy_file(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json", dir.file("tokenizer.json"));
+  EXPECT_EQ(tokenizer_file_in(dir.path()), dir.file("tokenizer.json"));
+  EXPECT_EQ(tokenizer_file_in(dir.file("tokenizer.json")), "");  // a file is no model directory
+#if MXTRAIN_HAVE_PCRE2
+  EXPECT_EQ(make_tokenizer(dir.path())->vocab_size(), make_tokenizer(dir.file("tokenizer.json"))->vocab_size());
+#endif
 }
 
 TEST(Tokenizer, PrintableTextEscapesControlBytes) {

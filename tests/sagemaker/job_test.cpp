@@ -182,6 +182,13 @@ TEST_F(SageMakerJob, AnInitFromModelsTokenizerIsTheDefault) {
   EXPECT_NE(output.find("tokenizer = \"" + model + "\""), std::string::npos) << output;
   ASSERT_EQ(test::run_command(train(job, " --print-config --tokenizer byte"), &output), 0) << output;
   EXPECT_NE(output.find("tokenizer = \"byte\""), std::string::npos) << output;
+  // The channel's own tokenizer wins over the model's; of a tokenizer.model and a tokenizer.json
+  // beside it, the JSON, whichever the directory listing gives first.
+  const std::string channel = job + "/input/data/train/";
+  std::ofstream(channel + "tokenizer.model") << "a sentencepiece model";
+  fs::copy_file(model + "/tokenizer.json", channel + "tokenizer.json");
+  ASSERT_EQ(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  EXPECT_NE(output.find("tokenizer = \"" + channel + "tokenizer.json\""), std::string::npos) << output;
 }
 
 TEST_F(SageMakerJob, AMissingTrainChannelIsReportedWithTheFix) {

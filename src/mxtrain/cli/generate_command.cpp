@@ -48,8 +48,7 @@ Source open_source(const std::string& path) {
     source.hugging_face = std::make_unique<interop::HfCheckpoint>(path);
     source.config = source.hugging_face->config();
     source.hugging_face->check(build_layout(source.config));
-    for (const char* file : {"tokenizer.json", "tokenizer.model"})
-      if (fs::is_regular_file(fs::path(path) / file, error)) source.tokenizer = path;
+    if (!data::tokenizer_file_in(path).empty()) source.tokenizer = path;
     source.values = source.hugging_face->parameter_values();
     return source;
   }

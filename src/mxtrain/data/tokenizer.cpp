@@ -29,15 +29,22 @@ std::string ByteTokenizer::decode(std::span<const int32_t> tokens) const {
 
 std::vector<std::string> tokenizer_names() { return {"byte"}; }
 
+std::string tokenizer_file_in(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (const char* file : {"tokenizer.json", "tokenizer.model"})
+    if (fs::is_regular_file(fs::path(dir) / file, error)) return (fs::path(dir) / file).string();
+  return {};
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
   namespace fs = std::filesystem;
   if (name == "byte") return std::make_unique<ByteTokenizer>();
   std::error_code error;
   fs::path path(name);
   if (fs::is_directory(path, error)) {  // a model directory: its tokenizer.json, else tokenizer.model
-    if (fs::is_regular_file(path / "tokenizer.json", error)) return std::make_unique<BpeTokenizer>((path / "tokenizer.json").string());
-    if (fs::is_regular_file(path / "tokenizer.model", error))
-      return std::make_unique<SentencepieceTokenizer>((path / "tokenizer.model").string());
+    const std::string file = tokenizer_file_in(name);
+    if (!file.empty()) return make_tokenizer(file);
     throw Error(ErrorKind::config, "directory " + name + " holds neither tokenizer.json nor tokenizer.model",
                 "point the tokenizer at the model directory that has one, or at the file itself");
   }

@@ -38,6 +38,9 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> tokens) const override;
 };
 
+// The tokenizer file a model directory holds: its tokenizer.json, else its tokenizer.model (the
+// order Hugging Face's fast tokenizers load them); empty when it has neither or is no directory.
+std::string tokenizer_file_in(const std::string& dir);
 // The built-in names make_tokenizer accepts ("byte").
 std::vector<std::string> tokenizer_names();
 // `name` is "byte", a Hugging Face tokenizer.json (byte-level BPE), a sentencepiece .model file,

@@ -10,6 +10,7 @@
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
 #include "mxtrain/data/prepare.hpp"
+#include "mxtrain/data/tokenizer.hpp"
 #include "mxtrain/train/checkpoint.hpp"
 #include "mxtrain/train/checkpoint_export.hpp"
 #include "mxtrain/train/trainer.hpp"
@@ -108,7 +109,11 @@ ChannelContents inspect_channel(const std::string& name, const std::string& dir)
     }
     if (!it->is_regular_file()) continue;
     const std::string path = it->path().string();
-    if (file == "tokenizer.json" || file == "tokenizer.model") contents.tokenizer_file = path;
+    if (file == "tokenizer.json" || file == "tokenizer.model") {
+      // tokenizer.json wins over a tokenizer.model beside it, whichever the listing gives first
+      // (the order data::tokenizer_file_in and Hugging Face's fast tokenizers use).
+      if (contents.tokenizer_file.empty() || file == "tokenizer.json") contents.tokenizer_file = path;
+    }
     else if (ends_with(file, ".bin")) bins.push_back(path);
     else if (!tokenizer_side_file(file)) others.push_back(path);
   }
@@ -180,11 +185,10 @@ Job Job::open(const runtime::SageMakerPaths& paths, std::string evidence, const 
     } else if (!settings.sets("data.tokenizer") && settings.sets("model.init_from")) {
       // Continued training of a Hugging Face model: its own tokenizer, when its directory has one.
       const std::string model_dir = settings.value("model.init_from");
-      for (const char* file : {"tokenizer.json", "tokenizer.model"}) {
-        if (!fs::is_regular_file(fs::path(model_dir) / file, error)) continue;
+      const std::string file = data::tokenizer_file_in(model_dir);
+      if (!file.empty()) {
         job.defaults_.emplace_back("data.tokenizer", model_dir);
-        job.channel_lines_.push_back("tokenizer: the init-from model's, " + (fs::path(model_dir) / file).string());
-        break;
+        job.channel_lines_.push_back("tokenizer: the init-from model's, " + file);
       }
     }
   }
