@@ -123,11 +123,16 @@ TEST(PrepareDocuments, BadLinesNameTheFileAndLine) {
                   dir.file("bad.jsonl") + " line 3 is not a JSON object");
   data_test::write_text_file(dir.file("field.jsonl"), "{\"content\": \"x\"}\n");
   const std::string missing = data_test::error_text([&] { prepare({dir.file("field.jsonl")}, dir.file("o2")); });
-  EXPECT_CONTAINS(missing, "line 1 has no field \"text\"");
-  EXPECT_CONTAINS(missing, "--field");
-  data_test::write_text_file(dir.file("type.jsonl"), "{\"text\": 5}\n");
-  EXPECT_CONTAINS(data_test::error_text([&] { prepare({dir.file("type.jsonl")}, dir.file("o3")); }),
-                  "field \"text\" is not a string");
+  EXPECT_CONTAINS(missing, "line 1 has no field \"text\"; its string fields: \"content\"");
+  EXPECT_CONTAINS(missing, "name the field that holds the text (here content): mxtrain prepare --field NAME");
+  EXPECT_CONTAINS(missing, "text-field hyperparameter");
+  data_test::write_text_file(dir.file("type.jsonl"), "{\"text\": 5, \"id\": \"a\", \"body\": \"b\"}\n");
+  const std::string type = data_test::error_text([&] { prepare({dir.file("type.jsonl")}, dir.file("o3")); });
+  EXPECT_CONTAINS(type, "field \"text\" is not a string; its string fields: \"body\", \"id\"");
+  EXPECT_EQ(type.find("(here"), std::string::npos) << type;  // two candidates: no guess
+  data_test::write_text_file(dir.file("none.jsonl"), "{\"n\": 1}\n");
+  EXPECT_CONTAINS(data_test::error_text([&] { prepare({dir.file("none.jsonl")}, dir.file("o5")); }),
+                  "has no field \"text\"; it has no string field");
   data_test::write_text_file(dir.file("data.parquet"), "PAR1");
   const std::string parquet = data_test::error_text([&] { prepare({dir.file("data.parquet")}, dir.file("o4")); });
   EXPECT_CONTAINS(parquet, "scripts/parquet_to_jsonl.py");

@@ -107,6 +107,20 @@ TEST(Hyperparameters, InputNamesAndSageMakersOwnNames) {
   EXPECT_TRUE(settings.overrides.empty());
   EXPECT_NE(error_of([] { parse_hyperparameters(R"({"train-channel": "../etc"})"); }).find("not a channel name"),
             std::string::npos);
+  // How a documents channel is prepared: the .jsonl text field (TRL's name too) and the held-out share.
+  EXPECT_EQ(settings.text_field, "text");
+  EXPECT_EQ(settings.val_fraction, 0.05);
+  HyperparameterSettings preparation = parse_hyperparameters(R"({"text-field": "content", "val_fraction": "0.1"})");
+  EXPECT_EQ(preparation.text_field, "content");
+  EXPECT_EQ(preparation.val_fraction, 0.1);
+  EXPECT_TRUE(preparation.overrides.empty());
+  EXPECT_EQ(parse_hyperparameters(R"({"dataset_text_field": "body"})").text_field, "body");
+  for (const char* bad : {"0", "0.51", "-0.1", "nan", "0.1x", ""})
+    EXPECT_NE(error_of([&] { parse_hyperparameters(std::string(R"({"val-fraction": ")") + bad + "\"}"); })
+                  .find("is not a fraction in (0, 0.5]"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error_of([] { parse_hyperparameters(R"({"text-field": ""})"); }).find("is empty"), std::string::npos);
 }
 
 TEST(Hyperparameters, UnknownNamesListTheAcceptedOnes) {

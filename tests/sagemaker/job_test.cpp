@@ -191,6 +191,49 @@ TEST_F(SageMakerJob, AnInitFromModelsTokenizerIsTheDefault) {
   EXPECT_NE(output.find("tokenizer = \"" + channel + "tokenizer.json\""), std::string::npos) << output;
 }
 
+// JSON lines whose text is in another field than "text" (a code corpus's "content"): the job
+// stops naming the line's string fields and the text-field hyperparameter; with it (or TRL's
+// dataset_text_field) and val-fraction, the channel is prepared and trains.
+TEST_F(SageMakerJob, TheTextFieldAndValFractionHyperparametersPrepareTheChannel) {
+  nlohmann::json hyperparameters = small_job_hyperparameters(2);
+  const std::string job = make_root("content", hyperparameters);
+  const std::string channel = job + "/input/data/train/";
+  fs::remove(channel + "part-0.txt");
+  fs::remove(channel + "part-1.jsonl");
+  {
+    std::ofstream lines(channel + "code.jsonl");
+    std::ifstream text(corpus_ + "/corpus.txt");
+    std::string line;
+    for (int i = 0; std::getline(text, line); ++i) lines << nlohmann::json{{"content", line}, {"id", i}}.dump() << "\n";
+  }
+  std::string output;
+  EXPECT_NE(test::run_command(train(job), &output), 0) << output;
+  const std::string failure = test::read_file(job + "/output/failure");
+  EXPECT_NE(failure.find("has no field \"text\"; its string fields: \"content\""), std::string::npos) << failure;
+  EXPECT_NE(failure.find("text-field hyperparameter"), std::string::npos) << failure;
+
+  for (const char* name : {"text-field", "dataset_text_field"}) {
+    hyperparameters = small_job_hyperparameters(2);
+    hyperparameters[name] = "content";
+    hyperparameters["val-fraction"] = "0.25";
+    std::ofstream(job + "/input/config/hyperparameters.json") << hyperparameters.dump();
+    fs::remove(job + "/output/failure");
+    for (const char* folder : {"/checkpoints", "/model", "/output/data"}) fs::remove_all(job + folder);
+    fs::create_directories(job + "/model");
+    ASSERT_EQ(test::run_command(train(job), &output), 0) << name << ":\n" << output;
+    EXPECT_NE(output.find("(.jsonl field 'content'; 1 block in 4 held out)"), std::string::npos) << output;
+    EXPECT_TRUE(fs::exists(job + "/prepared/train/val_000000.bin")) << output;
+  }
+  hyperparameters["val-fraction"] = "0.6";
+  std::ofstream(job + "/input/config/hyperparameters.json") << hyperparameters.dump();
+  EXPECT_NE(test::run_command(train(job), &output), 0) << output;
+  const std::string bad = test::read_file(job + "/output/failure");
+  EXPECT_NE(bad.find("hyperparameter val-fraction='0.6' (from " + job + "/input/config/hyperparameters.json) is not "
+                     "a fraction in (0, 0.5]"),
+            std::string::npos)
+      << bad;
+}
+
 TEST_F(SageMakerJob, AMissingTrainChannelIsReportedWithTheFix) {
   const std::string job = make_root("no-train", small_job_hyperparameters(4));
   fs::remove_all(job + "/input/data/train");

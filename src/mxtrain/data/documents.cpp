@@ -170,12 +170,21 @@ std::optional<std::string> DocumentReader::next() {
     if (object.is_discarded() || !object.is_object())
       throw Error(ErrorKind::data, where + " is not a JSON object", "each line of a .jsonl file holds one JSON object");
     const auto value = object.find(field_);
-    if (value == object.end())
-      throw Error(ErrorKind::data, where + " has no field \"" + field_ + "\"",
-                  "name the field that holds the text with --field");
-    if (!value->is_string())
-      throw Error(ErrorKind::data, where + ": field \"" + field_ + "\" is not a string",
-                  "name the field that holds the text with --field");
+    if (value == object.end() || !value->is_string()) {
+      // The line's string fields are the candidates; with exactly one, it is the fix.
+      std::vector<std::string> strings;
+      for (const auto& [name, item] : object.items())
+        if (item.is_string()) strings.push_back(name);
+      std::string listed;
+      for (const std::string& name : strings) listed += (listed.empty() ? "\"" : ", \"") + name + "\"";
+      const std::string problem = value == object.end() ? " has no field \"" + field_ + "\""
+                                                        : ": field \"" + field_ + "\" is not a string";
+      throw Error(ErrorKind::data,
+                  where + problem + (listed.empty() ? "; it has no string field" : "; its string fields: " + listed),
+                  "name the field that holds the text" +
+                      (strings.size() == 1 ? " (here " + strings[0] + ")" : std::string()) +
+                      ": mxtrain prepare --field NAME, or in a SageMaker job the text-field hyperparameter");
+    }
     return value->get<std::string>();
   }
   return std::nullopt;

@@ -1,6 +1,8 @@
 #include "mxtrain/sagemaker/hyperparameters.hpp"
 
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,10 @@ namespace {
 constexpr const char* kConfigFile = "config";
 constexpr const char* kTrainChannel = "train-channel";
 constexpr const char* kValidationChannel = "validation-channel";
+// How a documents channel is prepared (mxtrain prepare's --field and --val-fraction).
+constexpr const char* kTextField = "text-field";
+constexpr const char* kDatasetTextField = "dataset-text-field";  // TRL's SFTConfig name for it
+constexpr const char* kValFraction = "val-fraction";
 
 // Lower case, '-' and '.' as '_': `TRAIN.MICRO-BATCH_SIZE` and `train.micro_batch_size` match.
 std::string normalized(const std::string& name) {
@@ -42,8 +48,9 @@ const std::map<std::string, KnownName>& known_names() {
     for (const Field& field : fields(defaults)) names.emplace(normalized(field.key), KnownName{field.key, field.key});
     for (const HyperparameterAlias& alias : hyperparameter_aliases())
       names.emplace(normalized(alias.name), KnownName{alias.name, alias.key});
-    for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel})
+    for (const char* name : {kConfigFile, kTrainChannel, kValidationChannel, kTextField, kValFraction})
       names.emplace(normalized(name), KnownName{name, ""});
+    names.emplace(normalized(kDatasetTextField), KnownName{kTextField, ""});
     return names;
   }();
   return table;
@@ -65,6 +72,20 @@ void check_channel_name(const Hyperparameter& h) {
     throw Error(ErrorKind::config, "hyperparameter " + h.name + "='" + h.value + "' (from " + h.origin +
                                        ") is not a channel name",
                 "give the name of an input channel of the job, e.g. train");
+}
+
+// The share of a documents channel held out, as mxtrain prepare takes it: in (0, 0.5].
+double val_fraction_of(const Hyperparameter& h) {
+  const char* text = h.value.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text, &end);
+  if (h.value.empty() || end != text + h.value.size() || errno != 0 || !(value > 0.0 && value <= 0.5))
+    throw Error(ErrorKind::config,
+                "hyperparameter " + h.name + "='" + h.value + "' (from " + h.origin + ") is not a fraction in (0, 0.5]",
+                "give the share of the train channel's documents held out for the validation loss, e.g. 0.05 "
+                "(one 4,096-token block in 20)");
+  return value;
 }
 
 }  // namespace
@@ -114,8 +135,8 @@ std::string HyperparameterSettings::value(const std::string& key) const {
 std::string accepted_hyperparameter_names() {
   std::string text;
   for (const HyperparameterAlias& alias : hyperparameter_aliases()) text += alias.name + ", ";
-  return text + kConfigFile + ", " + kTrainChannel + ", " + kValidationChannel +
-         ", and every config key, dotted or with dashes (train.steps, train-steps; `mxtrain train --help-config` "
+  return text + kConfigFile + ", " + kTrainChannel + ", " + kValidationChannel + ", " + kTextField + ", " +
+         kValFraction + ", and every config key, dotted or with dashes (train.steps, train-steps; `mxtrain train --help-config` "
          "lists them)";
 }
 
@@ -200,6 +221,13 @@ HyperparameterSettings map_hyperparameters(const std::vector<Hyperparameter>& hy
       mapped.push_back({found->second.key, h.value, h.origin});
     } else if (name == normalized(kConfigFile)) {
       settings.config_file = h.value;
+    } else if (found->second.written == kTextField) {
+      if (h.value.empty())
+        throw Error(ErrorKind::config, "hyperparameter " + h.name + " (from " + h.origin + ") is empty",
+                    "give the JSON field that holds each .jsonl line's text, e.g. text or content");
+      settings.text_field = h.value;
+    } else if (name == normalized(kValFraction)) {
+      settings.val_fraction = val_fraction_of(h);
     } else {
       check_channel_name(h);
       (name == normalized(kTrainChannel) ? settings.train_channel : settings.validation_channel) = h.value;

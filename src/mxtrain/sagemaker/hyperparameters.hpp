@@ -5,7 +5,8 @@
 //     (`train.micro_batch_size`, `train-micro-batch-size`), in any case;
 //   - one of the seed's names (hyperparameter_aliases(): `model`, `precision`, `num-layers`,
 //     `batch-size`, `seq-length`, `steps`, ...);
-//   - `config` (a TOML file), `train-channel` or `validation-channel` (which channels hold the data);
+//   - `config` (a TOML file), `train-channel` or `validation-channel` (which channels hold the data),
+//     `text-field` (alias `dataset-text-field`) and `val-fraction` (how documents are prepared);
 //   - SageMaker's own `sagemaker_*` names, which are reported and otherwise ignored.
 // Anything else is an error that lists the accepted names; a bad value is an error naming the
 // hyperparameter and the config key. parse_hyperparameters() is pure (text in, overrides out,
@@ -35,6 +36,8 @@ struct HyperparameterSettings {
   std::string config_file;                                     // `config`, "" when not given
   std::string train_channel = "train";
   std::string validation_channel = "validation";
+  std::string text_field = "text";  // the JSON field of a .jsonl line that holds its text
+  double val_fraction = 0.05;       // the share of a train channel's documents held out, in (0, 0.5]
   std::vector<std::string> ignored;  // SageMaker's own sagemaker_* names
   bool sets(const std::string& key) const;
   // The value the last override of `key` gives ("" when none does).

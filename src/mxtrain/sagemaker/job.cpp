@@ -171,12 +171,15 @@ Job Job::open(const runtime::SageMakerPaths& paths, std::string evidence, const 
       job.channel_lines_.push_back(strf("channel %s: token shards in %s", train.name.c_str(), train.dir.c_str()));
     } else {
       const std::string out = paths.prepared_dir + "/" + train.name;
-      job.preparations_.push_back({train.name, out, out + "/train_*.bin", train.documents, 0.05});
+      job.preparations_.push_back(
+          {train.name, out, out + "/train_*.bin", train.documents, settings.val_fraction, settings.text_field});
       job.defaults_.emplace_back("data.train", out + "/train_*.bin");
       if (!have_validation) job.defaults_.emplace_back("data.val", out + "/val_*.bin");
-      job.channel_lines_.push_back(strf("channel %s: %zu document file(s) in %s, prepared into %s (1 block in 20 "
-                                        "held out%s)",
+      job.channel_lines_.push_back(strf("channel %s: %zu document file(s) in %s, prepared into %s (.jsonl field '%s'; "
+                                        "1 block in %lld held out%s)",
                                         train.name.c_str(), train.documents.size(), train.dir.c_str(), out.c_str(),
+                                        settings.text_field.c_str(),
+                                        static_cast<long long>(data::validation_block_period(settings.val_fraction)),
                                         have_validation ? ", unused: the validation channel is the held-out set" : ""));
     }
     if (!train.tokenizer_file.empty() && !settings.sets("data.tokenizer")) {
@@ -203,7 +206,8 @@ Job Job::open(const runtime::SageMakerPaths& paths, std::string evidence, const 
     } else {
       // prepare() holds out at most half; the held-out set is both halves.
       const std::string out = paths.prepared_dir + "/" + validation.name;
-      job.preparations_.push_back({validation.name, out, out + "/*.bin", validation.documents, 0.5});
+      job.preparations_.push_back(
+          {validation.name, out, out + "/*.bin", validation.documents, 0.5, settings.text_field});
       job.defaults_.emplace_back("data.val", out + "/*.bin");
       job.channel_lines_.push_back(strf("channel %s: %zu held-out document file(s) in %s, prepared into %s",
                                         validation.name.c_str(), validation.documents.size(), validation.dir.c_str(),
@@ -242,6 +246,7 @@ std::function<void()> Job::data_preparation(const RunConfig& config) const {
     options.output_dir = p.output_dir;
     options.input_files = p.documents;
     options.val_fraction = p.val_fraction;
+    options.field = p.field;
     options.tokenizer = config.data.tokenizer;
     work.push_back(options);
     channels.push_back(p.channel);

@@ -58,6 +58,7 @@ class Job {
     std::string channel, output_dir, glob;
     std::vector<std::string> documents;
     double val_fraction = 0.05;
+    std::string field = "text";
   };
 
   runtime::SageMakerPaths paths_;
