@@ -124,6 +124,35 @@ if got is not None:
             got["vocab_size"], got["bos"], got["eos"], sp.get_piece_size(), sp.bos_id(), sp.eos_id()))
     print("sentencepiece BPE: %d documents, ids equal: %s" % (len(documents), not differing))
 
+# 3b. A Llama 2 / TinyLlama model directory: tokenizer.model beside its conversion to
+# tokenizer.json (the layout transformers writes: BPE with byte fallback, Prepend/Replace
+# normalizer, no pre-tokenizer). The directory reads the sentencepiece original, with its ids.
+llama2_dir = os.path.join(workdir, "llama2")
+os.makedirs(llama2_dir, exist_ok=True)
+with open(prefix + ".model", "rb") as source, open(os.path.join(llama2_dir, "tokenizer.model"), "wb") as target:
+    target.write(source.read())
+converted = {
+    "version": "1.0", "added_tokens": [], "pre_tokenizer": None,
+    "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                       {"type": "Replace", "pattern": {"String": " "},
+                                                        "content": "\u2581"}]},
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                                 {"type": "ByteFallback"}, {"type": "Fuse"},
+                                                 {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "byte_fallback": True, "fuse_unk": True,
+              "vocab": {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, "merges": []}}
+with open(os.path.join(llama2_dir, "tokenizer.json"), "w") as f:
+    json.dump(converted, f)
+got = mxtrain_encode(llama2_dir)
+if got is not None:
+    differing = [i for i, ids in enumerate(reference) if got["ids"][i] != ids]
+    if differing or got["vocab_size"] != sp.get_piece_size():
+        failures.append("Llama 2 style directory: %d documents differ, vocab %s" % (len(differing), got["vocab_size"]))
+    print("Llama 2 style directory (tokenizer.model beside its tokenizer.json): ids equal: %s" % (not differing))
+run = subprocess.run([tool, os.path.join(llama2_dir, "tokenizer.json"), docs_path], capture_output=True, text=True)
+if run.returncode != 1 or "give the sentencepiece model beside it" not in run.stderr:
+    failures.append("a converted tokenizer.json given alone: exit %d, %r" % (run.returncode, run.stderr[:300]))
+
 # 4. Damaged tokenizer files: refused with a message, never a crash.
 text = open(gpt2_path).read()
 rng = random.Random(7)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/data_test_helpers.hpp"
+#include "mxtrain/data/bpe_tokenizer.hpp"
 #include "mxtrain/data/tokenizer.hpp"
 #include "support/test_support.hpp"
 
@@ -57,6 +58,30 @@ TEST(Tokenizer, AModelDirectoryOffersItsTokenizerJsonFirst) {
 #if MXTRAIN_HAVE_PCRE2
   EXPECT_EQ(make_tokenizer(dir.path())->vocab_size(), make_tokenizer(dir.file("tokenizer.json"))->vocab_size());
 #endif
+  // A sentencepiece model converted to tokenizer.json (Llama 2's layout: BPE with byte fallback,
+  // or a Metaspace pre-tokenizer) gives way to the tokenizer.model beside it; alone, it is refused
+  // naming what to give instead.
+  for (const char* converted :
+       {R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}})",
+        R"({"pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}, "model": {"type": "BPE", "vocab": {}}})",
+        R"({"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend"}]},
+            "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]}, "model": {"type": "BPE"}})",
+        R"({"model": {"type": "Unigram", "vocab": []}})"}) {
+    data_test::write_text_file(dir.file("tokenizer.json"), converted);
+    EXPECT_TRUE(is_converted_sentencepiece(dir.file("tokenizer.json"))) << converted;
+    EXPECT_EQ(tokenizer_file_in(dir.path()), dir.file("tokenizer.model")) << converted;
+    text = data_test::error_text([&] { BpeTokenizer tokenizer(dir.file("tokenizer.json")); });
+    EXPECT_CONTAINS(text, "is a sentencepiece tokenizer converted to tokenizer.json");
+    EXPECT_CONTAINS(text, "give the sentencepiece model beside it, " + dir.file("tokenizer.model"));
+  }
+  fs::remove(dir.file("tokenizer.model"));
+  EXPECT_EQ(tokenizer_file_in(dir.path()), dir.file("tokenizer.json"));
+  text = data_test::error_text([&] { make_tokenizer(dir.path()); });
+  EXPECT_CONTAINS(text, "give the model's sentencepiece tokenizer.model");
+  data_test::write_text_file(dir.file("tokenizer.json"), "{\"model\": ");  // damaged: not taken for converted
+  EXPECT_FALSE(is_converted_sentencepiece(dir.file("tokenizer.json")));
+  EXPECT_FALSE(is_converted_sentencepiece(dir.file("missing.json")));
+  EXPECT_FALSE(is_converted_sentencepiece(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json"));
 }
 
 TEST(Tokenizer, PrintableTextEscapesControlBytes) {

@@ -79,7 +79,47 @@ std::optional<std::string> config_token(const nlohmann::json& config, const char
   return std::nullopt;
 }
 
+// A sentencepiece model written as tokenizer.json: see is_converted_sentencepiece.
+bool sentencepiece_style(const nlohmann::json& file) {
+  if (!file.is_object()) return false;
+  const auto model = file.find("model");
+  if (model != file.end() && model->is_object() && (flag(*model, "byte_fallback") || type_of(*model) == "Unigram"))
+    return true;
+  for (const char* part : {"pre_tokenizer", "normalizer", "decoder"}) {
+    const auto it = file.find(part);
+    if (it == file.end() || !it->is_object()) continue;
+    if (type_of(*it) == "Metaspace") return true;
+    for (const char* list : {"pretokenizers", "normalizers", "decoders"}) {
+      const auto steps = it->find(list);
+      if (steps == it->end() || !steps->is_array()) continue;
+      for (const nlohmann::json& step : *steps)
+        if (step.is_object() && (type_of(step) == "Metaspace" || type_of(step) == "ByteFallback")) return true;
+    }
+  }
+  return false;
+}
+
+// The refusal of a converted sentencepiece tokenizer names the file that works instead.
+[[noreturn]] void converted_sentencepiece(const std::string& path) {
+  const std::filesystem::path beside = std::filesystem::path(path).parent_path() / "tokenizer.model";
+  std::error_code error;
+  throw Error(ErrorKind::data,
+              "tokenizer " + path + " is a sentencepiece tokenizer converted to tokenizer.json (byte fallback or "
+                                    "Metaspace), not a byte-level BPE",
+              std::filesystem::is_regular_file(beside, error)
+                  ? "give the sentencepiece model beside it, " + beside.string() +
+                        ", or the model directory (which then reads tokenizer.model)"
+                  : "give the model's sentencepiece tokenizer.model (Llama 2, Mistral and TinyLlama repositories "
+                    "ship one beside tokenizer.json)");
+}
+
 }  // namespace
+
+bool is_converted_sentencepiece(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) return false;
+  return sentencepiece_style(nlohmann::json::parse(stream, nullptr, /*allow_exceptions=*/false));
+}
 
 #ifdef MXTRAIN_HAVE_PCRE2
 struct BpeTokenizer::Regex {
@@ -152,6 +192,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
                             "): the file is damaged or was cut short; copy it again from the model's repository");
   }
   if (!file.is_object()) bad_tokenizer(path, "is not a JSON object");
+  if (sentencepiece_style(file)) converted_sentencepiece(path);
   const auto model_it = file.find("model");
   if (model_it == file.end() || !model_it->is_object()) bad_tokenizer(path, "has no model object");
   const nlohmann::json& model = *model_it;

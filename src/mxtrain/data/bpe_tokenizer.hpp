@@ -60,4 +60,11 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_, eos_;
 };
 
+// Whether the tokenizer.json at `path` is a sentencepiece model converted to Hugging Face's
+// format (Llama 2, Mistral, TinyLlama, Gemma: a BPE with byte fallback, or a Unigram model, or a
+// Metaspace pre-tokenizer): those this class refuses, and the tokenizer.model that such a model
+// directory also holds is the same tokenizer in sentencepiece's own format. False when the file
+// cannot be read or parsed (loading it then says what is wrong).
+bool is_converted_sentencepiece(const std::string& path);
+
 }  // namespace mxtrain::data

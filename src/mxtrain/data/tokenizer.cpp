@@ -32,9 +32,12 @@ std::vector<std::string> tokenizer_names() { return {"byte"}; }
 std::string tokenizer_file_in(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code error;
-  for (const char* file : {"tokenizer.json", "tokenizer.model"})
-    if (fs::is_regular_file(fs::path(dir) / file, error)) return (fs::path(dir) / file).string();
-  return {};
+  const fs::path json = fs::path(dir) / "tokenizer.json", model = fs::path(dir) / "tokenizer.model";
+  const bool have_json = fs::is_regular_file(json, error), have_model = fs::is_regular_file(model, error);
+  // A sentencepiece model converted to tokenizer.json (Llama 2, Mistral, TinyLlama) is read from
+  // the tokenizer.model it was converted from.
+  if (have_json && !(have_model && is_converted_sentencepiece(json.string()))) return json.string();
+  return have_model ? model.string() : std::string();
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {

@@ -38,8 +38,10 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> tokens) const override;
 };
 
-// The tokenizer file a model directory holds: its tokenizer.json, else its tokenizer.model (the
-// order Hugging Face's fast tokenizers load them); empty when it has neither or is no directory.
+// The tokenizer file a model directory holds: its tokenizer.json (the file Hugging Face's fast
+// tokenizers load), else its tokenizer.model; the tokenizer.model first when the tokenizer.json is
+// that sentencepiece model converted (Llama 2, Mistral, TinyLlama: mxtrain reads the sentencepiece
+// original exactly, not the conversion). Empty when it has neither or is no directory.
 std::string tokenizer_file_in(const std::string& dir);
 // The built-in names make_tokenizer accepts ("byte").
 std::vector<std::string> tokenizer_names();

@@ -110,9 +110,9 @@ ChannelContents inspect_channel(const std::string& name, const std::string& dir)
     if (!it->is_regular_file()) continue;
     const std::string path = it->path().string();
     if (file == "tokenizer.json" || file == "tokenizer.model") {
-      // tokenizer.json wins over a tokenizer.model beside it, whichever the listing gives first
-      // (the order data::tokenizer_file_in and Hugging Face's fast tokenizers use).
-      if (contents.tokenizer_file.empty() || file == "tokenizer.json") contents.tokenizer_file = path;
+      // Of a tokenizer.json and a tokenizer.model side by side, the one data::tokenizer_file_in
+      // picks, whichever the listing gives first.
+      contents.tokenizer_file = data::tokenizer_file_in(it->path().parent_path().string());
     }
     else if (ends_with(file, ".bin")) bins.push_back(path);
     else if (!tokenizer_side_file(file)) others.push_back(path);
