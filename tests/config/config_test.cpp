@@ -48,6 +48,18 @@ TEST(Config, TomlSetsKeysAndPresetAppliesFirst) {
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 3e-4);
 }
 
+// A vocabulary size alone brings its padded rows (rounded up to 64); an explicit padded_vocab,
+// from any source, is kept (and a too-small one is still an error).
+TEST(Config, AVocabularySizeAloneBringsItsPaddedRows) {
+  EXPECT_EQ(load("", {{"model.vocab_size", "300"}}).model.padded_vocab, 320);
+  EXPECT_EQ(load("[model]\npreset = \"llama-1b\"\n", {{"model.vocab_size", "128256"}}).model.padded_vocab, 128256);
+  EXPECT_EQ(load("[model]\npadded_vocab = 512\n", {{"model.vocab_size", "300"}}).model.padded_vocab, 512);
+  EXPECT_EQ(load("").model.padded_vocab, 256);  // the preset's own rows
+  EXPECT_NE(error_of([] { load("", {{"model.vocab_size", "300"}, {"model.padded_vocab", "256"}}); })
+                .find("model.padded_vocab = 256 is smaller than model.vocab_size = 300"),
+            std::string::npos);
+}
+
 TEST(Config, CommandLineOverridesFileAndEnvironmentOverridesFile) {
   ::setenv("MXTRAIN_TRAIN_STEPS", "77", 1);
   ConfigSources sources;

@@ -153,9 +153,17 @@ RunConfig load_config(const ConfigSources& sources) {
   for (const Source& source : ordered)
     for (const auto& [key, value] : source.assignments)
       if (key == "model.preset") find_field(list, key, source.where).set(value);
+  bool vocab_set = false, padded_set = false;
   for (const Source& source : ordered)
-    for (const auto& [key, value] : source.assignments)
+    for (const auto& [key, value] : source.assignments) {
       if (key != "model.preset") find_field(list, key, source.where).set(value);
+      vocab_set = vocab_set || key == "model.vocab_size";
+      padded_set = padded_set || key == "model.padded_vocab";
+    }
+  // A vocabulary size given without padded_vocab brings the rows with it (rounded up to 64, as the
+  // presets pad), instead of keeping the preset's rows for another vocabulary.
+  if (vocab_set && !padded_set && config.model.vocab_size > 0)
+    config.model.padded_vocab = (config.model.vocab_size + 63) / 64 * 64;
   validate(config);
   return config;
 }

@@ -145,7 +145,7 @@ std::vector<Field> fields(RunConfig& c) {
                          m.family = name == "llama" ? ModelFamily::llama : ModelFamily::gpt2;
                        }, ""});
   list.push_back(integer("model.vocab_size", m.vocab_size, "tokens the tokenizer produces", 1, kMaxVocab));
-  list.push_back(integer("model.padded_vocab", m.padded_vocab, "rows of embedding and head (>= vocab_size)", 1, kMaxVocab));
+  list.push_back(integer("model.padded_vocab", m.padded_vocab, "rows of embedding and head (>= vocab_size); when only vocab_size is set, vocab_size rounded up to 64", 1, kMaxVocab));
   list.push_back(integer("model.hidden", m.hidden, "hidden size", 1, kMaxHidden));
   list.push_back(integer("model.layers", m.layers, "transformer blocks", 1, kMaxLayers));
   list.push_back(integer("model.heads", m.heads, "attention heads", 1, kMaxHeads));
