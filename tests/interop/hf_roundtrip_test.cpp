@@ -3,6 +3,7 @@
 // imported model's held-out loss equals the exporting run's to the bit.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -56,6 +57,44 @@ void expect_round_trip(const std::string& preset) {
   { std::ofstream(dir.file("a_file")) << "not a directory\n"; }
   EXPECT_NE(test::run_command(mxtrain + " export " + dir.file("run2") + " " + dir.file("a_file"), &output), 0);
   EXPECT_NE(output.find(dir.file("a_file") + " is a file, not a directory"), std::string::npos) << output;
+}
+
+// The export names the tokenizer files as transformers loads them: a run that trained with a
+// tokenizer file of its own name (here my_bpe.json) exports it as tokenizer.json, with the
+// tokenizer_config.json beside it.
+TEST(HfRoundTrip, TheExportNamesTheTokenizerAsTransformersLoadsIt) {
+#if !MXTRAIN_HAVE_PCRE2
+  GTEST_SKIP() << "built without PCRE2";
+#endif
+  test::TempDir dir;
+  const std::string corpus = test::make_test_corpus(dir.file("corpus"));
+  const std::string tokenizer = dir.file("tok/my_bpe.json");
+  std::filesystem::create_directories(dir.file("tok"));
+  std::filesystem::copy_file(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json", tokenizer);
+  std::ofstream(dir.file("tok/tokenizer_config.json")) << R"({"eos_token": "<|endoftext|>"})";
+  const std::string mxtrain = test::binary_path();
+  std::string output;
+  ASSERT_EQ(test::run_command(mxtrain + " prepare --val-fraction 0.5 --tokenizer " + tokenizer + " -o " +
+                                  dir.file("shards") + " " + corpus + "/corpus.txt",
+                              &output),
+            0)
+      << output;
+  ASSERT_EQ(test::run_command(mxtrain + " train -m tiny -b 2 -s 32 -d cpu --steps 1 -o " + dir.file("run") +
+                                  " --set model.vocab_size=320 --set data.tokenizer=" + tokenizer +
+                                  " --set data.train=" + dir.file("shards") + "/train_*.bin --set data.val=" +
+                                  dir.file("shards") + "/val_*.bin --set eval.batches=1",
+                              &output),
+            0)
+      << output;
+  ASSERT_EQ(test::run_command(mxtrain + " export " + dir.file("run") + " " + dir.file("export"), &output), 0) << output;
+  EXPECT_EQ(test::read_file(dir.file("export/tokenizer.json")), test::read_file(tokenizer));
+  EXPECT_EQ(test::read_file(dir.file("export/tokenizer_config.json")), test::read_file(dir.file("tok/tokenizer_config.json")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("export/my_bpe.json")));
+  // The export is a model directory mxtrain reads back with the same tokenizer.
+  ASSERT_EQ(test::run_command(mxtrain + " generate " + dir.file("export") + " --prompt 'The ' --max-tokens 4 -d cpu",
+                              &output),
+            0)
+      << output;
 }
 
 TEST(HfRoundTrip, LlamaExportImportExportIsBitIdentical) { expect_round_trip("tiny"); }

@@ -83,29 +83,39 @@ std::vector<unsigned char> tensor_bytes(const Output& output, const ParameterVal
   return bytes;
 }
 
-// Copies the tokenizer's files into out; returns their names.
+// Copies the tokenizer's files into out under the names transformers loads; returns those names.
+// A model directory, or its tokenizer.json or tokenizer.model, gives all of the directory's
+// tokenizer files; a file of another name (`my_bpe.json`, `spm.model`) becomes tokenizer.json /
+// tokenizer.model, with the tokenizer_config.json and special_tokens_map.json beside it (BOS and
+// EOS are read from there).
 std::vector<std::string> copy_tokenizer(const std::string& tokenizer, const fs::path& out) {
   if (tokenizer.empty() || tokenizer == "byte") return {};
   std::error_code error;
   const fs::path source(tokenizer);
-  const fs::path dir = fs::is_directory(source, error) ? source : source.parent_path();
-  std::vector<fs::path> files;
-  if (fs::is_regular_file(source, error)) files.push_back(source);
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"})
-    if (fs::is_regular_file(dir / name, error) && (files.empty() || files[0].filename() != name))
-      files.push_back(dir / name);
+  const bool directory = fs::is_directory(source, error);
+  const bool canonical = source.filename() == "tokenizer.json" || source.filename() == "tokenizer.model";
+  std::vector<std::pair<fs::path, std::string>> files;  // source, name in out
+  std::vector<const char*> names = {"tokenizer_config.json", "special_tokens_map.json"};
+  if (directory || canonical)
+    names.insert(names.begin(), {"tokenizer.json", "tokenizer.model"});
+  else if (fs::is_regular_file(source, error))
+    files.emplace_back(source, source.extension() == ".model" ? "tokenizer.model" : "tokenizer.json");
+  const fs::path dir = directory ? source : source.parent_path();
+  if (directory || fs::is_regular_file(source, error))
+    for (const char* name : names)
+      if (fs::is_regular_file(dir / name, error)) files.emplace_back(dir / name, name);
   if (files.empty())
     throw Error(ErrorKind::data, "the run's tokenizer " + tokenizer + " is gone: its files cannot be exported",
                 "restore the tokenizer files, or export and copy them into the model directory by hand");
-  std::vector<std::string> names;
-  for (const fs::path& file : files) {
-    fs::copy_file(file, out / file.filename(), fs::copy_options::overwrite_existing, error);
+  std::vector<std::string> copied;
+  for (const auto& [file, name] : files) {
+    fs::copy_file(file, out / name, fs::copy_options::overwrite_existing, error);
     if (error)
       throw Error(ErrorKind::system, "cannot copy " + file.string() + ": " + error.message(),
                   "check the output directory's free space");
-    names.push_back(file.filename().string());
+    copied.push_back(name);
   }
-  return names;
+  return copied;
 }
 
 }  // namespace
