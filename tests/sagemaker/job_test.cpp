@@ -234,6 +234,42 @@ TEST_F(SageMakerJob, TheTextFieldAndValFractionHyperparametersPrepareTheChannel)
       << bad;
 }
 
+// inputdataconfig.json says how SageMaker delivers each channel: a Pipe channel (a stream, no
+// files) is refused, and so is a ShardedByS3Key one on several hosts (each host would hold other
+// files); FullyReplicated, or ShardedByS3Key on one host, trains.
+TEST_F(SageMakerJob, APipeOrShardedChannelIsRefusedWithTheFix) {
+  const std::string job = make_root("modes", small_job_hyperparameters(2));
+  const std::string config = job + "/input/config/";
+  auto write_modes = [&](const std::string& mode, const std::string& distribution) {
+    std::ofstream(config + "inputdataconfig.json")
+        << nlohmann::json{{"train", {{"TrainingInputMode", mode}, {"S3DistributionType", distribution},
+                                     {"RecordWrapperType", "None"}}}}
+               .dump();
+  };
+  std::string output;
+  write_modes("Pipe", "FullyReplicated");
+  EXPECT_NE(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  std::string failure = test::read_file(job + "/output/failure");
+  EXPECT_NE(failure.find("channel 'train' is in Pipe input mode"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("input_mode='File'"), std::string::npos) << failure;
+
+  write_modes("File", "ShardedByS3Key");  // one host: every file is here
+  ASSERT_EQ(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  std::ofstream(config + "resourceconfig.json")
+      << R"({"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"})";
+  fs::remove(job + "/output/failure");
+  EXPECT_NE(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  failure = test::read_file(job + "/output/failure");
+  EXPECT_NE(failure.find("channel 'train' is ShardedByS3Key over 2 hosts"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("distribution='FullyReplicated'"), std::string::npos) << failure;
+
+  write_modes("File", "FullyReplicated");
+  ASSERT_EQ(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  std::ofstream(config + "inputdataconfig.json") << "{damaged";
+  ASSERT_EQ(test::run_command(train(job, " --print-config"), &output), 0) << output;
+  EXPECT_NE(output.find("inputdataconfig.json (SageMaker's channel configuration)"), std::string::npos) << output;
+}
+
 TEST_F(SageMakerJob, AMissingTrainChannelIsReportedWithTheFix) {
   const std::string job = make_root("no-train", small_job_hyperparameters(4));
   fs::remove_all(job + "/input/data/train");

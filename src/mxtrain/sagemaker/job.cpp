@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/core/files.hpp"
 #include "mxtrain/core/log.hpp"
@@ -89,6 +91,59 @@ CheckpointExport export_into_model_dir(const std::string& checkpoint, const std:
   return exported;
 }
 
+// The channel's entry in inputdataconfig.json ({} when the file or the entry is absent). The
+// file is SageMaker's account of each channel's input mode and distribution; a damaged one is
+// warned about and otherwise not used (nothing else depends on it).
+nlohmann::json channel_input_config(const runtime::SageMakerPaths& paths, const std::string& channel) {
+  const std::string file = paths.input_config_dir + "/inputdataconfig.json";
+  std::error_code error;
+  if (!fs::is_regular_file(file, error)) return nlohmann::json::object();
+  const nlohmann::json all = nlohmann::json::parse(read_text(file), nullptr, /*allow_exceptions=*/false);
+  if (!all.is_object()) {
+    log::warn("cannot parse " + file + " (SageMaker's channel configuration): the channels' input modes are not "
+              "checked");
+    return nlohmann::json::object();
+  }
+  const auto entry = all.find(channel);
+  return entry != all.end() && entry->is_object() ? *entry : nlohmann::json::object();
+}
+
+std::string string_field(const nlohmann::json& object, const char* key) {
+  const auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// How many hosts the job has (resourceconfig.json's "hosts"; 1 when it does not say).
+size_t job_hosts(const runtime::SageMakerPaths& paths) {
+  std::error_code error;
+  if (!fs::is_regular_file(paths.resource_config_file(), error)) return 1;
+  const nlohmann::json config = nlohmann::json::parse(read_text(paths.resource_config_file()), nullptr, false);
+  const auto hosts = config.is_object() ? config.find("hosts") : config.end();
+  return config.is_object() && hosts != config.end() && hosts->is_array() && !hosts->empty() ? hosts->size() : 1;
+}
+
+// A channel mxtrain reads must be files (File or FastFile mode), and the same files on every
+// host: ranks on different hosts draw their batches from one token stream.
+void check_channel_mode(const runtime::SageMakerPaths& paths, const std::string& channel) {
+  const nlohmann::json entry = channel_input_config(paths, channel);
+  const std::string mode = string_field(entry, "TrainingInputMode");
+  if (mode == "Pipe")
+    throw Error(ErrorKind::config,
+                "channel '" + channel + "' is in Pipe input mode (a stream in " + paths.input_data_dir + "/" + channel +
+                    "_0, ...), which mxtrain does not read: it trains from files",
+                "give the channel input_mode='File' (or 'FastFile', which streams from S3 behind a file view): "
+                "TrainingInput(s3_data=..., input_mode='File'), or input_mode='File' on the Estimator");
+  const std::string distribution = string_field(entry, "S3DistributionType");
+  const size_t hosts = job_hosts(paths);
+  if (distribution == "ShardedByS3Key" && hosts > 1)
+    throw Error(ErrorKind::config,
+                strf("channel '%s' is ShardedByS3Key over %zu hosts: each host receives different files, but "
+                     "mxtrain's ranks take their batches from one token stream that every host must hold whole",
+                     channel.c_str(), hosts),
+                "give the channel distribution='FullyReplicated' (SageMaker's default): TrainingInput(s3_data=..., "
+                "distribution='FullyReplicated')");
+}
+
 }  // namespace
 
 ChannelContents inspect_channel(const std::string& name, const std::string& dir) {
@@ -157,7 +212,9 @@ Job Job::open(const runtime::SageMakerPaths& paths, std::string evidence, const 
   const std::string train_dir = runtime::sagemaker_channel_dir(paths, settings.train_channel, lookup);
   const std::string validation_dir = runtime::sagemaker_channel_dir(paths, settings.validation_channel, lookup);
   const bool have_validation = fs::is_directory(validation_dir, error);
+  if (!settings.sets("data.val")) check_channel_mode(paths, settings.validation_channel);  // a Pipe one has no folder
   if (!settings.sets("data.train")) {
+    check_channel_mode(paths, settings.train_channel);
     if (!fs::is_directory(train_dir, error))
       throw Error(ErrorKind::data,
                   "the job has no '" + settings.train_channel + "' channel (no directory " + train_dir + ")",
