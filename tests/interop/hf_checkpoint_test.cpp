@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mxtrain/config/run_config.hpp"
 #include "mxtrain/core/error.hpp"
 #include "mxtrain/interop/hf_checkpoint.hpp"
 #include "mxtrain/interop/safetensors.hpp"
@@ -82,6 +83,40 @@ TEST(HfConfig, Llama3RopeScalingRoundTrips) {
   EXPECT_FALSE(hf_config_from_model(model_config_from_hf(llama_json(), "c"), 1, 2).contains("rope_scaling"));
 }
 
+// Mistral's sliding window is kept: training refuses sequences longer than it (full causal
+// attention equals the window's only within it), and the export writes a Mistral config back.
+TEST(HfConfig, AMistralSlidingWindowBoundsTheSequenceAndIsExported) {
+  nlohmann::json mistral = llama_json();
+  mistral["model_type"] = "mistral";
+  mistral["sliding_window"] = 64;
+  const ModelConfig config = model_config_from_hf(mistral, "c");
+  EXPECT_EQ(config.sliding_window, 64);
+  EXPECT_EQ(config.attention_context(), std::min<int64_t>(64, config.max_seq_len));
+  const nlohmann::json exported = hf_config_from_model(config, 1, 2);
+  EXPECT_EQ(exported["model_type"], "mistral");
+  EXPECT_EQ(exported["architectures"][0], "MistralForCausalLM");
+  EXPECT_EQ(exported["sliding_window"], 64);
+  EXPECT_EQ(model_config_from_hf(exported, "exported").sliding_window, 64);
+  nlohmann::json none = mistral;  // Mistral v0.3: null
+  none["sliding_window"] = nullptr;
+  EXPECT_EQ(model_config_from_hf(none, "c").sliding_window, 0);
+  none.erase("sliding_window");
+  EXPECT_EQ(model_config_from_hf(none, "c").sliding_window, 0);
+  nlohmann::json unused = mistral;  // Qwen2's way of saying the window is off
+  unused["use_sliding_window"] = false;
+  EXPECT_EQ(model_config_from_hf(unused, "c").sliding_window, 0);
+  EXPECT_FALSE(hf_config_from_model(model_config_from_hf(llama_json(), "c"), 1, 2).contains("sliding_window"));
+
+  RunConfig run;
+  run.model = config;
+  run.train.seq_len = 64;
+  EXPECT_NO_THROW(validate(run));
+  run.train.seq_len = 65;
+  const std::string message = error_of([&] { validate(run); });
+  EXPECT_NE(message.find("train.seq_len = 65 is longer than model.sliding_window = 64"), std::string::npos) << message;
+  EXPECT_NE(message.find("set train.seq_len <= 64"), std::string::npos) << message;
+}
+
 TEST(HfConfig, WhatIsNotReproducedIsRefusedByName) {
   struct Case {
     const char* key;
@@ -93,7 +128,7 @@ TEST(HfConfig, WhatIsNotReproducedIsRefusedByName) {
       {"attention_bias", true, "attention_bias"},
       {"head_dim", 8, "head_dim"},
       {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
-      {"sliding_window", 4096, "sliding_window"},
+      {"sliding_window", -1, "sliding_window"},
       {"hidden_size", -3, "hidden_size"},
   };
   for (const Case& c : cases) {

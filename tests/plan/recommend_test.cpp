@@ -148,6 +148,14 @@ TEST(Recommend, ContextObjectiveFindsALongerSequenceThanTheConfigs) {
   ASSERT_TRUE(r.found);
   EXPECT_GT(r.best.seq_len, 1024);
   EXPECT_TRUE(r.best.fits_with_headroom);
+  // A Mistral's sliding window bounds the search: longer sequences would not be its attention.
+  config.model.sliding_window = 2048;
+  const Recommendation windowed = recommend(config, PlanTarget{"h100", 1, 0}, Calibration::load(), options);
+  ASSERT_TRUE(windowed.found);
+  EXPECT_LE(windowed.best.seq_len, 2048);
+  std::string explanation;
+  for (const std::string& line : windowed.explanation) explanation += line + "\n";
+  EXPECT_NE(explanation.find("the search stops at 2048: model.sliding_window"), std::string::npos) << explanation;
 }
 
 TEST(Recommend, GpusObjectiveNeedsATargetAndReportsUnreachableOnes) {

@@ -89,7 +89,7 @@ void run_generate(GenerateArguments& arguments) {
   transformer.activation_dtype = DType::f32;
   Transformer model(source.config, transformer, *backend, store);
   const std::vector<int32_t> produced =
-      generate_tokens(model, *backend, prompt, source.config.max_seq_len, arguments.sampling);
+      generate_tokens(model, *backend, prompt, source.config.attention_context(), arguments.sampling);
   std::printf("%s%s\n", data::printable_text(arguments.prompt).c_str(),
               data::printable_text(tokenizer->decode(produced)).c_str());
   std::fflush(stdout);

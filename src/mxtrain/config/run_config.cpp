@@ -152,6 +152,11 @@ std::vector<Field> fields(RunConfig& c) {
   list.push_back(integer("model.kv_heads", m.kv_heads, "key/value heads (grouped-query attention)", 1, kMaxHeads));
   list.push_back(integer("model.ffn_hidden", m.ffn_hidden, "MLP inner size", 1, kMaxFfn));
   list.push_back(integer("model.max_seq_len", m.max_seq_len, "learned position table size (gpt2)", 1, kMaxSequence));
+  list.push_back(integer("model.sliding_window", m.sliding_window,
+                         "a Mistral checkpoint's sliding attention window (0 = none; set from model.init_from's "
+                         "config.json): attention is full causal, the window's exactly while train.seq_len <= it, "
+                         "so a longer train.seq_len is refused",
+                         0, kMaxSequence));
   list.push_back(real("model.norm_eps", m.norm_eps, "norm epsilon", 0, 1));
   list.push_back(real("model.rope_theta", m.rope_theta, "RoPE base", 1, 1e12));
   list.push_back(real("model.rope_scaling_factor", m.rope_scaling_factor,
@@ -344,6 +349,15 @@ void validate(const RunConfig& c) {
                 strf("train.seq_len = %lld exceeds model.max_seq_len = %lld (the learned position table)",
                      static_cast<long long>(c.train.seq_len), static_cast<long long>(c.model.max_seq_len)),
                 "lower train.seq_len or raise model.max_seq_len");
+  if (c.model.sliding_window > 0 && c.train.seq_len > c.model.sliding_window)
+    throw Error(ErrorKind::config,
+                strf("train.seq_len = %lld is longer than model.sliding_window = %lld: the model was trained with "
+                     "sliding-window attention, which mxtrain's full causal attention reproduces only on sequences "
+                     "of at most %lld tokens",
+                     static_cast<long long>(c.train.seq_len), static_cast<long long>(c.model.sliding_window),
+                     static_cast<long long>(c.model.sliding_window)),
+                strf("set train.seq_len <= %lld (-s %lld)", static_cast<long long>(c.model.sliding_window),
+                     static_cast<long long>(c.model.sliding_window)));
   const std::string& precision = c.train.precision;
   const bool quantized = precision == "fp8" || precision == "fp8-current" || precision == "mxfp8" || precision == "nvfp4";
   if (c.precision.quantized_weights == "true" && !quantized)

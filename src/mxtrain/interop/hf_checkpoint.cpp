@@ -15,8 +15,8 @@ namespace {
 
 [[noreturn]] void unsupported(const std::string& origin, const std::string& field, const std::string& why) {
   throw Error(ErrorKind::config, origin + ": " + field + " " + why,
-              "mxtrain imports Llama-style (llama, mistral without sliding window) and GPT-2 checkpoints whose "
-              "settings it computes exactly; see docs/huggingface.md");
+              "mxtrain imports Llama-style (llama, mistral: its sliding window bounds train.seq_len) and GPT-2 "
+              "checkpoints whose settings it computes exactly; see docs/huggingface.md");
 }
 
 int64_t integer(const nlohmann::json& config, const char* key, const std::string& origin) {
@@ -73,7 +73,13 @@ ModelConfig llama_config(const nlohmann::json& c, const std::string& origin) {
   require(c, "attention_bias", false, origin, "mxtrain's Llama attention has no biases");
   require(c, "mlp_bias", false, origin, "mxtrain's Llama MLP has no biases");
   require(c, "pretraining_tp", 1, origin, "tensor-parallel slicing of the projections is not reproduced");
-  require(c, "sliding_window", 0, origin, "sliding-window attention is not reproduced");
+  // Mistral's sliding window: kept, so that training refuses sequences longer than it (where full
+  // causal attention would differ) and the export writes it back. Off when use_sliding_window says so.
+  if (c.contains("sliding_window") && !c["sliding_window"].is_null() &&
+      !(c.contains("use_sliding_window") && c["use_sliding_window"] == false)) {
+    // A window beyond the longest sequence mxtrain takes (2^22 tokens) never binds.
+    config.sliding_window = std::min<int64_t>(integer(c, "sliding_window", origin), int64_t{1} << 22);
+  }
   if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != config.hidden / config.heads)
     unsupported(origin, "head_dim", strf("= %s differs from hidden_size / num_attention_heads = %lld",
                                          c["head_dim"].dump().c_str(),
@@ -212,6 +218,11 @@ nlohmann::json hf_config_from_model(const ModelConfig& config, int bos_token_id,
           {"bos_token_id", bos_token_id},
           {"eos_token_id", eos_token_id},
           {"torch_dtype", "bfloat16"}};
+  if (config.sliding_window > 0) {  // Mistral: the same tensors, and its window
+    llama["model_type"] = "mistral";
+    llama["architectures"] = {"MistralForCausalLM"};
+    llama["sliding_window"] = config.sliding_window;
+  }
   if (config.rope_scaling_factor > 0)
     llama["rope_scaling"] = {{"rope_type", "llama3"},
                              {"factor", config.rope_scaling_factor},
@@ -246,6 +257,7 @@ void apply_init_from(RunConfig& run) {
   hf.init_std = m.init_std;
   hf.validate();
   m = hf;
+  validate(run);  // the rules that join the model and the run (train.seq_len and a sliding window)
 }
 
 HfSource hf_source(const ModelConfig& config, const ParamSpec& spec) {

@@ -26,6 +26,10 @@ struct ModelConfig {
   int64_t kv_heads = 4;
   int64_t ffn_hidden = 704;     // SwiGLU inner size (gate and up each); GELU MLP inner size
   int64_t max_seq_len = 1024;   // size of the learned position table (gpt2)
+  // A Mistral checkpoint's sliding attention window (0 = none). mxtrain's attention is full
+  // causal, which equals the window's exactly on sequences of at most this many tokens: longer
+  // training sequences are refused (validate(RunConfig)), and generation keeps to it.
+  int64_t sliding_window = 0;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   // Llama 3's RoPE frequency scaling (rope_scaling_factor 0 = none); backend.hpp RopeSpec.
@@ -40,6 +44,10 @@ struct ModelConfig {
   std::string init_from;
 
   int64_t head_dim() const { return hidden / heads; }
+  // The most tokens the model attends over as it was trained: max_seq_len, or the sliding window.
+  int64_t attention_context() const {
+    return sliding_window > 0 && sliding_window < max_seq_len ? sliding_window : max_seq_len;
+  }
   RopeSpec rope() const {
     RopeSpec spec(rope_theta);
     spec.scaling_factor = rope_scaling_factor;

@@ -272,7 +272,15 @@ Recommendation recommend(const RunConfig& config, const PlanTarget& target, cons
       const double threshold = options.useful_mfu_fraction * base.front().mfu;
       const double tokens_per_step = static_cast<double>(global) * static_cast<double>(seq);
       int64_t limit = options.max_seq_len;
-      if (config.model.family == ModelFamily::gpt2) limit = std::min(limit, config.model.max_seq_len);
+      std::string limit_reason = "--max-seq";
+      if (config.model.family == ModelFamily::gpt2 && config.model.max_seq_len < limit) {
+        limit = config.model.max_seq_len;
+        limit_reason = "model.max_seq_len, the learned position table";
+      }
+      if (config.model.sliding_window > 0 && config.model.sliding_window < limit) {  // validate(RunConfig)
+        limit = config.model.sliding_window;
+        limit_reason = "model.sliding_window: longer sequences would not be the checkpoint's attention";
+      }
       auto at_length = [&](int64_t length) {
         int64_t sequences = static_cast<int64_t>(tokens_per_step / static_cast<double>(length));
         sequences = std::max<int64_t>(target.gpus, sequences / target.gpus * target.gpus);
@@ -312,7 +320,9 @@ Recommendation recommend(const RunConfig& config, const PlanTarget& target, cons
                                         100 * options.useful_mfu_fraction, static_cast<long long>(seq), 100 * threshold,
                                         static_cast<long long>(good),
                                         bad > 0 ? strf("; %lld tokens does not", static_cast<long long>(bad)).c_str()
-                                                : strf(" (the search stops at %lld)", static_cast<long long>(limit)).c_str()));
+                                                : strf(" (the search stops at %lld: %s)", static_cast<long long>(limit),
+                                                       limit_reason.c_str())
+                                                      .c_str()));
     }
   } else if (options.objective == "gpus") {
     if (options.target_tokens_per_s <= 0)
