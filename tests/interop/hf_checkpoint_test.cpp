@@ -117,15 +117,85 @@ TEST(HfConfig, AMistralSlidingWindowBoundsTheSequenceAndIsExported) {
   EXPECT_NE(message.find("set train.seq_len <= 64"), std::string::npos) << message;
 }
 
+// Qwen2 is a Llama with biases on the query, key and value projections (model.qkv_bias); its
+// use_sliding_window is off unless set, and then binds only when it slides every layer. A Llama
+// with attention_bias and mlp_bias has biases on every linear (model.bias). Each is exported
+// under its own architecture and maps back to the same model.
+TEST(HfConfig, Qwen2AndLlamaBiasesMapOntoTheirOwnArchitecture) {
+  nlohmann::json qwen2 = llama_json();
+  qwen2["model_type"] = "qwen2";
+  qwen2["use_sliding_window"] = false;
+  qwen2["sliding_window"] = 4096;
+  qwen2["max_window_layers"] = 21;
+  const ModelConfig config = model_config_from_hf(qwen2, "c");
+  EXPECT_TRUE(config.qkv_bias);
+  EXPECT_FALSE(config.bias);
+  EXPECT_EQ(config.sliding_window, 0);
+  const ModelLayout layout = build_layout(config);
+  int group = 0, index = 0;
+  EXPECT_TRUE(layout.locate("layers.1.attn.qkv.bias", &group, &index));
+  EXPECT_FALSE(layout.locate("layers.1.attn.out.bias", &group, &index));
+  EXPECT_FALSE(layout.locate("layers.1.mlp.up.bias", &group, &index));
+  EXPECT_EQ(layout.parameter_count(), config.parameter_count());
+  const nlohmann::json exported = hf_config_from_model(config, 1, 2);
+  EXPECT_EQ(exported["model_type"], "qwen2");
+  EXPECT_EQ(exported["architectures"][0], "Qwen2ForCausalLM");
+  EXPECT_EQ(exported["use_sliding_window"], false);
+  EXPECT_FALSE(exported.contains("attention_bias"));
+  const ModelConfig back = model_config_from_hf(exported, "exported");
+  EXPECT_TRUE(back.qkv_bias);
+  EXPECT_EQ(back.sliding_window, 0);
+
+  // use_sliding_window: every layer slides (max_window_layers 0, or layer_types) → the window;
+  // none → no window; some → refused, naming the key.
+  nlohmann::json sliding = qwen2;
+  sliding["use_sliding_window"] = true;
+  sliding["max_window_layers"] = 0;
+  const ModelConfig windowed = model_config_from_hf(sliding, "c");
+  EXPECT_EQ(windowed.sliding_window, 4096);
+  const nlohmann::json windowed_export = hf_config_from_model(windowed, 1, 2);
+  EXPECT_EQ(windowed_export["model_type"], "qwen2");
+  EXPECT_EQ(windowed_export["use_sliding_window"], true);
+  EXPECT_EQ(windowed_export["max_window_layers"], 0);
+  EXPECT_EQ(model_config_from_hf(windowed_export, "exported").sliding_window, 4096);
+  sliding["max_window_layers"] = 2;  // layers 2 and up: none of the two
+  EXPECT_EQ(model_config_from_hf(sliding, "c").sliding_window, 0);
+  sliding["max_window_layers"] = 1;
+  std::string message = error_of([&] { model_config_from_hf(sliding, "dir/config.json"); });
+  EXPECT_NE(message.find("use_sliding_window = true slides 1 of 2 layers"), std::string::npos) << message;
+  sliding["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_EQ(model_config_from_hf(sliding, "c").sliding_window, 0);
+  sliding["layer_types"] = {"sliding_attention", "sliding_attention"};
+  EXPECT_EQ(model_config_from_hf(sliding, "c").sliding_window, 4096);
+
+  nlohmann::json biased = llama_json();
+  biased["attention_bias"] = true;
+  biased["mlp_bias"] = true;
+  const ModelConfig llama_bias = model_config_from_hf(biased, "c");
+  EXPECT_TRUE(llama_bias.bias);
+  EXPECT_TRUE(build_layout(llama_bias).locate("layers.0.mlp.down.bias", &group, &index));
+  const nlohmann::json llama_export = hf_config_from_model(llama_bias, 1, 2);
+  EXPECT_EQ(llama_export["model_type"], "llama");
+  EXPECT_EQ(llama_export["attention_bias"], true);
+  EXPECT_EQ(llama_export["mlp_bias"], true);
+  EXPECT_TRUE(model_config_from_hf(llama_export, "exported").bias);
+  // Mistral has no biases: a Llama with both has nothing to be exported as.
+  ModelConfig biased_window = llama_bias;
+  biased_window.sliding_window = 32;
+  message = error_of([&] { hf_config_from_model(biased_window, 1, 2); });
+  EXPECT_NE(message.find("has no transformers architecture"), std::string::npos) << message;
+}
+
 TEST(HfConfig, WhatIsNotReproducedIsRefusedByName) {
   struct Case {
     const char* key;
     nlohmann::json value;
     const char* expected;
   } cases[] = {
-      {"model_type", "qwen2", "model_type"},
+      {"model_type", "qwen3", "model_type"},
       {"hidden_act", "gelu", "hidden_act"},
-      {"attention_bias", true, "attention_bias"},
+      {"attention_bias", true, "attention_bias = true without mlp_bias"},
+      {"mlp_bias", true, "mlp_bias = true without attention_bias"},
       {"head_dim", 8, "head_dim"},
       {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
       {"sliding_window", -1, "sliding_window"},
@@ -244,6 +314,56 @@ TEST(HfCheckpoint, LlamaTensorsStackIntoMxtrainParameters) {
     EXPECT_EQ(parameter(checkpoint, "layers.1.mlp_norm.weight")[2],
               s.value("model.layers.1.post_attention_layernorm.weight", 2));
   }
+}
+
+// Qwen2's q/k/v_proj biases stack like their weights; a Llama's mlp biases interleave like
+// gate_proj's and up_proj's rows.
+TEST(HfCheckpoint, BiasesStackLikeTheirWeights) {
+  Synthetic qwen2;
+  fill_llama(qwen2, true);
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    qwen2.add(p + "q_proj.bias", {16});
+    qwen2.add(p + "k_proj.bias", {8});
+    qwen2.add(p + "v_proj.bias", {8});
+  }
+  nlohmann::json config = llama_json();
+  config["model_type"] = "qwen2";
+  config["tie_word_embeddings"] = true;
+  qwen2.write(config);
+  const HfCheckpoint checkpoint(qwen2.dir.path());
+  checkpoint.check(build_layout(checkpoint.config()));
+  const std::vector<float> qkv = parameter(checkpoint, "layers.1.attn.qkv.bias");
+  ASSERT_EQ(qkv.size(), 32u);
+  EXPECT_EQ(qkv[3], qwen2.value("model.layers.1.self_attn.q_proj.bias", 3));
+  EXPECT_EQ(qkv[16 + 7], qwen2.value("model.layers.1.self_attn.k_proj.bias", 7));
+  EXPECT_EQ(qkv[24], qwen2.value("model.layers.1.self_attn.v_proj.bias", 0));
+
+  Synthetic llama;
+  fill_llama(llama, false);
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* name : {"self_attn.q_proj.bias", "self_attn.o_proj.bias", "mlp.down_proj.bias"})
+      llama.add(p + name, {16});
+    llama.add(p + "self_attn.k_proj.bias", {8});
+    llama.add(p + "self_attn.v_proj.bias", {8});
+    llama.add(p + "mlp.gate_proj.bias", {24});
+    llama.add(p + "mlp.up_proj.bias", {24});
+  }
+  config = llama_json();
+  config["attention_bias"] = true;
+  config["mlp_bias"] = true;
+  llama.write(config);
+  const HfCheckpoint biased(llama.dir.path());
+  biased.check(build_layout(biased.config()));
+  const std::vector<float> up = parameter(biased, "layers.0.mlp.up.bias");
+  ASSERT_EQ(up.size(), 48u);
+  for (int64_t j = 0; j < 24; ++j) {
+    EXPECT_EQ(up[static_cast<size_t>(2 * j)], llama.value("model.layers.0.mlp.gate_proj.bias", j));
+    EXPECT_EQ(up[static_cast<size_t>(2 * j + 1)], llama.value("model.layers.0.mlp.up_proj.bias", j));
+  }
+  EXPECT_EQ(parameter(biased, "layers.1.attn.out.bias")[5], llama.value("model.layers.1.self_attn.o_proj.bias", 5));
+  EXPECT_EQ(parameter(biased, "layers.1.mlp.down.bias")[9], llama.value("model.layers.1.mlp.down_proj.bias", 9));
 }
 
 TEST(HfCheckpoint, Gpt2Conv1DWeightsAreTransposed) {

@@ -24,14 +24,16 @@ double last_val_loss(const std::string& metrics) {
   return loss;
 }
 
-void expect_round_trip(const std::string& preset) {
+void expect_round_trip(const std::string& preset, const std::string& model_settings = "") {
   test::TempDir dir;
   const std::string corpus = test::make_test_corpus(dir.file("corpus"));
   const std::string common = " -b 2 -s 32 -d cpu --set data.train=" + corpus + "/train_*.bin --set data.val=" + corpus +
                              "/val_*.bin --set eval.batches=2";
   const std::string mxtrain = test::binary_path();
   std::string output;
-  ASSERT_EQ(test::run_command(mxtrain + " train -m " + preset + " --steps 3 -o " + dir.file("run1") + common, &output),
+  ASSERT_EQ(test::run_command(mxtrain + " train -m " + preset + model_settings + " --steps 3 -o " + dir.file("run1") +
+                                  common,
+                              &output),
             0)
       << output;
   ASSERT_EQ(test::run_command(mxtrain + " export " + dir.file("run1") + " " + dir.file("export1") + " --dtype f32",
@@ -99,6 +101,12 @@ TEST(HfRoundTrip, TheExportNamesTheTokenizerAsTransformersLoadsIt) {
 
 TEST(HfRoundTrip, LlamaExportImportExportIsBitIdentical) { expect_round_trip("tiny"); }
 TEST(HfRoundTrip, Gpt2ExportImportExportIsBitIdentical) { expect_round_trip("tiny-gpt2"); }
+// A Llama with biases on q, k and v is exported as a Qwen2 (q/k/v_proj.bias), one with biases on
+// every linear as a Llama with attention_bias and mlp_bias; each comes back the same bits.
+TEST(HfRoundTrip, Qwen2ExportImportExportIsBitIdentical) { expect_round_trip("tiny", " --set model.qkv_bias=true"); }
+TEST(HfRoundTrip, LlamaWithBiasesExportImportExportIsBitIdentical) {
+  expect_round_trip("tiny", " --set model.bias=true");
+}
 
 }  // namespace
 }  // namespace mxtrain

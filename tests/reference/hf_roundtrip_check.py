@@ -1,10 +1,12 @@
 """The Hugging Face round trip on the GPU machine (torch and transformers are there), one command:
-  1. mxtrain trains a Llama and a GPT-2 (byte vocabulary, the fortunes corpus) on the GPU, exports
-     them, and `AutoModelForCausalLM.from_pretrained` computes the held-out loss on the same
-     validation windows: it must equal mxtrain's final held-out loss to 1e-4 (relative);
-  2. transformers makes a random Llama (GQA) and GPT-2 and saves them; mxtrain trains each for 50
-     steps from it (--init-from), exports, and transformers' held-out loss of the export again
-     equals mxtrain's to 1e-4.
+  1. mxtrain trains a Llama, a GPT-2 and two Llamas with biases (on q, k and v: exported as a
+     Qwen2; on every linear) (byte vocabulary, the fortunes corpus) on the GPU, exports them, and
+     `AutoModelForCausalLM.from_pretrained` computes the held-out loss on the same validation
+     windows: it must equal mxtrain's final held-out loss to 1e-4 (relative);
+  2. transformers makes a random Llama (GQA), Llama 3 (rope scaling), GPT-2, Qwen2, Llama with
+     biases and Mistral (sliding window) and saves them; mxtrain trains each for 50 steps from it
+     (--init-from), exports, and transformers' held-out loss of the export again equals mxtrain's
+     to 1e-4.
 Runs in FP32 (-p fp32) so the two engines compute the same function; prints one JSON line per
 case and exits 1 if any differs. Usage:
   python3 tests/reference/hf_roundtrip_check.py MXTRAIN CORPUS_DIR WORKDIR"""
@@ -17,7 +19,8 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 mxtrain, corpus, work = sys.argv[1:4]
 shutil.rmtree(work, ignore_errors=True)
@@ -80,12 +83,14 @@ def check(case, mxtrain_loss, hf_loss):
                       "torch": torch.__version__}), flush=True)
 
 
-# 1. mxtrain-trained models out to transformers.
-for preset in ("tiny", "tiny-gpt2"):
-    run_dir = os.path.join(work, "run_" + preset)
-    loss = train(run_dir, 200, "-m", preset)
-    export(run_dir, os.path.join(work, "export_" + preset))
-    check("trained %s, exported" % preset, loss, transformers_loss(os.path.join(work, "export_" + preset)))
+# 1. mxtrain-trained models out to transformers (the tiny Llama with biases on q, k and v is
+#    exported as a Qwen2, with biases on every linear as a Llama with attention_bias and mlp_bias).
+for name, args in (("tiny", ()), ("tiny-gpt2", ()), ("tiny-qkv-bias", ("--set", "model.qkv_bias=true")),
+                   ("tiny-bias", ("--set", "model.bias=true"))):
+    run_dir = os.path.join(work, "run_" + name)
+    loss = train(run_dir, 200, "-m", name.replace("-qkv-bias", "").replace("-bias", ""), *args)
+    export(run_dir, os.path.join(work, "export_" + name))
+    check("trained %s, exported" % name, loss, transformers_loss(os.path.join(work, "export_" + name)))
 
 # 2. transformers-made models in, trained 50 steps, out again.
 torch.manual_seed(0)
@@ -101,7 +106,23 @@ made = {
                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
     "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=128, n_layer=3, n_head=4, n_positions=512,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "qwen2": Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=352,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                          tie_word_embeddings=True, use_sliding_window=False)),
+    "llama_bias": LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=352,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               max_position_embeddings=512, attention_bias=True, mlp_bias=True)),
+    # The window is the training sequence: full causal attention is the window's exactly.
+    "mistral": MistralForCausalLM(MistralConfig(vocab_size=256, hidden_size=128, intermediate_size=352,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                max_position_embeddings=512, sliding_window=SEQ)),
 }
+with torch.no_grad():  # transformers starts biases at zero: give them values, so the import reads them
+    for name in ("qwen2", "llama_bias"):
+        for parameter_name, parameter in made[name].named_parameters():
+            if parameter_name.endswith("bias"):
+                parameter.normal_(0.0, 0.05)
 for name, model in made.items():
     source = os.path.join(work, "made_" + name)
     model.save_pretrained(source, safe_serialization=True)

@@ -168,7 +168,10 @@ std::vector<Field> fields(RunConfig& c) {
                          "Llama 3 scaling: original_max_position_embeddings", 0, kMaxSequence));
   list.push_back(real("model.init_std", m.init_std, "std of the normal initialisation", 0, 10));
   list.push_back(boolean("model.tied_embeddings", m.tied_embeddings, "head shares the token embedding"));
-  list.push_back(boolean("model.bias", m.bias, "biases in linear layers"));
+  list.push_back(boolean("model.bias", m.bias, "biases in every linear layer (GPT-2; a Llama with attention_bias and "
+                                              "mlp_bias)"));
+  list.push_back(boolean("model.qkv_bias", m.qkv_bias,
+                         "biases on the query, key and value projections only (Qwen2; implied by model.bias)"));
   list.push_back(text("model.init_from", m.init_from,
                       "Hugging Face model directory to start from: its config.json sets model.*, its safetensors the "
                       "weights (\"\" = random initialisation)"));

@@ -15,7 +15,7 @@ namespace {
 
 [[noreturn]] void unsupported(const std::string& origin, const std::string& field, const std::string& why) {
   throw Error(ErrorKind::config, origin + ": " + field + " " + why,
-              "mxtrain imports Llama-style (llama, mistral: its sliding window bounds train.seq_len) and GPT-2 "
+              "mxtrain imports Llama-style (llama, mistral and qwen2: a sliding window bounds train.seq_len) and GPT-2 "
               "checkpoints whose settings it computes exactly; see docs/huggingface.md");
 }
 
@@ -54,7 +54,7 @@ bool boolean(const nlohmann::json& config, const char* key, bool fallback, const
   return it->get<bool>();
 }
 
-ModelConfig llama_config(const nlohmann::json& c, const std::string& origin) {
+ModelConfig llama_config(const nlohmann::json& c, const std::string& origin, bool qwen2) {
   ModelConfig config;
   config.family = ModelFamily::llama;
   config.hidden = integer(c, "hidden_size", origin);
@@ -68,17 +68,53 @@ ModelConfig llama_config(const nlohmann::json& c, const std::string& origin) {
   config.max_seq_len = c.contains("max_position_embeddings") ? integer(c, "max_position_embeddings", origin) : 2048;
   config.norm_eps = static_cast<float>(number(c, "rms_norm_eps", 1e-6, origin));
   config.tied_embeddings = boolean(c, "tie_word_embeddings", false, origin);
-  config.bias = false;
   require(c, "hidden_act", std::string("silu"), origin, "mxtrain's Llama MLP is SwiGLU (silu)");
-  require(c, "attention_bias", false, origin, "mxtrain's Llama attention has no biases");
-  require(c, "mlp_bias", false, origin, "mxtrain's Llama MLP has no biases");
   require(c, "pretraining_tp", 1, origin, "tensor-parallel slicing of the projections is not reproduced");
-  // Mistral's sliding window: kept, so that training refuses sequences longer than it (where full
-  // causal attention would differ) and the export writes it back. Off when use_sliding_window says so.
-  if (c.contains("sliding_window") && !c["sliding_window"].is_null() &&
-      !(c.contains("use_sliding_window") && c["use_sliding_window"] == false)) {
+  if (qwen2) {
+    // Qwen2: biases on the query, key and value projections, none elsewhere (no config key says so).
+    config.qkv_bias = true;
+  } else {
+    // Llama's attention_bias (q, k, v and o) and mlp_bias (gate, up and down) together are
+    // mxtrain's model.bias (every linear); one without the other is not a shape mxtrain has.
+    const bool attention_bias = boolean(c, "attention_bias", false, origin);
+    const bool mlp_bias = boolean(c, "mlp_bias", false, origin);
+    if (attention_bias != mlp_bias)
+      unsupported(origin, attention_bias ? "attention_bias" : "mlp_bias",
+                  "= true without " + std::string(attention_bias ? "mlp_bias" : "attention_bias") +
+                      ": mxtrain's Llama has biases in every linear layer (both true) or in none");
+    config.bias = attention_bias;
+  }
+  // The sliding window (Mistral's, or Qwen2's where use_sliding_window is on): kept, so that
+  // training refuses sequences longer than it (where full causal attention would differ) and the
+  // export writes it back. Mistral's is on unless use_sliding_window = false; Qwen2's is off
+  // unless it is true, and then slides layers max_window_layers and up (or those layer_types says).
+  const bool window_set = c.contains("sliding_window") && !c["sliding_window"].is_null();
+  const bool window_on = qwen2 ? boolean(c, "use_sliding_window", false, origin)
+                               : boolean(c, "use_sliding_window", true, origin);
+  if (window_set && window_on) {
+    int64_t sliding_layers = config.layers;
+    if (qwen2) {
+      if (c.contains("layer_types") && c["layer_types"].is_array()) {
+        sliding_layers = 0;
+        for (const auto& type : c["layer_types"]) sliding_layers += type == "sliding_attention";
+      } else {
+        int64_t first = 28;  // Qwen2Config's default
+        if (c.contains("max_window_layers") && !c["max_window_layers"].is_null()) {
+          if (!c["max_window_layers"].is_number_integer())
+            unsupported(origin, "max_window_layers", "is not an integer");
+          first = c["max_window_layers"].get<int64_t>();
+        }
+        sliding_layers = std::max<int64_t>(0, config.layers - std::max<int64_t>(0, first));
+      }
+    }
+    if (sliding_layers > 0 && sliding_layers < config.layers)
+      unsupported(origin, "use_sliding_window",
+                  strf("= true slides %lld of %lld layers: mxtrain bounds every layer by one window or none (set "
+                       "use_sliding_window to false, or max_window_layers to 0)",
+                       static_cast<long long>(sliding_layers), static_cast<long long>(config.layers)));
     // A window beyond the longest sequence mxtrain takes (2^22 tokens) never binds.
-    config.sliding_window = std::min<int64_t>(integer(c, "sliding_window", origin), int64_t{1} << 22);
+    if (sliding_layers > 0)
+      config.sliding_window = std::min<int64_t>(integer(c, "sliding_window", origin), int64_t{1} << 22);
   }
   if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != config.hidden / config.heads)
     unsupported(origin, "head_dim", strf("= %s differs from hidden_size / num_attention_heads = %lld",
@@ -166,12 +202,12 @@ ModelConfig model_config_from_hf(const nlohmann::json& c, const std::string& ori
   if (!c.is_object()) throw Error(ErrorKind::config, origin + " is not a JSON object", "check the file");
   const std::string type = c.value("model_type", std::string());
   ModelConfig config;
-  if (type == "llama" || type == "mistral")
-    config = llama_config(c, origin);
+  if (type == "llama" || type == "mistral" || type == "qwen2")
+    config = llama_config(c, origin, type == "qwen2");
   else if (type == "gpt2")
     config = gpt2_config(c, origin);
   else
-    unsupported(origin, "model_type", "= \"" + type + "\" is not an architecture mxtrain trains (llama, mistral, gpt2)");
+    unsupported(origin, "model_type", "= \"" + type + "\" is not an architecture mxtrain trains (llama, mistral, qwen2, gpt2)");
   config.preset = "hf-" + type;
   config.padded_vocab = (config.vocab_size + 63) / 64 * 64;
   config.validate();
@@ -218,7 +254,24 @@ nlohmann::json hf_config_from_model(const ModelConfig& config, int bos_token_id,
           {"bos_token_id", bos_token_id},
           {"eos_token_id", eos_token_id},
           {"torch_dtype", "bfloat16"}};
-  if (config.sliding_window > 0) {  // Mistral: the same tensors, and its window
+  if (config.bias && config.sliding_window > 0)
+    throw Error(ErrorKind::config,
+                "a Llama with biases in every linear layer (model.bias) and a sliding window (model.sliding_window) "
+                "has no transformers architecture to export to (Mistral's has no biases)",
+                "train it without one of the two, or export the native checkpoint only");
+  if (config.bias) {  // every linear's bias: Llama's attention_bias and mlp_bias
+    llama["attention_bias"] = true;
+    llama["mlp_bias"] = true;
+  } else if (config.qkv_bias) {  // biases on q, k and v alone: Qwen2, with its window (every layer) or none
+    llama.erase("attention_bias");
+    llama.erase("mlp_bias");
+    llama["model_type"] = "qwen2";
+    llama["architectures"] = {"Qwen2ForCausalLM"};
+    llama["use_sliding_window"] = config.sliding_window > 0;
+    llama["sliding_window"] = config.sliding_window > 0 ? nlohmann::json(config.sliding_window) : nlohmann::json();
+    llama["max_window_layers"] = config.sliding_window > 0 ? 0 : config.layers;
+  }
+  if (config.sliding_window > 0 && !config.qkv_bias) {  // Mistral: the same tensors, and its window
     llama["model_type"] = "mistral";
     llama["architectures"] = {"MistralForCausalLM"};
     llama["sliding_window"] = config.sliding_window;
@@ -294,18 +347,23 @@ HfSource hf_source(const ModelConfig& config, const ParamSpec& spec) {
     if (local == "mlp_norm.bias") one(p + "ln_2.bias", C);
   } else {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
-    if (local == "attn.qkv.weight") {
-      one(p + "self_attn.q_proj.weight", config.heads * D);
-      one(p + "self_attn.k_proj.weight", config.kv_heads * D);
-      one(p + "self_attn.v_proj.weight", config.kv_heads * D);
+    // Biases (Qwen2's on q, k and v; a Llama's with attention_bias and mlp_bias on every linear)
+    // are laid out as their weights' rows.
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string suffix = std::string(".") + kind;
+      if (local == "attn.qkv" + suffix) {
+        one(p + "self_attn.q_proj" + suffix, config.heads * D);
+        one(p + "self_attn.k_proj" + suffix, config.kv_heads * D);
+        one(p + "self_attn.v_proj" + suffix, config.kv_heads * D);
+      }
+      if (local == "attn.out" + suffix) one(p + "self_attn.o_proj" + suffix, C);
+      if (local == "mlp.up" + suffix) {
+        one(p + "mlp.gate_proj" + suffix, F);  // the SiLU side at even rows
+        one(p + "mlp.up_proj" + suffix, F);
+        source.interleaved = true;
+      }
+      if (local == "mlp.down" + suffix) one(p + "mlp.down_proj" + suffix, C);
     }
-    if (local == "attn.out.weight") one(p + "self_attn.o_proj.weight", C);
-    if (local == "mlp.up.weight") {
-      one(p + "mlp.gate_proj.weight", F);  // the SiLU side at even rows
-      one(p + "mlp.up_proj.weight", F);
-      source.interleaved = true;
-    }
-    if (local == "mlp.down.weight") one(p + "mlp.down_proj.weight", C);
     if (local == "attn_norm.weight") one(p + "input_layernorm.weight", C);
     if (local == "mlp_norm.weight") one(p + "post_attention_layernorm.weight", C);
   }

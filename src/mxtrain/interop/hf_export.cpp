@@ -133,6 +133,8 @@ HfExportResult export_hf(const ModelConfig& config, const ParameterValues& value
   if (fs::exists(out, error) && !fs::is_empty(out, error))
     throw Error(ErrorKind::config, "export directory " + out_dir + " exists and is not empty",
                 "choose a new directory, or remove the old export first");
+  // The config first: a model transformers has no architecture for is refused before any file.
+  nlohmann::json hf_config = hf_config_from_model(config, options.bos_token_id, options.eos_token_id);
   const fs::path partial = out.string() + ".partial";
   fs::remove_all(partial, error);
   fs::create_directories(partial, error);
@@ -179,7 +181,6 @@ HfExportResult export_hf(const ModelConfig& config, const ParameterValues& value
     write_file_atomically((partial / "model.safetensors.index.json").string(), index.dump(2) + "\n");
     result.files.push_back("model.safetensors.index.json");
   }
-  nlohmann::json hf_config = hf_config_from_model(config, options.bos_token_id, options.eos_token_id);
   hf_config["torch_dtype"] = options.dtype == DType::f32 ? "float32" : "bfloat16";
   write_file_atomically((partial / "config.json").string(), hf_config.dump(2) + "\n");
   const nlohmann::json generation{{"bos_token_id", options.bos_token_id}, {"eos_token_id", options.eos_token_id},

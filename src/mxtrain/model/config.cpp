@@ -18,6 +18,7 @@ int64_t ModelConfig::parameter_count() const {
   per_layer = checked_add(per_layer, checked_mul(ffn_hidden, hidden, what), what);
   int64_t norms_per_layer = checked_mul(2, hidden, what);
   if (bias) per_layer = checked_add(per_layer, qkv + hidden + up + hidden, what);  // each term is below 2^62
+  else if (qkv_bias) per_layer = checked_add(per_layer, qkv, what);
   if (family == ModelFamily::gpt2) norms_per_layer *= 2;  // LayerNorm has a bias
   int64_t total = checked_mul(layers, checked_add(per_layer, norms_per_layer, what), what);
   const int64_t embedding = checked_mul(padded_vocab, hidden, what);
@@ -116,7 +117,7 @@ std::vector<std::string> model_preset_names() {
 ModelConfig model_preset(const std::string& name) {
   // A model imported from Hugging Face: the shape comes key by key (interop/hf_checkpoint.cpp);
   // the name only labels the family it came from.
-  if (name == "hf-llama" || name == "hf-mistral") {
+  if (name == "hf-llama" || name == "hf-mistral" || name == "hf-qwen2") {
     ModelConfig config = llama(name, 256, 4, 4, 2, 704, 256, 10000.0f);
     return config;
   }

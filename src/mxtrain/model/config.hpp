@@ -38,7 +38,9 @@ struct ModelConfig {
   int64_t rope_original_max_positions = 0;
   float init_std = 0.02f;
   bool tied_embeddings = false;
-  bool bias = false;
+  bool bias = false;  // biases in every linear layer (GPT-2; a Llama with attention_bias and mlp_bias)
+  // Biases on the query, key and value projections only (Qwen2); implied by bias.
+  bool qkv_bias = false;
   // A Hugging Face model directory this model starts from ("" = random initialisation): its
   // config.json sets the shape (interop::apply_init_from), its safetensors the weights.
   std::string init_from;
@@ -56,6 +58,7 @@ struct ModelConfig {
     spec.original_max_positions = rope_original_max_positions;
     return spec;
   }
+  bool has_qkv_bias() const { return bias || qkv_bias; }
   int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim(); }
   int64_t up_cols() const { return family == ModelFamily::llama ? 2 * ffn_hidden : ffn_hidden; }
   // Every parameter, counted once (a tied head is not counted twice).

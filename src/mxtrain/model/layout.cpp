@@ -93,8 +93,8 @@ ModelLayout build_layout(const ModelConfig& config) {
       add(n1_b, vector(p + "attn_norm.bias", C, InitKind::zeros));
       add(n2_b, vector(p + "mlp_norm.bias", C, InitKind::zeros));
     }
+    if (config.has_qkv_bias()) add(qkv_b, vector(p + "attn.qkv.bias", config.qkv_cols(), InitKind::zeros));
     if (config.bias) {
-      add(qkv_b, vector(p + "attn.qkv.bias", config.qkv_cols(), InitKind::zeros));
       add(out_b, vector(p + "attn.out.bias", C, InitKind::zeros));
       add(up_b, vector(p + "mlp.up.bias", config.up_cols(), InitKind::zeros));
       add(down_b, vector(p + "mlp.down.bias", C, InitKind::zeros));
