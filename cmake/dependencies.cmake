@@ -45,7 +45,8 @@ endif()
 
 # The data layer's libraries, each optional at build time like MPI (without one, the input that
 # needs it is an error naming the Debian package): PCRE2 (the byte-level BPE pre-tokenizer
-# patterns need Unicode classes and look-ahead), sentencepiece, and zstd (.jsonl.zst, streamed).
+# patterns need Unicode classes and look-ahead), utf8proc (Unicode NFC, Qwen2's tokenizer
+# normalizer), sentencepiece, and zstd (.jsonl.zst, streamed).
 add_library(mxtrain_data_deps INTERFACE)
 # mxtrain_optional_library(NAME HEADER LIBRARY): sets MXTRAIN_HAVE_<NAME> and, when found, adds
 # the headers, the library and the definition MXTRAIN_HAVE_<NAME>=1 to mxtrain_data_deps.
@@ -61,6 +62,7 @@ function(mxtrain_optional_library name header library)
   endif()
 endfunction()
 mxtrain_optional_library(PCRE2 pcre2.h pcre2-8)
+mxtrain_optional_library(UTF8PROC utf8proc.h utf8proc)
 mxtrain_optional_library(SENTENCEPIECE sentencepiece_processor.h sentencepiece)
 mxtrain_optional_library(ZSTD zstd.h zstd)
 

@@ -9,7 +9,7 @@ root=$PWD
 
 packages=(build-essential cmake ninja-build git pkg-config python3 python3-pip libtomlplusplus-dev libcli11-dev
           nlohmann-json3-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev
-          openmpi-bin fortunes libpcre2-dev libsentencepiece-dev libzstd-dev chromium)
+          openmpi-bin fortunes libpcre2-dev libutf8proc-dev libsentencepiece-dev libzstd-dev chromium)
 [ "${MXTRAIN_WITH_FA4:-0}" = 1 ] && packages+=(python3-venv)
 missing=()
 for package in "${packages[@]}"; do

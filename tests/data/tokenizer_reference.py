@@ -1,8 +1,9 @@
 """mxtrain's tokenizers against the reference packages, on the fortunes corpus (Debian package
-`fortunes`): a byte-level BPE trained here with PyPI `tokenizers` (GPT-2's pre-tokenizer, and a
-Llama-3-style Split + ByteLevel sequence with special tokens), and a sentencepiece BPE with byte
-fallback trained here with PyPI `sentencepiece`. mxtrain's ids must equal the reference's on
-every document, and decode(encode(doc)) == doc. Damaged tokenizer files must be refused with a
+`fortunes`): a byte-level BPE trained here with PyPI `tokenizers` (GPT-2's pre-tokenizer, a
+Llama-3-style Split + ByteLevel sequence with special tokens, and Qwen2's: the same with an NFC
+normalizer), and a sentencepiece BPE with byte fallback trained here with PyPI `sentencepiece`.
+mxtrain's ids must equal the reference's on every document, and decode(encode(doc)) == doc (its
+NFC form under the NFC normalizer). Damaged tokenizer files must be refused with a
 message (exit 1), never a crash.
 
 Usage: tokenizer_reference.py TOOL WORKDIR"""
@@ -12,9 +13,10 @@ import os
 import random
 import subprocess
 import sys
+import unicodedata
 
 import sentencepiece as spm
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 tool, workdir = sys.argv[1], sys.argv[2]
 os.makedirs(workdir, exist_ok=True)
@@ -29,15 +31,20 @@ if len(documents) < 1000:
     sys.exit("the fortunes corpus is missing: scripts/setup.sh installs the Debian package fortunes")
 # Text no corpus line has: other scripts, digits in runs, emoji, spaces at the ends, a special
 # token inside a document.
-documents += ["Grüße aus Köln — 1234567 €, ½ × 3 ≥ 1.", "日本語のテキスト、そして中文。", "emoji 🙂🚀 ok",
-              "   leading and trailing   ", "tabs\tand\r\nCRLF", "", "a<|endoftext|>b<|end_of_text|>c",
-              "'s 're 've 'll 'd 'm 't DON'T"]
+# Then text that NFC changes: decomposed accents and Hangul, the Angstrom sign (a singleton),
+# a combining mark after a special token, and a chat turn.
+extra = ["Grüße aus Köln — 1234567 €, ½ × 3 ≥ 1.", "日本語のテキスト、そして中文。", "emoji 🙂🚀 ok",
+         "   leading and trailing   ", "tabs\tand\r\nCRLF", "", "a<|endoftext|>b<|end_of_text|>c",
+         "'s 're 've 'll 'd 'm 't DON'T",
+         "Cafe\u0301 nai\u0308ve Gru\u0308\u00dfe A\u030angstro\u0308m", "\u1100\u1161\u11a8 \u1112\u1161\u11ab",
+         "\u212b and \u2126 and e\u0301\u0323 and q\u0307\u0323", "<|im_start|>user\nhe\u0301llo<|im_end|>\u0301"]
+documents += extra
 docs_path = os.path.join(workdir, "documents.json")
 with open(docs_path, "w") as f:
     json.dump(documents, f)
 train_path = os.path.join(workdir, "train.txt")
 with open(train_path, "w") as f:
-    f.write("\n".join(documents[:-8]))
+    f.write("\n".join(documents[:-len(extra)]))
 
 failures = []
 
@@ -50,7 +57,7 @@ def mxtrain_encode(tokenizer_path):
     return json.loads(run.stdout)
 
 
-def compare(label, tokenizer_path, reference_ids, vocab_size, eos=None):
+def compare(label, tokenizer_path, reference_ids, vocab_size, eos=None, nfc=False):
     got = mxtrain_encode(tokenizer_path)
     if got is None:
         return
@@ -59,8 +66,14 @@ def compare(label, tokenizer_path, reference_ids, vocab_size, eos=None):
         i = differing[0]
         failures.append("%s: %d of %d documents differ; first %r: mxtrain %s, reference %s" % (
             label, len(differing), len(documents), documents[i][:60], got["ids"][i][:20], reference_ids[i][:20]))
-    if got["roundtrip_failures"]:
-        failures.append("%s: decode(encode(doc)) != doc for %d documents" % (label, len(got["roundtrip_failures"])))
+    # Under NFC, decode(encode(doc)) is doc's NFC form: only documents NFC changes differ, to it.
+    wrong = [i for i, text in zip(got["roundtrip_failures"], got["roundtrip_texts"])
+             if not nfc or text != unicodedata.normalize("NFC", documents[i])]
+    if wrong:
+        failures.append("%s: decode(encode(doc)) != doc for %d documents (first %r)" % (
+            label, len(wrong), documents[wrong[0]][:60]))
+    if nfc and not got["roundtrip_failures"]:
+        failures.append("%s: no document was changed by NFC: the normalizer did not run" % label)
     if got["vocab_size"] != vocab_size:
         failures.append("%s: vocab size %d, reference %d" % (label, got["vocab_size"], vocab_size))
     if eos is not None and got["eos"] != eos:
@@ -100,6 +113,28 @@ with open(os.path.join(llama3_dir, "tokenizer_config.json"), "w") as f:
 compare("byte-level BPE (Llama 3 pre-tokenizer, model directory)", llama3_dir,
         [llama3.encode(d, add_special_tokens=False).ids for d in documents], llama3.get_vocab_size(),
         eos=llama3.token_to_id("<|end_of_text|>"))
+
+# 2b. Qwen2 style: an NFC normalizer, then Split(Qwen2's regex: digits one by one) and ByteLevel;
+#     special tokens <|endoftext|> (EOS, no BOS), <|im_start|>, <|im_end|>.
+qwen2_pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+qwen2 = Tokenizer(models.BPE())
+qwen2.normalizer = normalizers.NFC()
+qwen2.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(qwen2_pattern), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+qwen2.decoder = decoders.ByteLevel()
+qwen2.train([train_path], trainers.BpeTrainer(
+    vocab_size=3000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+qwen2_dir = os.path.join(workdir, "qwen2")
+os.makedirs(qwen2_dir, exist_ok=True)
+qwen2.save(os.path.join(qwen2_dir, "tokenizer.json"))
+with open(os.path.join(qwen2_dir, "tokenizer_config.json"), "w") as f:
+    json.dump({"bos_token": None, "eos_token": "<|endoftext|>"}, f)
+compare("byte-level BPE (Qwen2: NFC normalizer, model directory)", qwen2_dir,
+        [qwen2.encode(d, add_special_tokens=False).ids for d in documents], qwen2.get_vocab_size(),
+        eos=qwen2.token_to_id("<|endoftext|>"), nfc=True)
 
 # 3. sentencepiece BPE with byte fallback (Llama 2 / TinyLlama style).
 prefix = os.path.join(workdir, "spm")
@@ -158,7 +193,7 @@ text = open(gpt2_path).read()
 rng = random.Random(7)
 broken = {"truncated": text[: len(text) // 2], "not json": "{]", "empty": "",
           "wordpiece": text.replace('"type": "BPE"', '"type": "WordPiece"', 1),
-          "normalizer": text.replace('"normalizer": null', '"normalizer": {"type": "NFC"}', 1),
+          "normalizer": text.replace('"normalizer": null', '"normalizer": {"type": "Lowercase"}', 1),
           "missing merge symbol": text.replace('"merges": [', '"merges": [["zzqx", "qq"], ', 1)}
 for i in range(40):
     chars = list(text)

@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data/data_test_helpers.hpp"
 #include "mxtrain/data/bpe_tokenizer.hpp"
@@ -82,6 +85,56 @@ TEST(Tokenizer, AModelDirectoryOffersItsTokenizerJsonFirst) {
   EXPECT_FALSE(is_converted_sentencepiece(dir.file("tokenizer.json")));
   EXPECT_FALSE(is_converted_sentencepiece(dir.file("missing.json")));
   EXPECT_FALSE(is_converted_sentencepiece(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json"));
+}
+
+// Qwen2's normalizer: each segment between added tokens is put in Unicode NFC before it is
+// split, so a decomposed accent encodes as the composed one; bytes that are not UTF-8 pass
+// through. Other normalizers, and added tokens matched in normalized text, are refused by name.
+// (tests/data/tokenizer_reference.py checks the ids against PyPI tokenizers'.)
+TEST(Tokenizer, AnNfcNormalizerComposesTheTextFirst) {
+#ifndef MXTRAIN_HAVE_UTF8PROC
+  GTEST_SKIP() << "built without utf8proc";
+#else
+  test::TempDir dir;
+  std::ifstream in(test::source_dir() + "/tests/fuzz/corpus/tokenizer/bpe300.json");
+  const nlohmann::json plain = nlohmann::json::parse(in);
+  auto write = [&](const nlohmann::json& normalizer, bool normalized_added = false) {
+    nlohmann::json file = plain;
+    file["normalizer"] = normalizer;
+    if (normalized_added) file["added_tokens"][0]["normalized"] = true;
+    data_test::write_text_file(dir.file("tokenizer.json"), file.dump());
+    return dir.file("tokenizer.json");
+  };
+  const std::string composed = "Caf\xC3\xA9 \xC3\x85", decomposed = "Cafe\xCC\x81 A\xCC\x8A";
+  {
+    BpeTokenizer without(write(nullptr));
+    EXPECT_NE(without.encode(composed), without.encode(decomposed));  // the normalizer is what makes them equal
+  }
+  for (const nlohmann::json& normalizer :
+       {nlohmann::json{{"type", "NFC"}},
+        nlohmann::json{{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "NFC"}}}}}}) {
+    BpeTokenizer nfc(write(normalizer));
+    EXPECT_EQ(nfc.encode(decomposed), nfc.encode(composed)) << normalizer.dump();
+    EXPECT_EQ(nfc.decode(nfc.encode(decomposed)), composed);
+    // The Angstrom sign's canonical form is the letter; a stray byte stays, the text around it
+    // is still composed; an added token is cut out first, the mark after it composes with nothing.
+    EXPECT_EQ(nfc.decode(nfc.encode("\xE2\x84\xAB")), "\xC3\x85");
+    const std::string stray = "e\xCC\x81\xFF" + decomposed;
+    EXPECT_EQ(nfc.decode(nfc.encode(stray)), "\xC3\xA9\xFF" + composed);
+    const std::vector<int32_t> ids = nfc.encode("a<|endoftext|>\xCC\x81");
+    ASSERT_GE(ids.size(), 2u);
+    EXPECT_EQ(ids[1], 0);
+    EXPECT_EQ(nfc.decode(ids), "a<|endoftext|>\xCC\x81");
+  }
+  std::string text = data_test::error_text([&] { BpeTokenizer tokenizer(write({{"type", "Lowercase"}})); });
+  EXPECT_CONTAINS(text, "normalizer 'Lowercase' is set (of the normalizers, NFC is reproduced)");
+  text = data_test::error_text([&] {
+    BpeTokenizer tokenizer(write({{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "NFKC"}}}}}));
+  });
+  EXPECT_CONTAINS(text, "normalizer 'NFKC'");
+  text = data_test::error_text([&] { BpeTokenizer tokenizer(write({{"type", "NFC"}}, true)); });
+  EXPECT_CONTAINS(text, "added token '<|endoftext|>' is normalized = true under a normalizer");
+#endif
 }
 
 TEST(Tokenizer, PrintableTextEscapesControlBytes) {

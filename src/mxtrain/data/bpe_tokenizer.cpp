@@ -1,6 +1,7 @@
 #include "mxtrain/data/bpe_tokenizer.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -14,6 +15,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #endif
+#ifdef MXTRAIN_HAVE_UTF8PROC
+#include <utf8proc.h>
+#endif
 
 namespace mxtrain::data {
 
@@ -24,7 +28,7 @@ constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}
 
 [[noreturn]] void bad_tokenizer(const std::string& path, const std::string& what) {
   throw Error(ErrorKind::data, "tokenizer " + path + ": " + what,
-              "mxtrain reads byte-level BPE tokenizer.json files (GPT-2, Llama 3) and sentencepiece .model files");
+              "mxtrain reads byte-level BPE tokenizer.json files (GPT-2, Llama 3, Qwen2) and sentencepiece .model files");
 }
 
 std::string utf8(uint32_t code_point) {
@@ -221,6 +225,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   for (auto item = vocab_it->begin(); item != vocab_it->end(); ++item)
     vocab_[item.key()] = add_id(item.key(), item.value(), "model.vocab entry");
   const auto added_it = file.find("added_tokens");
+  std::vector<std::string> normalized_added;  // added tokens matched in normalized text
   if (added_it != file.end() && !added_it->is_null()) {
     if (!added_it->is_array()) bad_tokenizer(path, "added_tokens is not an array");
     for (const nlohmann::json& token : *added_it) {
@@ -231,6 +236,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
       if (flag(token, "single_word") || flag(token, "lstrip") || flag(token, "rstrip"))
         bad_tokenizer(path, "added token '" + content + "' sets single_word, lstrip or rstrip (not reproduced)");
       added_.push_back({content, add_id(content, token["id"], "added token")});
+      if (flag(token, "normalized")) normalized_added.push_back(content);
     }
     std::stable_sort(added_.begin(), added_.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
@@ -285,10 +291,32 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     ++rank;
   }
 
-  // Normalizer, pre-tokenizer, decoder: only what byte-level BPE tokenizers use.
+  // Normalizer, pre-tokenizer, decoder: only what byte-level BPE tokenizers use. The normalizer
+  // may be none or Unicode NFC (Qwen2's), alone or as a Sequence of NFC steps.
   const auto normalizer = file.find("normalizer");
-  if (normalizer != file.end() && !normalizer->is_null())
-    bad_tokenizer(path, "normalizer '" + type_of(*normalizer) + "' is set (normalizers are not reproduced)");
+  if (normalizer != file.end() && !normalizer->is_null()) {
+    std::vector<nlohmann::json> normalizers;
+    if (type_of(*normalizer) == "Sequence" && normalizer->contains("normalizers") &&
+        (*normalizer)["normalizers"].is_array())
+      for (const nlohmann::json& step : (*normalizer)["normalizers"]) normalizers.push_back(step);
+    else
+      normalizers.push_back(*normalizer);
+    for (const nlohmann::json& step : normalizers)
+      if (type_of(step) != "NFC")
+        bad_tokenizer(path, "normalizer '" + type_of(step) + "' is set (of the normalizers, NFC is reproduced)");
+    nfc_ = !normalizers.empty();
+#ifndef MXTRAIN_HAVE_UTF8PROC
+    if (nfc_)
+      throw Error(ErrorKind::unsupported,
+                  "tokenizer " + path + " normalizes its text to Unicode NFC, and this mxtrain was built without utf8proc",
+                  "install libutf8proc-dev (scripts/setup.sh does) and rebuild");
+#endif
+    // transformers matches an added token with normalized = true in the normalized text; mxtrain
+    // cuts every added token out of the text as written (special tokens are not normalized).
+    for (const std::string& content : normalized_added)
+      if (nfc_)
+        bad_tokenizer(path, "added token '" + content + "' is normalized = true under a normalizer (not reproduced)");
+  }
   const auto pre = file.find("pre_tokenizer");
   if (pre == file.end() || !pre->is_object()) bad_tokenizer(path, "has no pre_tokenizer (byte-level BPE needs ByteLevel)");
   std::vector<nlohmann::json> steps;
@@ -380,7 +408,57 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   out.insert(out.end(), symbols.begin(), symbols.end());
 }
 
-void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& out) const {
+#ifdef MXTRAIN_HAVE_UTF8PROC
+namespace {
+
+// Unicode NFC of `text` (utf8proc, composing canonically as `tokenizers`' NFC normalizer does).
+// Bytes that are not UTF-8 stay as they are (the byte-level model encodes any byte); each valid
+// stretch between them is normalized.
+std::string nfc(std::string_view text) {
+  std::string out;
+  auto normalize = [&out](std::string_view valid) {
+    if (valid.empty()) return;
+    utf8proc_uint8_t* mapped = nullptr;
+    const utf8proc_ssize_t length =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(valid.data()), static_cast<utf8proc_ssize_t>(valid.size()),
+                     &mapped, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (length < 0)
+      throw Error(ErrorKind::internal, std::string("utf8proc could not normalize text: ") + utf8proc_errmsg(length),
+                  "this is a bug");
+    out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+    std::free(mapped);
+  };
+  size_t start = 0, at = 0;
+  while (at < text.size()) {
+    utf8proc_int32_t code_point = 0;
+    const utf8proc_ssize_t length =
+        utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + at),
+                         static_cast<utf8proc_ssize_t>(text.size() - at), &code_point);
+    if (length > 0) {
+      at += static_cast<size_t>(length);
+      continue;
+    }
+    normalize(text.substr(start, at - start));
+    out.push_back(text[at]);  // not UTF-8: kept
+    start = ++at;
+  }
+  normalize(text.substr(start));
+  return out;
+}
+
+}  // namespace
+#endif
+
+void BpeTokenizer::encode_segment(std::string_view raw, std::vector<int32_t>& out) const {
+  std::string_view text = raw;
+#ifdef MXTRAIN_HAVE_UTF8PROC
+  // NFC leaves ASCII as it is: most text skips the call.
+  std::string normalized;
+  if (nfc_ && std::any_of(raw.begin(), raw.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) {
+    normalized = nfc(raw);
+    text = normalized;
+  }
+#endif
   std::vector<std::string_view> pieces{text};
   for (const std::unique_ptr<Regex>& regex : splits_) {
     std::vector<std::string_view> next;

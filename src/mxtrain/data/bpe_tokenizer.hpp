@@ -1,13 +1,14 @@
-// A Hugging Face `tokenizer.json` with a byte-level BPE model, as GPT-2 and Llama 3 use: added
-// (special) tokens are cut out of the text first; each remaining segment is split by the
+// A Hugging Face `tokenizer.json` with a byte-level BPE model, as GPT-2, Llama 3 and Qwen2 use:
+// added (special) tokens are cut out of the text first; each remaining segment is normalized to
+// Unicode NFC where the file says so (Qwen2; utf8proc) and split by the
 // pre-tokenizer's regex (PCRE2: the patterns need Unicode classes and look-ahead), every piece's
 // bytes are mapped to printable characters (GPT-2's byte-to-unicode table) and merged by rank
 // (lowest rank first, leftmost first among equals, as `tokenizers` does), and the merged symbols
 // are looked up in the vocabulary. Decoding maps the characters back to bytes, so
-// decode(encode(text)) == text for any text.
+// decode(encode(text)) == text for any text (its NFC form under an NFC normalizer).
 //
 // What the file may say is checked when it is loaded; anything this code does not reproduce
-// exactly (a normalizer, another model type, BPE dropout, byte fallback, ...) is refused with
+// exactly (a normalizer other than NFC, another model type, BPE dropout, byte fallback, ...) is refused with
 // the field's name rather than approximated.
 #pragma once
 #include <cstdint>
@@ -55,6 +56,7 @@ class BpeTokenizer final : public Tokenizer {
   bool added_first_byte_[256] = {};                      // a byte some added token starts with
   std::vector<std::unique_ptr<Regex>> splits_;           // applied in order, each isolating its matches
   bool ignore_merges_ = false;                           // a piece that is a whole vocabulary entry stays whole
+  bool nfc_ = false;                                     // each segment is normalized to Unicode NFC first
   std::string byte_to_char_[256];                        // GPT-2's printable stand-in of each byte (UTF-8)
   std::unordered_map<std::string, uint8_t> char_to_byte_;
   std::optional<int32_t> bos_, eos_;
