@@ -12,6 +12,7 @@ done
 export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 if [ "$PWD" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
-# libmpi_cxx (Open MPI's C++ bindings) may be missing there: a copy carried in .gpu-libs is the
-# last resort on the search path.
-[ -d .gpu-libs ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$PWD/.gpu-libs"
+# Debian libraries the GPU machine's image may lack (libmpi_cxx, Open MPI's C++ bindings;
+# libutf8proc): copies in .gpu-libs (tests/cuda/carry_binaries.sh unpack puts them there, also
+# after this is sourced) are the last resort on the search path.
+export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$PWD/.gpu-libs"

@@ -6,7 +6,8 @@
 #   bash tests/cuda/carry_binaries.sh unpack   # there, from the repository root, before running
 #                                              # build/auto/mxtrain or build/auto/tests/mxtrain_cuda_tests
 # Where the build links FlashAttention-4's and quack's kernels, the one file of `.fa4-kernels` they
-# need at run time, libtvm_ffi.so, travels in .carrybin too (the rest is linked in). The call
+# need at run time, libtvm_ffi.so, travels in .carrybin too (the rest is linked in); so do the
+# Debian libraries the GPU machine's image may lack (libutf8proc), unpacked into .gpu-libs. The call
 # carries `.carrybin` (and `data` for the two tests that read the prepared corpus) and sources
 # scripts/gpu_env.sh, which points the loader at the GPU machine's CUDA libraries and makes the
 # source path compiled into the tests resolve. The build must be for the GPU's architecture:
@@ -33,6 +34,12 @@ case ${1:-} in
       xz -T0 -6 -c "build/auto/$b" > ".carrybin/$(basename "$b").xz.part"
       mv ".carrybin/$(basename "$b").xz.part" ".carrybin/$(basename "$b").xz"
     done
+    # Debian libraries the GPU machine's image may not have: carried, and found there last.
+    rm -f .carrybin/*.so.*.lib
+    for lib in libutf8proc.so.2; do
+      path=$(ldd build/auto/mxtrain | awk -v l="$lib" '$1 == l { print $3 }')
+      [[ -n $path ]] && cp -L "$path" ".carrybin/$lib.lib"
+    done
     rm -f .carrybin/libtvm_ffi.so.xz
     if readelf -d build/auto/mxtrain | grep -q "$tvm_dir"; then
       xz -T0 -6 -c "$tvm" > .carrybin/libtvm_ffi.so.xz.part && mv .carrybin/libtvm_ffi.so.xz.part .carrybin/libtvm_ffi.so.xz
@@ -46,6 +53,13 @@ case ${1:-} in
       [[ -f $packed ]] || { echo "carry_binaries.sh: $packed missing: run 'pack' here and carry .carrybin" >&2; exit 1; }
       unxz "$packed" "build/auto/$b"
       chmod +x "build/auto/$b"
+    done
+    for lib in .carrybin/*.so.*.lib; do
+      [[ -f $lib ]] || continue
+      mkdir -p .gpu-libs
+      name=$(basename "$lib" .lib)
+      # The machine's own copy wins (gpu_env.sh puts .gpu-libs last on the search path).
+      cp "$lib" ".gpu-libs/$name"
     done
     if [[ -f .carrybin/libtvm_ffi.so.xz ]]; then
       mkdir -p "$(dirname "$tvm")"
