@@ -592,28 +592,39 @@ Gradients step(Backend& backend, const ModelConfig& config, const LinearRecipeOp
   return result;
 }
 
+// The tiny Llama, and with biases on q, k and v (Qwen2's model.qkv_bias) and on every linear
+// (model.bias): the quantized paths with and without the bias epilogues and bias gradients.
+std::vector<std::pair<std::string, ModelConfig>> tiny_llamas() {
+  ModelConfig qkv_bias = model_preset("tiny"), bias = model_preset("tiny");
+  qkv_bias.qkv_bias = true;
+  bias.bias = true;
+  return {{"tiny", model_preset("tiny")}, {"tiny qkv_bias", qkv_bias}, {"tiny bias", bias}};
+}
+
 TEST_F(CudaQuantize, OneQuantizedStepTracksTheBf16Step) {
-  const ModelConfig config = model_preset("tiny");
-  const Gradients reference = step(cuda(), config, LinearRecipeOptions{});
-  struct Case {
-    LinearFormat format;
-    double loss, gradient;
-  };
-  for (const Case& c : {Case{LinearFormat::mxfp8, 2e-2, 0.25}, Case{LinearFormat::nvfp4, 5e-2, 0.6},
-                        Case{LinearFormat::fp8_current, 2e-2, 0.25}, Case{LinearFormat::fp8_delayed, 2e-2, 0.25}}) {
-    LinearRecipeOptions linear;
-    linear.format = c.format;
-    linear.seed = 5;
-    const Gradients got = step(cuda(), config, linear);
-    std::printf("[ error ] step %s: loss %.6f vs bf16 %.6f\n", linear_format_name(c.format), got.loss, reference.loss);
-    EXPECT_NEAR(got.loss, reference.loss, c.loss) << linear_format_name(c.format);
-    double worst = 0;
-    for (size_t i = 0; i < got.values.size(); ++i) {
-      const double error = relative_l2_error(got.values[i], reference.values[i]);
-      worst = std::max(worst, error);
-      EXPECT_LE(error, c.gradient) << linear_format_name(c.format) << " " << got.names[i];
+  for (const auto& [name, config] : tiny_llamas()) {
+    const Gradients reference = step(cuda(), config, LinearRecipeOptions{});
+    struct Case {
+      LinearFormat format;
+      double loss, gradient;
+    };
+    for (const Case& c : {Case{LinearFormat::mxfp8, 2e-2, 0.25}, Case{LinearFormat::nvfp4, 5e-2, 0.6},
+                          Case{LinearFormat::fp8_current, 2e-2, 0.25}, Case{LinearFormat::fp8_delayed, 2e-2, 0.25}}) {
+      const std::string what = name + " " + linear_format_name(c.format);
+      LinearRecipeOptions linear;
+      linear.format = c.format;
+      linear.seed = 5;
+      const Gradients got = step(cuda(), config, linear);
+      std::printf("[ error ] step %s: loss %.6f vs bf16 %.6f\n", what.c_str(), got.loss, reference.loss);
+      EXPECT_NEAR(got.loss, reference.loss, c.loss) << what;
+      double worst = 0;
+      for (size_t i = 0; i < got.values.size(); ++i) {
+        const double error = relative_l2_error(got.values[i], reference.values[i]);
+        worst = std::max(worst, error);
+        EXPECT_LE(error, c.gradient) << what << " " << got.names[i];
+      }
+      std::printf("[ error ] step %s: worst gradient rel L2 %.3e\n", what.c_str(), worst);
     }
-    std::printf("[ error ] step %s: worst gradient rel L2 %.3e\n", linear_format_name(c.format), worst);
   }
 }
 
@@ -654,10 +665,11 @@ TEST_F(CudaQuantize, Fp8StepsWithBf16BlockGradientsRoundTheF32Ones) {
 // update), with the inputs saved (none) and with the norm outputs and the activation recomputed
 // in backward (selective, full): RMSNorm on the Llama, LayerNorm with its bias on GPT-2.
 TEST_F(CudaQuantize, FusedProducersGiveTheStepsBits) {
-  for (const char* preset : {"tiny", "tiny-gpt2"}) {
-    const ModelConfig config = model_preset(preset);
+  std::vector<std::pair<std::string, ModelConfig>> models = tiny_llamas();
+  models.emplace_back("tiny-gpt2", model_preset("tiny-gpt2"));
+  for (const auto& [name, config] : models) {
     for (const char* recompute : {"none", "selective", "full"}) {
-      const std::string what = std::string(preset) + " " + recompute;
+      const std::string what = name + " " + recompute;
       LinearRecipeOptions linear;
       linear.format = LinearFormat::fp8_delayed;
       linear.fuse_producers = false;

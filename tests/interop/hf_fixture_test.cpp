@@ -72,7 +72,8 @@ TEST_P(HfFixture, LossAndLogitsEqualTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfFixture,
-                         ::testing::Values("llama_gqa_untied", "llama_gqa_tied", "llama3_rope_scaling", "gpt2"));
+                         ::testing::Values("llama_gqa_untied", "llama_gqa_tied", "llama3_rope_scaling", "gpt2",
+                                           "llama_bias"));
 
 }  // namespace
 }  // namespace mxtrain
