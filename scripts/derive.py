@@ -1148,12 +1148,12 @@ def regenerate(text, planner):
 
 def check_gpu_results(documents):
     """The GPU logs the documents cite say what the documents say of them: a cited
-    h200_cuda_tests_*.log ran its tests and every one passed; every case of a cited
-    h200_hf_roundtrip_*.jsonl is within its 1e-4 bound."""
+    h100_/h200_cuda_tests_*.log ran its tests and every one passed; every case of a cited
+    h100_/h200_hf_roundtrip_*.jsonl is within its 1e-4 bound."""
     problems = []
     cited = set()
     for doc in documents:
-        cited.update(re.findall(r"bench/results/h200_(?:cuda_tests|hf_roundtrip)_[0-9a-f]+\.(?:log|jsonl)", read(doc)))
+        cited.update(re.findall(r"bench/results/h[12]00_(?:cuda_tests|hf_roundtrip)_[0-9a-f]+\.(?:log|jsonl)", read(doc)))
     for relative in sorted(cited):
         if not os.path.exists(path(relative)):
             problems.append(f"{relative} is cited but not committed")

@@ -133,9 +133,9 @@ void check_channel_mode(const runtime::SageMakerPaths& paths, const std::string&
                     "_0, ...), which mxtrain does not read: it trains from files",
                 "give the channel input_mode='File' (or 'FastFile', which streams from S3 behind a file view): "
                 "TrainingInput(s3_data=..., input_mode='File'), or input_mode='File' on the Estimator");
-  const std::string distribution = string_field(entry, "S3DistributionType");
-  const size_t hosts = job_hosts(paths);
-  if (distribution == "ShardedByS3Key" && hosts > 1)
+  if (string_field(entry, "S3DistributionType") != "ShardedByS3Key") return;
+  const size_t hosts = job_hosts(paths);  // resourceconfig.json: read only for a sharded channel
+  if (hosts > 1)
     throw Error(ErrorKind::config,
                 strf("channel '%s' is ShardedByS3Key over %zu hosts: each host receives different files, but "
                      "mxtrain's ranks take their batches from one token stream that every host must hold whole",
