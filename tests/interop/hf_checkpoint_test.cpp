@@ -179,6 +179,15 @@ TEST(HfConfig, Qwen2AndLlamaBiasesMapOntoTheirOwnArchitecture) {
   EXPECT_EQ(llama_export["attention_bias"], true);
   EXPECT_EQ(llama_export["mlp_bias"], true);
   EXPECT_TRUE(model_config_from_hf(llama_export, "exported").bias);
+  // With model.init_from the biases come from config.json: a run's own setting must agree.
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << llama_json().dump();
+  RunConfig run;
+  run.model.init_from = dir.path();
+  run.model.qkv_bias = true;
+  message = error_of([&] { apply_init_from(run); });
+  EXPECT_NE(message.find("model.qkv_bias = true, but"), std::string::npos) << message;
+  EXPECT_NE(message.find("drop model.qkv_bias"), std::string::npos) << message;
   // Mistral has no biases: a Llama with both has nothing to be exported as.
   ModelConfig biased_window = llama_bias;
   biased_window.sliding_window = 32;

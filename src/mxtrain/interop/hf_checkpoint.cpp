@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "mxtrain/core/error.hpp"
 
@@ -305,6 +306,13 @@ void apply_init_from(RunConfig& run) {
   agree("heads", m.heads, preset.heads, hf.heads);
   agree("kv_heads", m.kv_heads, preset.kv_heads, hf.kv_heads);
   agree("ffn_hidden", m.ffn_hidden, preset.ffn_hidden, hf.ffn_hidden);
+  for (const auto& [key, set, preset_value, file_value] :
+       {std::tuple{"bias", m.bias, preset.bias, hf.bias}, std::tuple{"qkv_bias", m.qkv_bias, preset.qkv_bias, hf.qkv_bias}})
+    if (set != preset_value && set != file_value)
+      throw Error(ErrorKind::config,
+                  strf("model.%s = %s, but %s has %s", key, set ? "true" : "false", path.c_str(),
+                       file_value ? "these biases" : "no such biases"),
+                  strf("drop model.%s: with model.init_from the model's shape comes from its config.json", key));
   if (m.padded_vocab != preset.padded_vocab && m.padded_vocab >= hf.vocab_size) hf.padded_vocab = m.padded_vocab;
   hf.init_from = m.init_from;
   hf.init_std = m.init_std;
