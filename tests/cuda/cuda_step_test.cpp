@@ -250,6 +250,19 @@ SessionRun run_session(const char* preset, bool cuda_graph, bool lean = false, b
   return run;
 }
 
+// A replayed session's finite losses and final weights are the op-by-op session's, bit for bit.
+void expect_same_bits(const SessionRun& graph, const SessionRun& eager) {
+  ASSERT_EQ(graph.losses.size(), eager.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(eager.losses[i])) << "loss " << i;
+    EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
+  }
+  ASSERT_EQ(graph.weights.size(), eager.weights.size());
+  for (size_t i = 0; i < eager.weights.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
+        << "parameter group " << i;
+}
+
 TEST_P(CudaStep, GraphReplayMatchesOpByOp) {
   for (bool lean : {false, true}) {
     SCOPED_TRACE(lean ? "one micro-batch, bf16 block gradients, no clipping" : "two micro-batches");
@@ -318,16 +331,7 @@ TEST_P(CudaStep, QuantizedRecipesReplayTheirStepWithTheSameBits) {
       if (std::string(c.precision) == "fp8" && std::string(GetParam()) == "tiny")
         expected = {false, false, true, false, false, true, false, false};
       EXPECT_EQ(graph.replayed, expected);
-      ASSERT_EQ(graph.losses.size(), eager.losses.size());
-      for (size_t i = 0; i < eager.losses.size(); ++i) {
-        EXPECT_TRUE(std::isfinite(eager.losses[i])) << "loss " << i;
-        EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
-      }
-      ASSERT_EQ(graph.weights.size(), eager.weights.size());
-      for (size_t i = 0; i < eager.weights.size(); ++i)
-        EXPECT_EQ(0,
-                  std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
-            << "parameter group " << i;
+      expect_same_bits(graph, eager);
     }
   }
 }
@@ -381,15 +385,7 @@ TEST_P(CudaBiasedLlamaStep, QuantizedRecipesReplayItWithTheSameBits) {
     SCOPED_TRACE(precision);
     const SessionRun eager = run_session(GetParam(), false, false, false, precision);
     const SessionRun graph = run_session(GetParam(), true, false, false, precision);
-    ASSERT_EQ(graph.losses.size(), eager.losses.size());
-    for (size_t i = 0; i < eager.losses.size(); ++i) {
-      EXPECT_TRUE(std::isfinite(eager.losses[i])) << "loss " << i;
-      EXPECT_EQ(graph.losses[i], eager.losses[i]) << "loss " << i;
-    }
-    ASSERT_EQ(graph.weights.size(), eager.weights.size());
-    for (size_t i = 0; i < eager.weights.size(); ++i)
-      EXPECT_EQ(0, std::memcmp(graph.weights[i].data(), eager.weights[i].data(), eager.weights[i].size() * sizeof(float)))
-          << "parameter group " << i;
+    expect_same_bits(graph, eager);
   }
 }
 
